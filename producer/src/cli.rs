@@ -1,0 +1,168 @@
+//! Command-line interface of `minions`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use minions_schemas::endpoints::nats::DEFAULT_NATS_URL;
+
+/// Minions: batch ML inference on the idle GPUs of an office fleet.
+///
+/// A job ("embed these documents with this model") is cut into shards; every
+/// idle machine running `minions-worker` pulls shards, runs them on its GPU,
+/// writes the output to object storage and only then acknowledges.
+///
+/// Try it on one machine:
+///   minions dev --workers 2 &                      # nats-server, watchdog, 2 workers
+///   minions model push ./all-MiniLM-L6-v2 --name minilm
+///   JOB=$(minions submit --model minilm --input docs.jsonl)
+///   minions status $JOB
+///   minions collect $JOB --output vectors.npy
+#[derive(Debug, Parser)]
+#[command(name = "minions", version, about, long_about, verbatim_doc_comment)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+    /// Where to reach NATS and the store.
+    #[command(flatten)]
+    pub endpoints: Endpoints,
+}
+
+/// The two shared places every command talks to.
+#[derive(Debug, Clone, Args)]
+pub struct Endpoints {
+    /// NATS server URL.
+    #[arg(long, global = true, env = "MINIONS_NATS_URL", default_value = DEFAULT_NATS_URL)]
+    pub nats: String,
+    /// Object store URL: file:///dir or s3://bucket[/prefix] (S3 reads the usual
+    /// AWS_* variables; AWS_ENDPOINT_URL points it at an S3-compatible server).
+    /// Default: a per-user data dir.
+    #[arg(long, global = true, env = "MINIONS_STORE")]
+    pub store: Option<String>,
+}
+
+impl Endpoints {
+    /// The store URL, or the per-user default.
+    pub fn store_url(&self) -> String {
+        self.store
+            .clone()
+            .unwrap_or_else(minions_schemas::endpoints::store::default_store_url)
+    }
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Submit a job: cut a JSONL file into shards and queue them. Prints the job id.
+    Submit(SubmitArgs),
+    /// Show a job's progress once: pending / running / done / failed, rate, ETA.
+    Status(StatusArgs),
+    /// Merge a finished job's outputs into one file, in input order.
+    Collect(CollectArgs),
+    /// Manage models in the store.
+    #[command(subcommand)]
+    Model(ModelCommand),
+    /// Run a whole local fleet: nats-server, a watchdog and N workers. Ctrl-C stops it.
+    Dev(DevArgs),
+}
+
+/// Flags of `minions submit`.
+#[derive(Debug, Args)]
+pub struct SubmitArgs {
+    /// Model name (as given to `minions model push`).
+    #[arg(long)]
+    pub model: String,
+    /// Input file: JSON Lines, one object per line with a text field.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Job id (letters, digits, '-', '_'). Re-submitting the same id with the
+    /// same input publishes only shards that are neither done nor queued.
+    /// Default: a new time-ordered id.
+    #[arg(long)]
+    pub job: Option<String>,
+    /// Records per shard: one shard is the unit of retry and of work handed
+    /// to one worker.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub shard_size: u32,
+    /// JSON field holding the text.
+    #[arg(long, default_value = "text")]
+    pub text_field: String,
+    /// JSON field holding a record id (string or number), kept with the inputs.
+    #[arg(long)]
+    pub id_field: Option<String>,
+    /// Skip malformed lines (counted and reported) instead of refusing the input.
+    #[arg(long)]
+    pub skip_bad: bool,
+    /// Longest accepted input line, in bytes.
+    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    pub max_line_bytes: usize,
+    /// Texts per forward pass on the workers (0 = each worker's default).
+    #[arg(long, default_value_t = 0)]
+    pub max_batch: u32,
+}
+
+/// Flags of `minions status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The job id.
+    pub job: String,
+    /// Print JSON for scripts.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Flags of `minions collect`.
+#[derive(Debug, Args)]
+pub struct CollectArgs {
+    /// The job id.
+    pub job: String,
+    /// Output file: `.npy` (float32 [N, dim], row i = i-th input record).
+    #[arg(long, short)]
+    pub output: PathBuf,
+}
+
+/// `minions model ...`
+#[derive(Debug, Subcommand)]
+pub enum ModelCommand {
+    /// Upload a model folder to the store under a name (content-addressed:
+    /// pushing the same files again uploads nothing).
+    Push(ModelPushArgs),
+    /// List the models in the store.
+    List(ModelListArgs),
+}
+
+/// Flags of `minions model push`.
+#[derive(Debug, Args)]
+pub struct ModelPushArgs {
+    /// The model folder (for bert-embedding: config.json, tokenizer.json,
+    /// model.safetensors, optionally sentence_bert_config.json).
+    pub dir: PathBuf,
+    /// The name jobs will use.
+    #[arg(long)]
+    pub name: String,
+}
+
+/// Flags of `minions model list`.
+#[derive(Debug, Args)]
+pub struct ModelListArgs {
+    /// Print JSON for scripts.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Flags of `minions dev`.
+#[derive(Debug, Args)]
+pub struct DevArgs {
+    /// Workers to start.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(0..=64))]
+    pub workers: u16,
+    /// Port for nats-server (client connections on 127.0.0.1).
+    #[arg(long, default_value_t = 4222)]
+    pub port: u16,
+    /// Folder for nats-server's JetStream data. Default: a per-user data dir.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Slots per worker.
+    #[arg(long, default_value_t = 2)]
+    pub slots: u16,
+}

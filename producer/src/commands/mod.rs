@@ -1,0 +1,7 @@
+//! One file per subcommand.
+
+pub mod collect;
+pub mod dev;
+pub mod model;
+pub mod status;
+pub mod submit;

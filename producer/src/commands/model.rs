@@ -1,0 +1,191 @@
+//! `minions model push` and `minions model list`.
+//!
+//! A model is stored by content: its manifest lists every file with its size
+//! and SHA-256, and the model's hash is the SHA-256 of the manifest. A name
+//! is a small record pointing at a hash; jobs pin the hash at submit time.
+
+use std::path::Path;
+
+use anyhow::{Context, bail};
+use minions_schemas::messages::{ModelFamily, ModelFile, ModelManifest, ModelRecord};
+use minions_schemas::time::now_ms;
+use minions_schemas::{ModelName, SCHEMA_VERSION, encode, keys};
+use object_store::ObjectStoreExt;
+use object_store::buffered::BufWriter;
+use object_store::path::Path as StorePath;
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+
+use crate::cli::{Endpoints, ModelListArgs, ModelPushArgs};
+use crate::store_io::model_records;
+
+/// Which family a folder holds, from the files it has.
+pub fn detect_family(names: &[String]) -> anyhow::Result<ModelFamily> {
+    let mut wants = Vec::new();
+    for family in ModelFamily::ALL {
+        let missing: Vec<&str> = family
+            .required_files()
+            .iter()
+            .copied()
+            .filter(|f| !names.iter().any(|n| n == f))
+            .collect();
+        if missing.is_empty() {
+            return Ok(family);
+        }
+        wants.push(format!(
+            "a {family} model needs {} (missing: {})",
+            family.required_files().join(", "),
+            missing.join(", ")
+        ));
+    }
+    bail!("not a model folder Minions knows: {}", wants.join("; "))
+}
+
+fn hash_file(path: &Path) -> anyhow::Result<(u64, String)> {
+    let mut f =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut h = Sha256::new();
+    let n =
+        std::io::copy(&mut f, &mut h).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok((n, hex::encode(h.finalize())))
+}
+
+/// Runs `minions model push`; prints the model hash on stdout.
+pub async fn push(endpoints: &Endpoints, args: ModelPushArgs) -> anyhow::Result<ModelRecord> {
+    let name = ModelName::new(&args.name).context("--name")?;
+    let store = minions_schemas::endpoints::store::open(&endpoints.store_url())?;
+    let entries = std::fs::read_dir(&args.dir)
+        .with_context(|| format!("cannot read model folder {}", args.dir.display()))?;
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let file_name = entry.file_name().to_string_lossy().into_owned();
+        if file_name.starts_with('.') || !entry.file_type()?.is_file() {
+            continue;
+        }
+        if !keys::valid_model_file_name(&file_name) {
+            tracing::warn!(file = %file_name, "skipping file with a name outside letters, digits, '.', '-', '_'");
+            continue;
+        }
+        names.push(file_name);
+    }
+    names.sort();
+    let family = detect_family(&names).with_context(|| format!("{}", args.dir.display()))?;
+    let mut files = Vec::new();
+    for n in &names {
+        let path = args.dir.join(n);
+        let (bytes, sha256) = tokio::task::spawn_blocking(move || hash_file(&path)).await??;
+        files.push(ModelFile {
+            name: n.clone(),
+            bytes,
+            sha256,
+        });
+    }
+    let manifest = ModelManifest {
+        v: SCHEMA_VERSION,
+        family,
+        files,
+    };
+    let hash = manifest.content_hash()?;
+    let mut uploaded = 0u64;
+    for f in &manifest.files {
+        let key = StorePath::from(keys::model_file(&hash, &f.name));
+        if let Ok(meta) = store.head(&key).await
+            && meta.size == f.bytes
+        {
+            continue;
+        }
+        tracing::info!(file = %f.name, bytes = f.bytes, "uploading");
+        let mut src = tokio::fs::File::open(args.dir.join(&f.name)).await?;
+        let mut dst = BufWriter::new(store.clone(), key.clone());
+        tokio::io::copy(&mut src, &mut dst)
+            .await
+            .with_context(|| format!("uploading {key}"))?;
+        dst.shutdown()
+            .await
+            .with_context(|| format!("uploading {key}"))?;
+        uploaded += f.bytes;
+    }
+    let manifest_key = StorePath::from(keys::model_manifest(&hash));
+    store
+        .put(&manifest_key, encode("model manifest", &manifest)?.into())
+        .await?;
+    let record = ModelRecord {
+        v: SCHEMA_VERSION,
+        name: name.clone(),
+        hash: hash.clone(),
+        family,
+        bytes: manifest.total_bytes(),
+        pushed_ms: now_ms(),
+    };
+    store
+        .put(
+            &StorePath::from(keys::model_name(&name)),
+            encode("model record", &record)?.into(),
+        )
+        .await?;
+    tracing::info!(name = %name, hash = %hash, family = %family, files = manifest.files.len(),
+        bytes = record.bytes, uploaded, "model pushed");
+    Ok(record)
+}
+
+/// Runs `minions model list`, returning the lines to print.
+pub async fn list(endpoints: &Endpoints, args: &ModelListArgs) -> anyhow::Result<String> {
+    let store = minions_schemas::endpoints::store::open(&endpoints.store_url())?;
+    let records = model_records(store.as_ref()).await?;
+    if args.json {
+        let v: Vec<_> = records
+            .iter()
+            .map(|r| {
+                serde_json::json!({"name": r.name.as_str(), "hash": r.hash.as_str(),
+                    "family": r.family.as_str(), "bytes": r.bytes, "pushed_ms": r.pushed_ms})
+            })
+            .collect();
+        return Ok(serde_json::to_string_pretty(&v)?);
+    }
+    if records.is_empty() {
+        return Ok(
+            "no models in the store; push one with `minions model push DIR --name NAME`".into(),
+        );
+    }
+    let mut out = format!(
+        "{:<24} {:<16} {:<14} {:>10}\n",
+        "NAME", "FAMILY", "HASH", "SIZE"
+    );
+    for r in records {
+        out.push_str(&format!(
+            "{:<24} {:<16} {:<14} {:>7.1} MB\n",
+            r.name.as_str(),
+            r.family.as_str(),
+            r.hash.short(),
+            r.bytes as f64 / 1e6
+        ));
+    }
+    Ok(out.trim_end().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_bert_and_names_missing_files() {
+        let all: Vec<String> = ModelFamily::BertEmbedding
+            .required_files()
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        assert!(matches!(
+            detect_family(&all),
+            Ok(ModelFamily::BertEmbedding)
+        ));
+        let err = detect_family(&all[..1])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("tokenizer.json") && err.contains("model.safetensors"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,350 @@
+//! `minions submit`: stream the input, cut it into shards, upload the shard
+//! inputs, write the job spec, then publish one message per shard.
+//!
+//! Nothing is published until the whole input has been read and accepted, so
+//! a malformed line at the end of a 5 GB file leaves no half-queued job.
+
+use std::io::BufReader;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use async_nats::jetstream;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use minions_schemas::messages::{InputDescription, JobSpec, ShardInput, ShardTask};
+use minions_schemas::time::now_ms;
+use minions_schemas::{JobId, ModelName, SCHEMA_VERSION, encode, keys, subjects};
+use object_store::path::Path as StorePath;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions};
+use sha2::{Digest, Sha256};
+
+use crate::cli::{Endpoints, SubmitArgs};
+use crate::jsonl::{JsonlReader, ReadError};
+use crate::store_io::{get_doc, model_record};
+
+/// Uploads in flight at once.
+const UPLOAD_WINDOW: usize = 16;
+/// Publishes awaiting their stream ack at once.
+const PUBLISH_WINDOW: usize = 1024;
+
+/// What a submit did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubmitReport {
+    /// The job.
+    pub job: JobId,
+    /// Records accepted.
+    pub records: u64,
+    /// Shards in the job.
+    pub shards: u32,
+    /// Shard messages newly stored in the work stream.
+    pub published: u64,
+    /// Shard messages the stream already held (duplicate message ids).
+    pub duplicates: u64,
+    /// Shards not published because their output exists.
+    pub already_done: u64,
+    /// Malformed lines skipped.
+    pub skipped: u64,
+}
+
+/// A reader that hashes what passes through it.
+struct HashingReader<R> {
+    inner: R,
+    hasher: Sha256,
+}
+
+impl<R: std::io::Read> std::io::Read for HashingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// Runs `minions submit`; prints the job id on stdout.
+pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<SubmitReport> {
+    let store = minions_schemas::endpoints::store::open(&endpoints.store_url())?;
+    let model_name = ModelName::new(&args.model).context("--model")?;
+    let record = model_record(store.as_ref(), &model_name).await?;
+    let job = match &args.job {
+        Some(j) => JobId::new(j).context("--job")?,
+        None => JobId::new(format!(
+            "job-{}",
+            ulid::Ulid::new().to_string().to_lowercase()
+        ))?,
+    };
+    let client =
+        minions_schemas::endpoints::nats::connect(&endpoints.nats, "minions submit").await?;
+    let js = jetstream::new(client.clone());
+    minions_schemas::streams::ensure(&js, &Default::default()).await?;
+
+    let file = std::fs::File::open(&args.input)
+        .with_context(|| format!("cannot open input {}", args.input.display()))?;
+    let input_bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let hashing = HashingReader {
+        inner: file,
+        hasher: Sha256::new(),
+    };
+    let mut reader = JsonlReader::new(
+        BufReader::with_capacity(1 << 20, hashing),
+        &args.text_field,
+        args.id_field.as_deref(),
+        args.max_line_bytes,
+    );
+    let source = args.input.display().to_string();
+    tracing::info!(job = %job, input = %source, bytes = input_bytes, shard_size = args.shard_size, "reading input");
+
+    // Pass: read, cut, upload. Nothing is published yet.
+    let started = Instant::now();
+    let mut uploads = FuturesUnordered::new();
+    let mut shard: u32 = 0;
+    let mut records: u64 = 0;
+    let mut skipped: u64 = 0;
+    let mut texts: Vec<String> = Vec::new();
+    let mut ids: Vec<String> = Vec::new();
+    let mut last_report = Instant::now();
+    loop {
+        let rec = match reader.next_record() {
+            Ok(Some(r)) => r,
+            Ok(None) => break,
+            Err(ReadError::Line(e)) if args.skip_bad => {
+                tracing::warn!(input = %source, line = e.line, problem = %e.problem, "skipping malformed line");
+                skipped += 1;
+                continue;
+            }
+            Err(ReadError::Line(e)) => {
+                bail!(
+                    "{source}: {e}; nothing was published (fix the line, or pass --skip-bad to skip such lines)"
+                )
+            }
+            Err(ReadError::Io(e)) => bail!("{source}: cannot read: {e}"),
+        };
+        records += 1;
+        texts.push(rec.text);
+        if let Some(id) = rec.id {
+            ids.push(id);
+        }
+        if texts.len() == args.shard_size as usize {
+            let input = shard_input(
+                &job,
+                shard,
+                records - texts.len() as u64,
+                &mut texts,
+                &mut ids,
+                args.id_field.is_some(),
+            );
+            uploads.push(upload(store.clone(), input));
+            shard = shard
+                .checked_add(1)
+                .context("more than 2^32 shards; raise --shard-size")?;
+            while uploads.len() >= UPLOAD_WINDOW {
+                if let Some(r) = uploads.next().await {
+                    r?;
+                }
+            }
+        }
+        if last_report.elapsed().as_secs() >= 2 {
+            last_report = Instant::now();
+            tracing::info!(
+                records,
+                shards = shard,
+                mb_read = reader.bytes_read / 1_000_000,
+                "reading input"
+            );
+        }
+    }
+    if !texts.is_empty() {
+        let input = shard_input(
+            &job,
+            shard,
+            records - texts.len() as u64,
+            &mut texts,
+            &mut ids,
+            args.id_field.is_some(),
+        );
+        uploads.push(upload(store.clone(), input));
+        shard += 1;
+    }
+    while let Some(r) = uploads.next().await {
+        r?;
+    }
+    if records == 0 {
+        bail!(
+            "{source}: no records (the file is empty or every line was skipped); nothing was published"
+        );
+    }
+    let shards = shard;
+    let sha256 = hex::encode(reader_hash(reader));
+
+    let spec = JobSpec {
+        v: SCHEMA_VERSION,
+        job: job.clone(),
+        model_name: model_name.clone(),
+        model_hash: record.hash.clone(),
+        family: record.family,
+        input: InputDescription {
+            source,
+            sha256,
+            bytes: input_bytes,
+            text_field: args.text_field.clone(),
+            id_field: args.id_field.clone(),
+        },
+        shard_size: args.shard_size,
+        shards,
+        records,
+        skipped,
+        created_ms: now_ms(),
+    };
+    let resubmit = write_spec(store.as_ref(), &spec).await?;
+
+    // Publish.
+    let mut published = 0u64;
+    let mut duplicates = 0u64;
+    let mut already_done = 0u64;
+    let mut acks = FuturesUnordered::new();
+    let subject = subjects::work(&job);
+    for s in 0..shards {
+        if resubmit
+            && store
+                .head(&StorePath::from(keys::shard_output(&job, s)))
+                .await
+                .is_ok()
+        {
+            already_done += 1;
+            continue;
+        }
+        let rows = spec.shard_rows(s);
+        let task = ShardTask {
+            v: SCHEMA_VERSION,
+            job: job.clone(),
+            shard: s,
+            shards,
+            rows: u32::try_from(rows).unwrap_or(u32::MAX),
+            first_row: u64::from(s) * u64::from(args.shard_size),
+            model_hash: record.hash.clone(),
+            family: record.family,
+            max_batch: args.max_batch,
+        };
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(
+            async_nats::header::NATS_MESSAGE_ID,
+            subjects::msg_id(&job, s).as_str(),
+        );
+        let payload = encode("shard task", &task)?;
+        let ack = js
+            .publish_with_headers(subject.clone(), headers, payload.into())
+            .await
+            .with_context(|| format!("publishing shard {s} of job {job}"))?;
+        acks.push(ack.into_future());
+        while acks.len() >= PUBLISH_WINDOW {
+            if let Some(a) = acks.next().await {
+                count(a, &mut published, &mut duplicates)?;
+            }
+        }
+    }
+    while let Some(a) = acks.next().await {
+        count(a, &mut published, &mut duplicates)?;
+    }
+    let report = SubmitReport {
+        job,
+        records,
+        shards,
+        published,
+        duplicates,
+        already_done,
+        skipped,
+    };
+    tracing::info!(job = %report.job, records, shards, published, duplicates, already_done, skipped,
+        model = %model_name, model_hash = record.hash.short(), secs = started.elapsed().as_secs_f64(),
+        "job submitted");
+    Ok(report)
+}
+
+fn reader_hash<R: std::io::Read>(reader: JsonlReader<BufReader<HashingReader<R>>>) -> Vec<u8> {
+    reader.into_inner().into_inner().hasher.finalize().to_vec()
+}
+
+fn count(
+    ack: Result<jetstream::publish::PublishAck, jetstream::context::PublishError>,
+    published: &mut u64,
+    duplicates: &mut u64,
+) -> anyhow::Result<()> {
+    let ack = ack.context("the work stream did not confirm a shard")?;
+    if ack.duplicate {
+        *duplicates += 1;
+    } else {
+        *published += 1;
+    }
+    Ok(())
+}
+
+fn shard_input(
+    job: &JobId,
+    shard: u32,
+    first_row: u64,
+    texts: &mut Vec<String>,
+    ids: &mut Vec<String>,
+    with_ids: bool,
+) -> ShardInput {
+    ShardInput {
+        v: SCHEMA_VERSION,
+        job: job.clone(),
+        shard,
+        first_row,
+        ids: with_ids.then(|| std::mem::take(ids)),
+        texts: std::mem::take(texts),
+    }
+}
+
+async fn upload(store: Arc<dyn ObjectStore>, input: ShardInput) -> anyhow::Result<()> {
+    let key = StorePath::from(keys::shard_input(&input.job, input.shard));
+    let bytes = encode("shard input", &input)?;
+    store
+        .put(&key, bytes.into())
+        .await
+        .with_context(|| format!("uploading {key}"))?;
+    Ok(())
+}
+
+/// Writes the job spec create-only. Returns true when the same job was
+/// submitted before (same input, model and shard size); refuses a different
+/// job under an existing id.
+async fn write_spec(store: &dyn ObjectStore, spec: &JobSpec) -> anyhow::Result<bool> {
+    let key = StorePath::from(keys::job_spec(&spec.job));
+    let bytes = encode("job spec", spec)?;
+    let opts = PutOptions {
+        mode: PutMode::Create,
+        ..Default::default()
+    };
+    match store.put_opts(&key, bytes.into(), opts).await {
+        Ok(_) => Ok(false),
+        Err(object_store::Error::AlreadyExists { .. }) => {
+            let old: JobSpec = get_doc(
+                store,
+                &key,
+                "job spec",
+                minions_schemas::limits::MAX_SPEC_BYTES,
+            )
+            .await?
+            .with_context(|| format!("job spec {key} vanished"))?;
+            let same = old.input.sha256 == spec.input.sha256
+                && old.model_hash == spec.model_hash
+                && old.shard_size == spec.shard_size
+                && old.input.text_field == spec.input.text_field
+                && old.records == spec.records;
+            if !same {
+                bail!(
+                    "job {} already exists with a different input, model or shard size \
+                     (it has {} records of {} with model {}); choose another --job",
+                    spec.job,
+                    old.records,
+                    old.input.source,
+                    old.model_name
+                );
+            }
+            tracing::info!(job = %spec.job, "job exists with the same input; publishing only shards not yet done");
+            Ok(true)
+        }
+        Err(e) => Err(e).with_context(|| format!("writing {key}")),
+    }
+}

@@ -1,0 +1,17 @@
+//! The `minions` command line: submit jobs, follow them, collect outputs,
+//! push models, run a local fleet.
+//!
+//! Layout:
+//! - [`cli`] — flags and subcommands.
+//! - [`commands`] — one file per subcommand.
+//! - [`jsonl`] — the streaming, bounded JSONL reader.
+//! - [`progress`] — a job's progress folded from its events.
+//! - [`npy`] — the `.npy` writer.
+//! - [`store_io`] — bounded document reads from the store.
+
+pub mod cli;
+pub mod commands;
+pub mod jsonl;
+pub mod npy;
+pub mod progress;
+pub mod store_io;

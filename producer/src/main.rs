@@ -1,0 +1,46 @@
+//! `minions`: parse flags, set up logging, run one subcommand. Results go to
+//! stdout (a job id, a status, a hash); logs go to stderr.
+
+use std::io::Write;
+
+use clap::Parser;
+use minions::cli::{Cli, Command, ModelCommand};
+use minions::commands;
+use tokio_util::sync::CancellationToken;
+
+fn out(text: &str) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{text}")?;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    minions_schemas::endpoints::logging::init();
+    let cli = Cli::parse();
+    let ep = &cli.endpoints;
+    match cli.command {
+        Command::Submit(args) => out(commands::submit::run(ep, args).await?.job.as_str()),
+        Command::Status(args) => out(&commands::status::run(ep, &args).await?.1),
+        Command::Collect(args) => {
+            let r = commands::collect::run(ep, &args).await?;
+            out(&format!(
+                "{} vectors of dimension {} written to {}",
+                r.rows,
+                r.dim,
+                args.output.display()
+            ))
+        }
+        Command::Model(ModelCommand::Push(args)) => {
+            out(commands::model::push(ep, args).await?.hash.as_str())
+        }
+        Command::Model(ModelCommand::List(args)) => out(&commands::model::list(ep, &args).await?),
+        Command::Dev(args) => {
+            let shutdown = CancellationToken::new();
+            tokio::spawn(minions_schemas::endpoints::signals::cancel_on_signal(
+                shutdown.clone(),
+            ));
+            commands::dev::run(ep, &args, shutdown).await
+        }
+    }
+}

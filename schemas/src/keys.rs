@@ -1,0 +1,89 @@
+//! The object-store key layout.
+//!
+//! ```text
+//! jobs/<job>/spec.msgpack                 job spec (written once by submit)
+//! jobs/<job>/inputs/<shard:08>.msgpack    shard input
+//! jobs/<job>/outputs/<shard:08>.msgpack   shard output (create-only)
+//! models/blobs/<hash>/manifest.msgpack    model manifest (its SHA-256 is <hash>)
+//! models/blobs/<hash>/files/<name>        model files
+//! models/names/<name>.msgpack             name -> hash record (mutable)
+//! ```
+//! Keys are built only from validated ids and checked file names.
+
+use crate::ids::{JobId, ModelHash, ModelName};
+
+/// The job spec's key.
+pub fn job_spec(job: &JobId) -> String {
+    format!("jobs/{job}/spec.msgpack")
+}
+
+/// The folder of a job's shard inputs.
+pub fn job_inputs(job: &JobId) -> String {
+    format!("jobs/{job}/inputs")
+}
+
+/// A shard input's key.
+pub fn shard_input(job: &JobId, shard: u32) -> String {
+    format!("jobs/{job}/inputs/{shard:08}.msgpack")
+}
+
+/// A shard output's key. Written with create-only semantics: if it exists, an
+/// earlier delivery of the same shard finished it.
+pub fn shard_output(job: &JobId, shard: u32) -> String {
+    format!("jobs/{job}/outputs/{shard:08}.msgpack")
+}
+
+/// The folder of a job's outputs.
+pub fn job_outputs(job: &JobId) -> String {
+    format!("jobs/{job}/outputs")
+}
+
+/// A model manifest's key.
+pub fn model_manifest(hash: &ModelHash) -> String {
+    format!("models/blobs/{hash}/manifest.msgpack")
+}
+
+/// A model file's key; `file` must pass [`valid_model_file_name`].
+pub fn model_file(hash: &ModelHash, file: &str) -> String {
+    format!("models/blobs/{hash}/files/{file}")
+}
+
+/// A model name record's key.
+pub fn model_name(name: &ModelName) -> String {
+    format!("models/names/{name}.msgpack")
+}
+
+/// The folder of model name records.
+pub const MODEL_NAMES: &str = "models/names";
+
+/// Whether `name` may be a model file name: one path segment of letters,
+/// digits, `.`, `-`, `_`, not starting with `.`, at most 128 bytes.
+pub fn valid_model_file_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout() -> Result<(), crate::IdError> {
+        let j = JobId::new("j")?;
+        assert_eq!(shard_output(&j, 3), "jobs/j/outputs/00000003.msgpack");
+        assert_eq!(shard_input(&j, 12), "jobs/j/inputs/00000012.msgpack");
+        Ok(())
+    }
+
+    #[test]
+    fn file_names() {
+        assert!(valid_model_file_name("model.safetensors"));
+        assert!(!valid_model_file_name("../x"));
+        assert!(!valid_model_file_name(".hidden"));
+        assert!(!valid_model_file_name("a/b"));
+    }
+}

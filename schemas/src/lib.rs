@@ -1,0 +1,39 @@
+//! The Minions wire contract.
+//!
+//! Every other crate speaks through this one: the message types that cross NATS
+//! and object storage (versioned MessagePack), the subject, stream, consumer and
+//! bucket names with their settings, the object-key layout and the size limits
+//! that every decode of untrusted bytes is held to.
+//!
+//! Layout:
+//! - [`ids`] — validated identifiers (job, worker, model names and hashes); every
+//!   subject and object key is built only from these.
+//! - [`codec`] — MessagePack encode/decode with a size limit, a depth limit and a
+//!   schema-version check, returning typed errors.
+//! - [`messages`] — job spec, shard task, shard event, heartbeat, control, shard
+//!   input/output documents and the model manifest.
+//! - [`subjects`] — subject names and message ids.
+//! - [`streams`] — JetStream stream and consumer settings, and how to ensure them.
+//! - [`keys`] — the object-store key layout.
+//! - [`limits`] — size limits for every decoded document.
+//! - [`endpoints`] — connecting to NATS (with the server version check) and
+//!   opening the object store from a URL.
+
+pub mod codec;
+pub mod endpoints;
+pub mod ids;
+pub mod keys;
+pub mod limits;
+pub mod messages;
+pub mod streams;
+pub mod subjects;
+pub mod time;
+
+pub use codec::{CodecError, decode, encode};
+pub use ids::{IdError, JobId, ModelHash, ModelName, WorkerId};
+
+/// The schema version this build writes and the only one it reads.
+///
+/// Bumped whenever a message changes shape in a way older readers cannot
+/// ignore; readers refuse any other version with a clear error.
+pub const SCHEMA_VERSION: u16 = 1;

@@ -1,0 +1,27 @@
+//! Size limits applied before any untrusted bytes are decoded.
+//!
+//! Each limit is generous for honest use and small enough that a hostile
+//! message cannot make a process allocate without bound.
+
+/// A shard task message on the work stream (it carries ids, never data).
+pub const MAX_TASK_BYTES: usize = 64 * 1024;
+/// A shard event on the events stream.
+pub const MAX_EVENT_BYTES: usize = 64 * 1024;
+/// A worker heartbeat.
+pub const MAX_HEARTBEAT_BYTES: usize = 256 * 1024;
+/// A control message to a worker.
+pub const MAX_CONTROL_BYTES: usize = 16 * 1024;
+/// A job spec document in the store.
+pub const MAX_SPEC_BYTES: usize = 1024 * 1024;
+/// A model manifest or model name record in the store.
+pub const MAX_MANIFEST_BYTES: usize = 1024 * 1024;
+/// One shard's input document in the store.
+pub const MAX_SHARD_INPUT_BYTES: usize = 256 * 1024 * 1024;
+/// One shard's output document in the store.
+pub const MAX_SHARD_OUTPUT_BYTES: usize = 1024 * 1024 * 1024;
+/// Deepest nesting of MessagePack containers accepted by [`crate::decode`].
+pub const MAX_DEPTH: usize = 32;
+/// Most records in one shard.
+pub const MAX_SHARD_RECORDS: u32 = 1_000_000;
+/// Longest single input record text, in bytes.
+pub const MAX_TEXT_BYTES: usize = 1024 * 1024;

@@ -1,0 +1,46 @@
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{JobId, WorkerId};
+
+/// A shard a worker is running, as its heartbeat reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InFlight {
+    /// The job.
+    pub job: JobId,
+    /// The shard.
+    pub shard: u32,
+    /// The delivery's ack subject, so a watchdog can hand it back.
+    pub reply: String,
+    /// When the worker started it (ms since the epoch).
+    pub started_ms: u64,
+}
+
+/// A worker's periodic sign of life, on [`crate::subjects::heartbeat`].
+/// Limit: [`crate::limits::MAX_HEARTBEAT_BYTES`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    /// Schema version.
+    pub v: u16,
+    /// The worker.
+    pub worker: WorkerId,
+    /// Host name.
+    pub host: String,
+    /// The compute device, e.g. `cpu`, `metal:0`, `cuda:0`.
+    pub device: String,
+    /// Concurrent shard slots.
+    pub slots: u32,
+    /// Whether the worker is draining (finishing, pulling nothing new).
+    pub draining: bool,
+    /// Shards running now.
+    pub in_flight: Vec<InFlight>,
+    /// Shards finished since start.
+    pub done: u64,
+    /// Shard deliveries that failed since start.
+    pub failed: u64,
+    /// Heartbeat interval, ms (a watchdog counts missed beats with it).
+    pub interval_ms: u64,
+    /// When the worker started (ms since the epoch).
+    pub started_ms: u64,
+    /// When this beat was sent (ms since the epoch).
+    pub at_ms: u64,
+}

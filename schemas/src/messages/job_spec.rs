@@ -1,0 +1,60 @@
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{JobId, ModelHash, ModelName};
+use crate::messages::ModelFamily;
+
+/// Where a job's records came from, for people and for refusing a re-submit
+/// of the same job id with different input.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputDescription {
+    /// The input file as the user named it.
+    pub source: String,
+    /// SHA-256 of the input bytes, hex.
+    pub sha256: String,
+    /// Input size in bytes.
+    pub bytes: u64,
+    /// JSON field holding each record's text.
+    pub text_field: String,
+    /// JSON field holding each record's id, if any.
+    pub id_field: Option<String>,
+}
+
+/// A job: what to run over which records, cut into how many shards.
+///
+/// Stored at [`crate::keys::job_spec`] before any shard is published; never
+/// changed afterwards. Limit: [`crate::limits::MAX_SPEC_BYTES`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// Schema version.
+    pub v: u16,
+    /// The job id.
+    pub job: JobId,
+    /// The model name the user asked for.
+    pub model_name: ModelName,
+    /// The exact model content the job runs (names can move; jobs cannot).
+    pub model_hash: ModelHash,
+    /// The model family (decides the output shape).
+    pub family: ModelFamily,
+    /// The input file.
+    pub input: InputDescription,
+    /// Records per shard (the last shard may have fewer).
+    pub shard_size: u32,
+    /// Number of shards, numbered `0..shards`.
+    pub shards: u32,
+    /// Number of records accepted, in input order across shards.
+    pub records: u64,
+    /// Malformed lines skipped with `--skip-bad`.
+    pub skipped: u64,
+    /// When the job was submitted (ms since the epoch).
+    pub created_ms: u64,
+}
+
+impl JobSpec {
+    /// The number of records in `shard` (all but the last are full).
+    pub fn shard_rows(&self, shard: u32) -> u64 {
+        let start = u64::from(shard) * u64::from(self.shard_size);
+        self.records
+            .saturating_sub(start)
+            .min(u64::from(self.shard_size))
+    }
+}

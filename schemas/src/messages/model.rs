@@ -1,0 +1,130 @@
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::ids::{ModelHash, ModelName};
+
+/// What kind of model a folder holds; decides how a worker runs it and what
+/// shape its output has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModelFamily {
+    /// BERT sentence embeddings, mean pooling, L2 normalised
+    /// (sentence-transformers' all-MiniLM-L6-v2 layout).
+    BertEmbedding,
+}
+
+impl ModelFamily {
+    /// The family's name as users type it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BertEmbedding => "bert-embedding",
+        }
+    }
+
+    /// Every family, for detection and help texts.
+    pub const ALL: [ModelFamily; 1] = [Self::BertEmbedding];
+
+    /// The files a model folder of this family must hold.
+    pub fn required_files(self) -> &'static [&'static str] {
+        match self {
+            Self::BertEmbedding => &["config.json", "tokenizer.json", "model.safetensors"],
+        }
+    }
+}
+
+impl std::fmt::Display for ModelFamily {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One file of a model folder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelFile {
+    /// File name (one path segment, see [`crate::keys::valid_model_file_name`]).
+    pub name: String,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// SHA-256 of the content, hex.
+    pub sha256: String,
+}
+
+/// A model's content: its family and files. The model's hash is the SHA-256
+/// of this manifest's encoding, so equal folders get equal hashes and any
+/// changed byte changes the hash. Limit: [`crate::limits::MAX_MANIFEST_BYTES`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelManifest {
+    /// Schema version.
+    pub v: u16,
+    /// The family.
+    pub family: ModelFamily,
+    /// The files, sorted by name.
+    pub files: Vec<ModelFile>,
+}
+
+impl ModelManifest {
+    /// The content hash: SHA-256 of the canonical encoding (files sorted).
+    pub fn content_hash(&self) -> Result<ModelHash, crate::CodecError> {
+        let mut canonical = self.clone();
+        canonical.files.sort_by(|a, b| a.name.cmp(&b.name));
+        let bytes = crate::encode("model manifest", &canonical)?;
+        let digest = Sha256::digest(&bytes);
+        // 64 lowercase hex digits by construction.
+        ModelHash::new(hex::encode(digest)).map_err(|e| crate::CodecError::Encode {
+            what: "model hash",
+            source: rmp_serde::encode::Error::Syntax(e.to_string()),
+        })
+    }
+
+    /// Total size of the files in bytes.
+    pub fn total_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.bytes).sum()
+    }
+}
+
+/// A model name record: points a mutable name at immutable content.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelRecord {
+    /// Schema version.
+    pub v: u16,
+    /// The name.
+    pub name: ModelName,
+    /// The content it points at.
+    pub hash: ModelHash,
+    /// The model's family.
+    pub family: ModelFamily,
+    /// Total file size in bytes.
+    pub bytes: u64,
+    /// When it was pushed (ms since the epoch).
+    pub pushed_ms: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(files: &[(&str, &str)]) -> ModelManifest {
+        ModelManifest {
+            v: crate::SCHEMA_VERSION,
+            family: ModelFamily::BertEmbedding,
+            files: files
+                .iter()
+                .map(|(n, h)| ModelFile {
+                    name: (*n).into(),
+                    bytes: 1,
+                    sha256: (*h).into(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn hash_ignores_order_and_sees_content() -> Result<(), crate::CodecError> {
+        let a = manifest(&[("a", "1"), ("b", "2")]).content_hash()?;
+        let b = manifest(&[("b", "2"), ("a", "1")]).content_hash()?;
+        let c = manifest(&[("a", "1"), ("b", "3")]).content_hash()?;
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        Ok(())
+    }
+}

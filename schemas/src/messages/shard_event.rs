@@ -1,0 +1,54 @@
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{JobId, WorkerId};
+
+/// What happened to a shard.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum EventKind {
+    /// A worker started running the shard.
+    Started,
+    /// The shard's output is in the store.
+    Done {
+        /// Records in the output.
+        rows: u64,
+        /// Bytes written (0 when an earlier delivery had written it).
+        output_bytes: u64,
+        /// Wall time of the run, ms.
+        duration_ms: u64,
+        /// Pure inference time, ms.
+        compute_ms: u64,
+        /// True when the output already existed (an earlier delivery finished it).
+        already_done: bool,
+    },
+    /// The shard failed on this delivery.
+    Failed {
+        /// Why, in words a person can act on.
+        reason: String,
+        /// True when it will never be retried (bad input, unknown model).
+        permanent: bool,
+    },
+}
+
+/// An event about one shard, published on [`crate::subjects::event`] into the
+/// events stream. Limit: [`crate::limits::MAX_EVENT_BYTES`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardEvent {
+    /// Schema version.
+    pub v: u16,
+    /// The job.
+    pub job: JobId,
+    /// The shard.
+    pub shard: u32,
+    /// The worker that sends it.
+    pub worker: WorkerId,
+    /// The worker's host name.
+    pub host: String,
+    /// Which delivery of the shard this is (1 = first).
+    pub attempt: u64,
+    /// When (ms since the epoch).
+    pub at_ms: u64,
+    /// What happened.
+    #[serde(flatten)]
+    pub kind: EventKind,
+}

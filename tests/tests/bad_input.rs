@@ -1,0 +1,188 @@
+//! Bad input gets a clear error naming the problem, and other work goes on:
+//! a malformed JSONL line, an unknown model, a model whose files do not match
+//! their hash, and a shard message that does not decode.
+
+use std::io::Write;
+use std::time::Duration;
+
+use minions_tests::{Fleet, Result, tiny_model, write_corpus};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_input_is_named_and_isolated() -> Result<()> {
+    let mut fleet = Fleet::local()?;
+    let r = scenario(&mut fleet).await;
+    if r.is_err() {
+        eprintln!("{}", fleet.logs());
+    }
+    r
+}
+
+async fn scenario(fleet: &mut Fleet) -> Result<()> {
+    let good = tiny_model(fleet.dir.path(), "good")?;
+    let bad = tiny_model(fleet.dir.path(), "bad")?;
+    fleet.cli(&[
+        "model",
+        "push",
+        &good.display().to_string(),
+        "--name",
+        "good",
+    ])?;
+    let bad_hash = fleet.cli(&["model", "push", &bad.display().to_string(), "--name", "bad"])?;
+    let input = fleet.dir.path().join("in.jsonl");
+    write_corpus(&input, 300)?;
+    let input_s = input.display().to_string();
+
+    // 1. A malformed line: refused with its line number, nothing published.
+    let broken = fleet.dir.path().join("broken.jsonl");
+    {
+        let text = std::fs::read_to_string(&input)?;
+        let mut f = std::fs::File::create(&broken)?;
+        for (i, line) in text.lines().enumerate() {
+            if i == 56 {
+                writeln!(f, "{{\"id\": 56, \"text\": \"unterminated}}")?;
+            } else {
+                writeln!(f, "{line}")?;
+            }
+        }
+    }
+    let out = fleet.cli_raw(&[
+        "submit",
+        "--model",
+        "good",
+        "--input",
+        &broken.display().to_string(),
+        "--shard-size",
+        "10",
+    ])?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("line 57") && err.contains("nothing was published"),
+        "{err}"
+    );
+    assert_eq!(fleet.work_stream_messages().await?, 0);
+    eprintln!("malformed line: {}", err.lines().last().unwrap_or_default());
+    // With --skip-bad the same file is accepted minus that line.
+    let job = fleet.cli(&[
+        "submit",
+        "--model",
+        "good",
+        "--input",
+        &broken.display().to_string(),
+        "--shard-size",
+        "50",
+        "--skip-bad",
+        "--job",
+        "skipping",
+    ])?;
+    assert_eq!(job, "skipping");
+
+    // 2. An unknown model: refused, known models listed.
+    let out = fleet.cli_raw(&["submit", "--model", "nope", "--input", &input_s])?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("unknown model \"nope\"") && err.contains("bad, good"),
+        "{err}"
+    );
+    eprintln!("unknown model: {}", err.lines().last().unwrap_or_default());
+
+    // 3. A model whose stored file no longer matches its hash.
+    let stored = fleet
+        .dir
+        .path()
+        .join("store/models/blobs")
+        .join(&bad_hash)
+        .join("files/model.safetensors");
+    let mut bytes = std::fs::read(&stored)?;
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&stored, bytes)?;
+    fleet.cli(&[
+        "submit",
+        "--model",
+        "bad",
+        "--input",
+        &input_s,
+        "--shard-size",
+        "100",
+        "--job",
+        "tampered",
+    ])?;
+
+    // 4. A shard message that does not decode, beside good work.
+    let js = async_nats::jetstream::new(fleet.nats.client().await?);
+    js.publish(
+        "minions.work.garbage",
+        bytes::Bytes::from_static(b"\xc1 not msgpack"),
+    )
+    .await?
+    .await?;
+    fleet.cli(&[
+        "submit",
+        "--model",
+        "good",
+        "--input",
+        &input_s,
+        "--shard-size",
+        "100",
+        "--job",
+        "fine",
+    ])?;
+
+    fleet.add_worker(&[])?;
+    let fine = fleet.wait_job("fine", Duration::from_secs(120))?;
+    assert_eq!(fine["state"], "done", "{fine}");
+    let skipping = fleet.wait_job("skipping", Duration::from_secs(120))?;
+    assert_eq!(skipping["state"], "done", "{skipping}");
+    assert_eq!(skipping["records"], 299);
+    let tampered = fleet.wait_job("tampered", Duration::from_secs(120))?;
+    assert_eq!(tampered["state"], "failed", "{tampered}");
+    assert_eq!(tampered["failed"], 3);
+    let reason = tampered["failed_shards"][0]["reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        reason.contains("model.safetensors does not match its hash"),
+        "{reason}"
+    );
+    eprintln!("tampered model: {reason}");
+    let status = fleet.cli(&["status", "tampered"])?;
+    assert!(
+        status.contains("completed with 3 failed") && status.contains("does not match its hash"),
+        "{status}"
+    );
+
+    // The undecodable message was terminated and named in the worker's log.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while fleet.work_stream_messages().await? != 0 && std::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        fleet.work_stream_messages().await?,
+        0,
+        "every message settled"
+    );
+    let log = std::fs::read_to_string(&fleet.workers[0].log)?;
+    let line = log
+        .lines()
+        .find(|l| l.contains("shard message does not decode"))
+        .ok_or("worker did not report the undecodable message")?;
+    assert!(line.contains("minions.work.garbage"), "{line}");
+    eprintln!("undecodable message: {line}");
+
+    // collect refuses an incomplete job and says why.
+    let out = fleet.cli_raw(&[
+        "collect",
+        "tampered",
+        "--output",
+        &fleet.dir.path().join("t.npy").display().to_string(),
+    ])?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("3 of 3 shards have no output"),
+        "{err}"
+    );
+    Ok(())
+}

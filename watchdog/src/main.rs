@@ -1,0 +1,17 @@
+//! `minions-watchdog`: parse flags, set up logging, run until Ctrl-C or SIGTERM.
+
+use clap::Parser;
+use minions_watchdog::cli::WatchdogArgs;
+use tokio_util::sync::CancellationToken;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    minions_schemas::endpoints::logging::init();
+    let config = WatchdogArgs::parse().into_config();
+    let shutdown = CancellationToken::new();
+    tokio::spawn(minions_schemas::endpoints::signals::cancel_on_signal(
+        shutdown.clone(),
+    ));
+    minions_watchdog::run(config, shutdown).await?;
+    Ok(())
+}

@@ -1,0 +1,78 @@
+//! Command-line flags of `minions-worker`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use minions_schemas::endpoints::nats::DEFAULT_NATS_URL;
+
+use crate::config::WorkerConfig;
+use crate::model::DeviceChoice;
+
+/// Lend this machine's GPU to a Minions fleet: pull shards, run them, write
+/// their outputs to the store, acknowledge.
+///
+/// The worker runs until Ctrl-C or SIGTERM; then it pulls nothing new, lets
+/// running shards finish for up to --drain-timeout, and hands back the rest.
+#[derive(Debug, Parser)]
+#[command(name = "minions-worker", version, about, long_about)]
+pub struct WorkerArgs {
+    /// NATS server URL.
+    #[arg(long, env = "MINIONS_NATS_URL", default_value = DEFAULT_NATS_URL)]
+    pub nats: String,
+    /// Object store URL: file:///dir or s3://bucket[/prefix] (S3 uses the usual
+    /// AWS_* variables; AWS_ENDPOINT_URL for S3-compatible servers).
+    /// Default: a per-user data dir.
+    #[arg(long, env = "MINIONS_STORE")]
+    pub store: Option<String>,
+    /// Folder for cached model files. Default: a per-user cache dir.
+    #[arg(long, env = "MINIONS_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Shards held at once (one computes, the others move data).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub slots: u16,
+    /// Compute device.
+    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
+    pub device: DeviceChoice,
+    /// Texts per forward pass when the job does not set one.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub max_batch: u32,
+    /// Seconds between heartbeats.
+    #[arg(long, default_value_t = 1.0)]
+    pub heartbeat_secs: f64,
+    /// Seconds running shards may take to finish on shutdown before they are handed back.
+    #[arg(long, default_value_t = 30.0)]
+    pub drain_timeout_secs: f64,
+    /// Ack wait in seconds, used only if this worker creates the work consumer.
+    #[arg(long, default_value_t = 60.0)]
+    pub ack_wait_secs: f64,
+    /// Worker id prefix (default: the host name).
+    #[arg(long)]
+    pub name: Option<String>,
+}
+
+fn secs(name: &str, v: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(v)
+        .map_err(|_| anyhow::anyhow!("--{name} must be a positive number of seconds, got {v}"))
+}
+
+impl WorkerArgs {
+    /// Turns flags into a configuration; fails on nonsensical values.
+    pub fn into_config(self) -> anyhow::Result<WorkerConfig> {
+        let store = self
+            .store
+            .unwrap_or_else(minions_schemas::endpoints::store::default_store_url);
+        let mut c = WorkerConfig::new(self.nats, store);
+        if let Some(dir) = self.cache_dir {
+            c.cache_dir = dir;
+        }
+        c.slots = usize::from(self.slots);
+        c.device = self.device;
+        c.max_batch = self.max_batch as usize;
+        c.heartbeat_interval = secs("heartbeat-secs", self.heartbeat_secs)?;
+        c.drain_timeout = secs("drain-timeout-secs", self.drain_timeout_secs)?;
+        c.work.ack_wait = secs("ack-wait-secs", self.ack_wait_secs)?;
+        c.name = self.name;
+        Ok(c)
+    }
+}

@@ -1,0 +1,70 @@
+//! The worker's configuration, from flags and environment (see [`crate::cli`]).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use minions_schemas::streams::WorkSettings;
+
+use crate::model::DeviceChoice;
+
+/// Everything a worker needs to run. Built by [`crate::cli::WorkerArgs`].
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// NATS server URL.
+    pub nats_url: String,
+    /// Object store URL (`file://…` or `s3://…`).
+    pub store_url: String,
+    /// Local folder for model files.
+    pub cache_dir: PathBuf,
+    /// Shards held at once. One runs on the device at a time; the others
+    /// fetch inputs and write outputs meanwhile. Each slot is one unacked
+    /// delivery: keep slots × workers under the consumer's max-ack-pending.
+    pub slots: usize,
+    /// Which device to run on.
+    pub device: DeviceChoice,
+    /// Texts per forward pass when the job does not say.
+    pub max_batch: usize,
+    /// How often the worker publishes a heartbeat.
+    pub heartbeat_interval: Duration,
+    /// On shutdown, how long running shards may take to finish before they
+    /// are handed back.
+    pub drain_timeout: Duration,
+    /// How long one pull request waits for a shard. Shorter stops faster and
+    /// costs more requests on an idle fleet.
+    pub pull_expires: Duration,
+    /// Models kept loaded at once.
+    pub keep_warm: usize,
+    /// Prefix of the worker id (default: the host name).
+    pub name: Option<String>,
+    /// Consumer settings used if this worker is the one that creates the
+    /// work consumer (an existing consumer keeps its settings).
+    pub work: WorkSettings,
+}
+
+impl WorkerConfig {
+    /// A configuration with the documented defaults for `nats_url` and `store_url`.
+    pub fn new(nats_url: impl Into<String>, store_url: impl Into<String>) -> Self {
+        Self {
+            nats_url: nats_url.into(),
+            store_url: store_url.into(),
+            cache_dir: default_cache_dir(),
+            slots: 2,
+            device: DeviceChoice::Auto,
+            max_batch: 32,
+            heartbeat_interval: Duration::from_secs(1),
+            drain_timeout: Duration::from_secs(30),
+            pull_expires: Duration::from_secs(2),
+            keep_warm: 2,
+            name: None,
+            work: WorkSettings::default(),
+        }
+    }
+}
+
+/// `<cache dir>/minions/models` (e.g. `~/.cache/minions/models`).
+pub fn default_cache_dir() -> PathBuf {
+    dirs::cache_dir()
+        .unwrap_or_else(std::env::temp_dir)
+        .join("minions")
+        .join("models")
+}

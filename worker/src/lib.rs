@@ -1,0 +1,27 @@
+//! The Minions worker: lends this machine's GPU to the fleet.
+//!
+//! It shares one durable pull consumer with every other worker, pulls no more
+//! shards than it has free slots, keeps running shards alive with in-progress
+//! acks, runs them on candle (Metal on macOS, CUDA, or the CPU), writes each
+//! output create-only to the store, publishes a shard event and only then
+//! acks. Failures are settled by kind (see [`error::Settle`]).
+//!
+//! Layout:
+//! - [`cli`] / [`config`] — flags and the configuration they build.
+//! - [`run`] — connect, pull loop with bounded slots, drain on shutdown.
+//! - `shard`: one delivery from message to settlement.
+//! - `heartbeat`: the periodic sign of life.
+//! - [`error`] — failure kinds and how each is settled.
+//! - [`model`] — the `Model` trait, the BERT embedding family, the model cache.
+
+pub mod cli;
+pub mod config;
+mod context;
+pub mod error;
+mod heartbeat;
+pub mod model;
+pub mod run;
+mod shard;
+
+pub use config::WorkerConfig;
+pub use run::{RunSummary, WorkerError, run};

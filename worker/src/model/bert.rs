@@ -1,0 +1,173 @@
+//! BERT sentence embeddings as sentence-transformers computes them for
+//! all-MiniLM-L6-v2: WordPiece tokens truncated at the model's max sequence
+//! length, padded to the longest text in the batch, mean pooling over real
+//! tokens, L2 normalisation.
+
+use std::path::Path;
+
+use candle_core::{D, DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use candle_transformers::models::bert::{BertModel, Config};
+use minions_schemas::messages::{ModelFamily, OutputPayload};
+use tokenizers::{Tokenizer, TruncationParams};
+
+use super::{Model, ModelError};
+
+const FAMILY: &str = "bert-embedding";
+
+/// A loaded BERT sentence-embedding model on one device.
+pub struct BertEmbedder {
+    model: BertModel,
+    tokenizer: Tokenizer,
+    device: Device,
+    max_len: usize,
+    dim: usize,
+    pad_id: u32,
+}
+
+fn invalid(reason: impl Into<String>) -> ModelError {
+    ModelError::Invalid {
+        family: FAMILY,
+        reason: reason.into(),
+    }
+}
+
+fn read(dir: &Path, name: &str) -> Result<Vec<u8>, ModelError> {
+    let path = dir.join(name);
+    std::fs::read(&path).map_err(|e| invalid(format!("cannot read {name}: {e}")))
+}
+
+#[derive(serde::Deserialize)]
+struct SentenceBertConfig {
+    max_seq_length: Option<usize>,
+}
+
+impl BertEmbedder {
+    /// Loads `config.json`, `tokenizer.json` and `model.safetensors` from
+    /// `dir` (plus `sentence_bert_config.json` for the max sequence length,
+    /// when present) onto `device`.
+    pub fn load(dir: &Path, device: &Device) -> Result<Self, ModelError> {
+        let config: Config = serde_json::from_slice(&read(dir, "config.json")?)
+            .map_err(|e| invalid(format!("config.json: {e}")))?;
+        let max_len = match read(dir, "sentence_bert_config.json") {
+            Ok(bytes) => {
+                serde_json::from_slice::<SentenceBertConfig>(&bytes)
+                    .map_err(|e| invalid(format!("sentence_bert_config.json: {e}")))?
+                    .max_seq_length
+            }
+            Err(_) => None,
+        }
+        .unwrap_or(config.max_position_embeddings)
+        .min(config.max_position_embeddings);
+        let mut tokenizer = Tokenizer::from_bytes(read(dir, "tokenizer.json")?)
+            .map_err(|e| invalid(format!("tokenizer.json: {e}")))?;
+        tokenizer
+            .with_truncation(Some(TruncationParams {
+                max_length: max_len,
+                ..Default::default()
+            }))
+            .map_err(|e| invalid(format!("tokenizer truncation: {e}")))?;
+        tokenizer.with_padding(None);
+        let pad_id =
+            u32::try_from(config.pad_token_id).map_err(|_| invalid("pad_token_id out of range"))?;
+        let weights = read(dir, "model.safetensors")?;
+        let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, device)
+            .map_err(|e| invalid(format!("model.safetensors: {e}")))?;
+        let model =
+            BertModel::load(vb, &config).map_err(|e| invalid(format!("model.safetensors: {e}")))?;
+        Ok(Self {
+            model,
+            tokenizer,
+            device: device.clone(),
+            max_len,
+            dim: config.hidden_size,
+            pad_id,
+        })
+    }
+
+    /// The embedding dimension.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// The longest token sequence a text is cut to.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    /// Embeds `texts`, returning `texts.len() × dim` floats in input order.
+    ///
+    /// Texts are sorted by token length and run `max_batch` at a time, so
+    /// each batch pads little; rows are put back in input order.
+    pub fn embed(&self, texts: &[String], max_batch: usize) -> Result<Vec<f32>, ModelError> {
+        let max_batch = max_batch.max(1);
+        let encodings = self
+            .tokenizer
+            .encode_batch(texts.to_vec(), true)
+            .map_err(|e| ModelError::BadInput(format!("tokenizer: {e}")))?;
+        let mut order: Vec<usize> = (0..encodings.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(encodings[i].get_ids().len()));
+        let mut out = vec![0f32; texts.len() * self.dim];
+        for chunk in order.chunks(max_batch) {
+            let len = chunk
+                .iter()
+                .map(|&i| encodings[i].get_ids().len())
+                .max()
+                .unwrap_or(0)
+                .max(1);
+            let mut ids = Vec::with_capacity(chunk.len() * len);
+            let mut mask = Vec::with_capacity(chunk.len() * len);
+            for &i in chunk {
+                let e = encodings[i].get_ids();
+                ids.extend_from_slice(e);
+                ids.extend(std::iter::repeat_n(self.pad_id, len - e.len()));
+                mask.extend(std::iter::repeat_n(1u32, e.len()));
+                mask.extend(std::iter::repeat_n(0u32, len - e.len()));
+            }
+            let rows = self.forward(ids, mask, chunk.len(), len)?;
+            for (r, &i) in chunk.iter().enumerate() {
+                out[i * self.dim..(i + 1) * self.dim]
+                    .copy_from_slice(&rows[r * self.dim..(r + 1) * self.dim]);
+            }
+        }
+        Ok(out)
+    }
+
+    fn forward(
+        &self,
+        ids: Vec<u32>,
+        mask: Vec<u32>,
+        batch: usize,
+        len: usize,
+    ) -> Result<Vec<f32>, ModelError> {
+        let ids = Tensor::from_vec(ids, (batch, len), &self.device)?;
+        let mask = Tensor::from_vec(mask, (batch, len), &self.device)?;
+        let type_ids = ids.zeros_like()?;
+        let hidden = self.model.forward(&ids, &type_ids, Some(&mask))?;
+        let mask_f = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
+        let summed = hidden.broadcast_mul(&mask_f)?.sum(1)?;
+        let counts = mask_f.sum(1)?;
+        let mean = summed.broadcast_div(&counts)?;
+        let norm = mean.sqr()?.sum_keepdim(D::Minus1)?.sqrt()?.maximum(1e-12)?;
+        let normed = mean.broadcast_div(&norm)?;
+        Ok(normed.flatten_all()?.to_vec1::<f32>()?)
+    }
+}
+
+impl Model for BertEmbedder {
+    fn family(&self) -> ModelFamily {
+        ModelFamily::BertEmbedding
+    }
+
+    fn run(&self, texts: &[String], max_batch: usize) -> Result<OutputPayload, ModelError> {
+        let vectors = self.embed(texts, max_batch)?;
+        let mut data = Vec::with_capacity(vectors.len() * 4);
+        for v in vectors {
+            data.extend_from_slice(&v.to_le_bytes());
+        }
+        Ok(OutputPayload::Embeddings {
+            dim: u32::try_from(self.dim).map_err(|_| invalid("hidden size out of range"))?,
+            data,
+        })
+    }
+}

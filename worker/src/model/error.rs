@@ -1,0 +1,65 @@
+use minions_schemas::ModelHash;
+
+/// Why a model could not be fetched, loaded or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The store has no model with this hash.
+    #[error("model {hash} is not in the store (push it with `minions model push`)")]
+    Unknown {
+        /// The missing model.
+        hash: ModelHash,
+    },
+    /// A model file or the manifest does not match its recorded hash.
+    #[error(
+        "model {hash}: {what} does not match its hash (expected {expected}, found {found}); re-push the model"
+    )]
+    HashMismatch {
+        /// The model.
+        hash: ModelHash,
+        /// Which file (or `manifest`).
+        what: String,
+        /// The recorded hash.
+        expected: String,
+        /// The hash of the bytes found.
+        found: String,
+    },
+    /// The model folder is not a valid model of its family.
+    #[error("model folder is not a valid {family} model: {reason}")]
+    Invalid {
+        /// The family expected.
+        family: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An input cannot be run by this model (e.g. it does not tokenize).
+    #[error("bad input: {0}")]
+    BadInput(String),
+    /// The device failed while running the model.
+    #[error("inference failed: {0}")]
+    Compute(#[from] candle_core::Error),
+    /// Reading or writing the local cache failed.
+    #[error("model cache {path}: {source}")]
+    Cache {
+        /// The path involved.
+        path: String,
+        /// What went wrong.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The store failed while fetching the model.
+    #[error("fetching model from the store: {0}")]
+    Store(#[from] object_store::Error),
+}
+
+impl ModelError {
+    /// True when retrying elsewhere cannot help (the shard should be terminated).
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            Self::Unknown { .. }
+                | Self::HashMismatch { .. }
+                | Self::Invalid { .. }
+                | Self::BadInput(_)
+        )
+    }
+}

@@ -1,0 +1,231 @@
+//! The worker's main loop: connect, pull into free slots, drain on shutdown.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_nats::jetstream::{self, consumer::PullConsumer};
+use futures::StreamExt;
+use minions_schemas::endpoints::{nats, store};
+use minions_schemas::time::now_ms;
+use minions_schemas::{WorkerId, streams};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::WorkerConfig;
+use crate::context::Ctx;
+use crate::model::{ModelCache, describe_device, select_device};
+use crate::{heartbeat, shard};
+
+/// Why a worker could not start or keep running.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// NATS is unreachable, too old, or lacks JetStream.
+    #[error(transparent)]
+    Nats(#[from] nats::NatsConnectError),
+    /// The store URL is wrong.
+    #[error(transparent)]
+    Store(#[from] store::StoreUrlError),
+    /// The streams or the work consumer could not be set up.
+    #[error(transparent)]
+    Streams(#[from] streams::EnsureError),
+    /// The compute device could not be opened.
+    #[error("cannot open compute device: {0}")]
+    Device(#[from] candle_core::Error),
+}
+
+/// What a worker reports when it stops.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunSummary {
+    /// The worker's id for this run.
+    pub worker: String,
+    /// Shards finished.
+    pub done: u64,
+    /// Deliveries that failed.
+    pub failed: u64,
+    /// Shards handed back unfinished at shutdown, as `job/shard`.
+    pub handed_back: Vec<String>,
+}
+
+/// A host name reduced to the id alphabet.
+pub fn host_name() -> String {
+    let raw = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .or_else(|| std::env::var("COMPUTERNAME").ok())
+        .unwrap_or_else(|| "host".to_owned());
+    raw.trim().to_owned()
+}
+
+fn worker_id(prefix: &str) -> WorkerId {
+    let mut base: String = prefix
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect::<String>()
+        .trim_matches('-')
+        .chars()
+        .take(40)
+        .collect();
+    if base.is_empty() {
+        base = "worker".to_owned();
+    }
+    let suffix = ulid::Ulid::new().to_string().to_lowercase();
+    let id = format!("{base}-{}", &suffix[suffix.len() - 8..]);
+    WorkerId::new(id)
+        .unwrap_or_else(|_| WorkerId::new("worker-x").unwrap_or_else(|_| unreachable!()))
+}
+
+/// Runs a worker until `shutdown` is cancelled, then drains: pulls nothing new,
+/// lets running shards finish for up to `drain_timeout`, hands back the rest,
+/// and returns what happened.
+pub async fn run(
+    config: WorkerConfig,
+    shutdown: CancellationToken,
+) -> Result<RunSummary, WorkerError> {
+    let host = host_name();
+    let worker = worker_id(config.name.as_deref().unwrap_or(&host));
+    let device = select_device(config.device)?;
+    let device_name = describe_device(&device);
+    let store = store::open(&config.store_url)?;
+    let client = nats::connect(&config.nats_url, &format!("minions-worker {worker}")).await?;
+    let js = jetstream::new(client.clone());
+    let mut consumer: PullConsumer = streams::ensure(&js, &config.work).await?;
+    let (ack_wait, max_deliver) = match consumer.info().await {
+        Ok(info) => (info.config.ack_wait, info.config.max_deliver),
+        Err(_) => (config.work.ack_wait, config.work.max_deliver),
+    };
+    tracing::info!(worker = %worker, host = %host, device = %device_name, slots = config.slots,
+        nats = %config.nats_url, store = %config.store_url, ack_wait_ms = ack_wait.as_millis() as u64,
+        max_deliver, "worker started");
+
+    let ctx = Arc::new(Ctx {
+        client: client.clone(),
+        js,
+        store: store.clone(),
+        cache: ModelCache::new(store, config.cache_dir.clone(), device, config.keep_warm),
+        compute: Semaphore::new(1),
+        worker: worker.clone(),
+        host,
+        device: device_name,
+        slots: config.slots,
+        max_batch: config.max_batch,
+        ack_wait,
+        max_deliver,
+        in_flight: Mutex::new(HashMap::new()),
+        done: AtomicU64::new(0),
+        failed: AtomicU64::new(0),
+        draining: AtomicBool::new(false),
+    });
+
+    let started_ms = now_ms();
+    let stop_beats = CancellationToken::new();
+    let beats = tokio::spawn(heartbeat::run(
+        ctx.clone(),
+        config.heartbeat_interval,
+        started_ms,
+        stop_beats.clone(),
+    ));
+
+    let stop_pulling = shutdown.child_token();
+    let hand_back = CancellationToken::new();
+    let mut slots = JoinSet::new();
+    for slot in 0..config.slots {
+        slots.spawn(slot_loop(
+            ctx.clone(),
+            consumer.clone(),
+            slot,
+            config.pull_expires,
+            stop_pulling.clone(),
+            hand_back.clone(),
+        ));
+    }
+
+    shutdown.cancelled().await;
+    ctx.draining.store(true, Ordering::Relaxed);
+    let running = ctx.in_flight();
+    tracing::info!(
+        running = running.len(),
+        deadline_s = config.drain_timeout.as_secs_f64(),
+        "stopping: pulling nothing new, letting running shards finish"
+    );
+    let drained = tokio::time::timeout(config.drain_timeout, async {
+        while slots.join_next().await.is_some() {}
+    })
+    .await
+    .is_ok();
+    let mut handed_back = Vec::new();
+    if !drained {
+        handed_back = ctx
+            .in_flight()
+            .iter()
+            .map(|f| format!("{}/{}", f.job, f.shard))
+            .collect();
+        tracing::warn!(shards = ?handed_back, "drain deadline passed; handing back running shards");
+        hand_back.cancel();
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            while slots.join_next().await.is_some() {}
+        })
+        .await;
+        slots.abort_all();
+    }
+    stop_beats.cancel();
+    let _ = beats.await;
+    if let Err(e) = client.flush().await {
+        tracing::warn!(error = %e, "final flush to NATS failed");
+    }
+    let summary = RunSummary {
+        worker: worker.to_string(),
+        done: ctx.done.load(Ordering::Relaxed),
+        failed: ctx.failed.load(Ordering::Relaxed),
+        handed_back,
+    };
+    tracing::info!(
+        done = summary.done,
+        failed = summary.failed,
+        handed_back = summary.handed_back.len(),
+        "worker stopped"
+    );
+    Ok(summary)
+}
+
+/// One slot: pulls one shard at a time (never more than it can run, so no
+/// ack timer starts for a shard that waits in a local buffer), runs it,
+/// repeats until told to stop pulling.
+async fn slot_loop(
+    ctx: Arc<Ctx>,
+    consumer: PullConsumer,
+    slot: usize,
+    expires: std::time::Duration,
+    stop_pulling: CancellationToken,
+    hand_back: CancellationToken,
+) {
+    while !stop_pulling.is_cancelled() {
+        let batch = consumer
+            .batch()
+            .max_messages(1)
+            .expires(expires)
+            .messages()
+            .await;
+        let mut batch = match batch {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(slot, error = %e, "pull failed; retrying");
+                tokio::select! {
+                    _ = stop_pulling.cancelled() => break,
+                    _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => continue,
+                }
+            }
+        };
+        while let Some(item) = batch.next().await {
+            match item {
+                Ok(msg) if stop_pulling.is_cancelled() => {
+                    // Arrived as we stopped: hand it straight back.
+                    let _ = msg.ack_with(jetstream::AckKind::Nak(None)).await;
+                }
+                Ok(msg) => shard::handle(&ctx, msg, &hand_back).await,
+                Err(e) => tracing::debug!(slot, error = %e, "pull ended"),
+            }
+        }
+    }
+}

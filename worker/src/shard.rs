@@ -1,0 +1,364 @@
+//! One shard delivery, from message to settlement.
+//!
+//! Order of effects (the shard lifecycle): decode the task (undecodable →
+//! terminate), publish `started`, keep the delivery alive with in-progress
+//! acks, skip the work if the output already exists, fetch model and input,
+//! compute, write the output create-only ("already exists" = an earlier
+//! delivery finished it: verify and ack), publish `done` and wait for the
+//! stream to store it, then ack and wait for the server to confirm.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_nats::jetstream::{AckKind, Message};
+use bytes::Bytes;
+use minions_schemas::messages::{
+    EventKind, InFlight, ShardEvent, ShardInput, ShardOutput, ShardTask,
+};
+use minions_schemas::time::now_ms;
+use minions_schemas::{SCHEMA_VERSION, decode, encode, keys, limits, subjects};
+use object_store::path::Path as StorePath;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions};
+use tokio_util::sync::CancellationToken;
+
+use crate::context::Ctx;
+use crate::error::{Settle, ShardError};
+
+/// What a successful run produced.
+struct Done {
+    rows: u64,
+    output_bytes: u64,
+    compute_ms: u64,
+    already_done: bool,
+}
+
+/// Handles one delivery to the end: runs it unless `hand_back` fires first,
+/// then settles it (ack, nak or term) and reports it.
+pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message, hand_back: &CancellationToken) {
+    let (attempt, seq) = match msg.info() {
+        Ok(i) => (u64::try_from(i.delivered).unwrap_or(1), i.stream_sequence),
+        Err(_) => (1, 0),
+    };
+    let task: ShardTask = match decode("shard task", &msg.payload, limits::MAX_TASK_BYTES) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!(subject = %msg.subject, stream_seq = seq, error = %e,
+                "shard message does not decode; terminated");
+            term(ctx, &msg, &e.to_string()).await;
+            ctx.count_failed();
+            return;
+        }
+    };
+    if msg.subject.as_str() != subjects::work(&task.job) {
+        let reason = format!(
+            "shard message for job {} arrived on subject {}; terminated",
+            task.job, msg.subject
+        );
+        tracing::error!(stream_seq = seq, reason = %reason, "forged or misrouted shard");
+        term(ctx, &msg, &reason).await;
+        ctx.count_failed();
+        return;
+    }
+    let reply = msg
+        .reply
+        .as_ref()
+        .map(|r| r.to_string())
+        .unwrap_or_default();
+    ctx.track(InFlight {
+        job: task.job.clone(),
+        shard: task.shard,
+        reply: reply.clone(),
+        started_ms: now_ms(),
+    });
+    let span = tracing::info_span!("shard", job = %task.job, shard = task.shard, attempt);
+    let _guard = span.enter();
+    drop(_guard);
+    tracing::debug!(job = %task.job, shard = task.shard, attempt, "shard started");
+    publish_event(ctx, &task, attempt, EventKind::Started, false).await;
+
+    let progress = CancellationToken::new();
+    let keepalive = tokio::spawn(keep_alive(ctx.clone(), reply, progress.clone()));
+    let started = Instant::now();
+    let result = tokio::select! {
+        r = run(ctx, &task) => r,
+        _ = hand_back.cancelled() => Err(ShardError::Stopping),
+    };
+    progress.cancel();
+    let _ = keepalive.await;
+    let duration_ms = started.elapsed().as_millis() as u64;
+    settle(ctx, &msg, &task, attempt, duration_ms, result).await;
+    ctx.untrack(task.job.as_str(), task.shard);
+}
+
+/// Sends in-progress acks every third of the ack wait until cancelled, so a
+/// long shard is not redelivered while this worker is alive.
+async fn keep_alive(ctx: Arc<Ctx>, reply: String, stop: CancellationToken) {
+    if reply.is_empty() {
+        return;
+    }
+    let every = (ctx.ack_wait / 3).max(std::time::Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        if let Err(e) = ctx
+            .client
+            .publish(reply.clone(), Bytes::from(AckKind::Progress))
+            .await
+        {
+            tracing::warn!(error = %e, "in-progress ack not sent");
+        }
+    }
+}
+
+async fn run(ctx: &Ctx, task: &ShardTask) -> Result<Done, ShardError> {
+    let out_key = StorePath::from(keys::shard_output(&task.job, task.shard));
+    match ctx.store.head(&out_key).await {
+        Ok(_) => return verify_existing(ctx, task, &out_key).await,
+        Err(object_store::Error::NotFound { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let model = ctx.cache.get(&task.model_hash, task.family).await?;
+    let input = read_input(ctx.store.as_ref(), task).await?;
+    let max_batch = if task.max_batch > 0 {
+        task.max_batch as usize
+    } else {
+        ctx.max_batch
+    };
+    let permit = ctx
+        .compute
+        .acquire()
+        .await
+        .map_err(|_| ShardError::Stopping)?;
+    let compute_started = Instant::now();
+    let texts = input.texts;
+    let payload = tokio::task::spawn_blocking(move || model.run(&texts, max_batch))
+        .await
+        .map_err(|e| ShardError::Transient(format!("inference task failed: {e}")))??;
+    let compute_ms = compute_started.elapsed().as_millis() as u64;
+    drop(permit);
+    let output = ShardOutput {
+        v: SCHEMA_VERSION,
+        job: task.job.clone(),
+        shard: task.shard,
+        first_row: task.first_row,
+        rows: u64::from(task.rows),
+        model_hash: task.model_hash.clone(),
+        worker: ctx.worker.clone(),
+        payload,
+    };
+    output.check_shape().map_err(ShardError::Permanent)?;
+    let bytes =
+        encode("shard output", &output).map_err(|e| ShardError::Permanent(e.to_string()))?;
+    let output_bytes = bytes.len() as u64;
+    let opts = PutOptions {
+        mode: PutMode::Create,
+        ..Default::default()
+    };
+    match ctx.store.put_opts(&out_key, bytes.into(), opts).await {
+        Ok(_) => Ok(Done {
+            rows: output.rows,
+            output_bytes,
+            compute_ms,
+            already_done: false,
+        }),
+        Err(object_store::Error::AlreadyExists { .. }) => {
+            tracing::info!(job = %task.job, shard = task.shard, "output written meanwhile by an earlier delivery");
+            verify_existing(ctx, task, &out_key).await
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn read_input(store: &dyn ObjectStore, task: &ShardTask) -> Result<ShardInput, ShardError> {
+    let key = StorePath::from(keys::shard_input(&task.job, task.shard));
+    let got = match store.get(&key).await {
+        Ok(g) => g,
+        Err(object_store::Error::NotFound { .. }) => {
+            return Err(ShardError::Permanent(format!(
+                "shard input {key} is missing from the store"
+            )));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if got.meta.size > limits::MAX_SHARD_INPUT_BYTES as u64 {
+        return Err(ShardError::Permanent(format!(
+            "shard input {key} is {} bytes; the limit is {}",
+            got.meta.size,
+            limits::MAX_SHARD_INPUT_BYTES
+        )));
+    }
+    let bytes = got.bytes().await?;
+    let input: ShardInput = decode("shard input", &bytes, limits::MAX_SHARD_INPUT_BYTES)
+        .map_err(|e| ShardError::Permanent(format!("{key}: {e}")))?;
+    if input.job != task.job || input.shard != task.shard || input.texts.len() != task.rows as usize
+    {
+        return Err(ShardError::Permanent(format!(
+            "shard input {key} holds job {} shard {} with {} records; the task expects job {} shard {} with {}",
+            input.job,
+            input.shard,
+            input.texts.len(),
+            task.job,
+            task.shard,
+            task.rows
+        )));
+    }
+    Ok(input)
+}
+
+async fn verify_existing(ctx: &Ctx, task: &ShardTask, key: &StorePath) -> Result<Done, ShardError> {
+    let got = ctx.store.get(key).await?;
+    if got.meta.size > limits::MAX_SHARD_OUTPUT_BYTES as u64 {
+        return Err(ShardError::Permanent(format!(
+            "existing output {key} is too large"
+        )));
+    }
+    let bytes = got.bytes().await?;
+    let out: ShardOutput = decode("shard output", &bytes, limits::MAX_SHARD_OUTPUT_BYTES)
+        .map_err(|e| ShardError::Permanent(format!("existing output {key} is damaged: {e}")))?;
+    if out.job != task.job || out.shard != task.shard || out.rows != u64::from(task.rows) {
+        return Err(ShardError::Permanent(format!(
+            "existing output {key} does not belong to this shard"
+        )));
+    }
+    out.check_shape().map_err(ShardError::Permanent)?;
+    Ok(Done {
+        rows: out.rows,
+        output_bytes: 0,
+        compute_ms: 0,
+        already_done: true,
+    })
+}
+
+async fn settle(
+    ctx: &Ctx,
+    msg: &Message,
+    task: &ShardTask,
+    attempt: u64,
+    duration_ms: u64,
+    result: Result<Done, ShardError>,
+) {
+    match result {
+        Ok(done) => {
+            let kind = EventKind::Done {
+                rows: done.rows,
+                output_bytes: done.output_bytes,
+                duration_ms,
+                compute_ms: done.compute_ms,
+                already_done: done.already_done,
+            };
+            publish_event(ctx, task, attempt, kind, true).await;
+            match msg.double_ack().await {
+                Ok(()) => tracing::info!(job = %task.job, shard = task.shard, attempt, duration_ms,
+                    compute_ms = done.compute_ms, already_done = done.already_done, "shard done"),
+                // The output is in the store: a redelivery finds it and acks.
+                Err(e) => tracing::warn!(job = %task.job, shard = task.shard, error = %e,
+                    "ack not confirmed; a redelivery will find the output and ack"),
+            }
+            ctx.count_done();
+        }
+        Err(err) => {
+            ctx.count_failed();
+            let reason = err.to_string();
+            let mut settle = err.settle(attempt);
+            let last = ctx.max_deliver > 0 && attempt >= ctx.max_deliver as u64;
+            if matches!(settle, Settle::Nak(_)) && last {
+                settle = Settle::Term;
+            }
+            match settle {
+                Settle::Term => {
+                    let reason = if matches!(err, ShardError::Transient(_)) {
+                        format!("gave up after {attempt} deliveries: {reason}")
+                    } else {
+                        reason
+                    };
+                    tracing::error!(job = %task.job, shard = task.shard, attempt, reason = %reason, "shard failed for good; terminated");
+                    publish_event(
+                        ctx,
+                        task,
+                        attempt,
+                        EventKind::Failed {
+                            reason: reason.clone(),
+                            permanent: true,
+                        },
+                        true,
+                    )
+                    .await;
+                    term(ctx, msg, &reason).await;
+                }
+                Settle::Nak(delay) => {
+                    tracing::warn!(job = %task.job, shard = task.shard, attempt, reason = %reason,
+                        retry_in_ms = delay.as_millis() as u64, "shard failed; will retry");
+                    publish_event(
+                        ctx,
+                        task,
+                        attempt,
+                        EventKind::Failed {
+                            reason,
+                            permanent: false,
+                        },
+                        true,
+                    )
+                    .await;
+                    if let Err(e) = msg.ack_with(AckKind::Nak(Some(delay))).await {
+                        tracing::warn!(error = %e, "nak not sent; the shard returns after the ack wait");
+                    }
+                }
+                Settle::HandBack => {
+                    tracing::info!(job = %task.job, shard = task.shard, "shard handed back");
+                    if let Err(e) = msg.ack_with(AckKind::Nak(None)).await {
+                        tracing::warn!(error = %e, "hand-back not sent; the shard returns after the ack wait");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Terminates a delivery with a reason (JetStream keeps it in its advisory).
+async fn term(ctx: &Ctx, msg: &Message, reason: &str) {
+    let Some(reply) = msg.reply.clone() else {
+        return;
+    };
+    let short: String = reason.chars().take(512).collect();
+    let body = Bytes::from(format!("+TERM {short}"));
+    if let Err(e) = ctx.client.publish(reply, body).await {
+        tracing::warn!(error = %e, "term not sent");
+    }
+}
+
+async fn publish_event(ctx: &Ctx, task: &ShardTask, attempt: u64, kind: EventKind, confirm: bool) {
+    let event = ShardEvent {
+        v: SCHEMA_VERSION,
+        job: task.job.clone(),
+        shard: task.shard,
+        worker: ctx.worker.clone(),
+        host: ctx.host.clone(),
+        attempt,
+        at_ms: now_ms(),
+        kind,
+    };
+    let bytes = match encode("shard event", &event) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!(error = %e, "shard event does not encode");
+            return;
+        }
+    };
+    match ctx
+        .js
+        .publish(subjects::event(&task.job, task.shard), bytes.into())
+        .await
+    {
+        Ok(ack) if confirm => {
+            if let Err(e) = ack.await {
+                tracing::warn!(job = %task.job, shard = task.shard, error = %e, "shard event not confirmed");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(job = %task.job, shard = task.shard, error = %e, "shard event not sent")
+        }
+    }
+}
