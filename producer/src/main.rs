@@ -15,7 +15,11 @@ fn out(text: &str) -> anyhow::Result<()> {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    minions_schemas::endpoints::exit::report(run().await)
+}
+
+async fn run() -> anyhow::Result<()> {
     minions_schemas::endpoints::logging::init();
     let cli = Cli::parse();
     let ep = &cli.endpoints;

@@ -426,6 +426,21 @@ pub fn read_npy_f32(path: &Path) -> Result<(usize, usize, Vec<f32>)> {
     Ok((r, c, data))
 }
 
+/// Makes a scratch dir; with `MINIONS_KEEP_TEST_DIRS=1` it survives the test
+/// (its path is printed) so logs can be read afterwards.
+pub fn scratch(prefix: &str) -> Result<tempfile::TempDir> {
+    let mut b = tempfile::Builder::new();
+    b.prefix(prefix);
+    if std::env::var_os("MINIONS_KEEP_TEST_DIRS").is_some() {
+        b.disable_cleanup(true);
+    }
+    let d = b.tempdir()?;
+    if std::env::var_os("MINIONS_KEEP_TEST_DIRS").is_some() {
+        eprintln!("keeping {}", d.path().display());
+    }
+    Ok(d)
+}
+
 /// A fleet for one test: a temp dir for logs, store and caches, and the
 /// processes started in it.
 pub struct Fleet {
@@ -444,9 +459,7 @@ pub struct Fleet {
 impl Fleet {
     /// A fleet with a local-directory store.
     pub fn local() -> Result<Self> {
-        let dir = tempfile::Builder::new()
-            .prefix("minions-fleet-")
-            .tempdir()?;
+        let dir = scratch("minions-fleet-")?;
         let store_url = format!("file://{}", dir.path().join("store").display());
         Ok(Self {
             nats: NatsServer::start()?,
@@ -459,9 +472,7 @@ impl Fleet {
 
     /// A fleet whose store is `s3://bucket` on `s3`.
     pub fn s3(s3: &S3Server, bucket: &str) -> Result<Self> {
-        let dir = tempfile::Builder::new()
-            .prefix("minions-fleet-")
-            .tempdir()?;
+        let dir = scratch("minions-fleet-")?;
         Ok(Self {
             nats: NatsServer::start()?,
             dir,

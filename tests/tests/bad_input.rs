@@ -61,7 +61,12 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
         "{err}"
     );
     assert_eq!(fleet.work_stream_messages().await?, 0);
-    eprintln!("malformed line: {}", err.lines().last().unwrap_or_default());
+    eprintln!(
+        "malformed line: {}",
+        err.lines()
+            .find(|l| l.starts_with("error:"))
+            .unwrap_or_default()
+    );
     // With --skip-bad the same file is accepted minus that line.
     let job = fleet.cli(&[
         "submit",
@@ -85,7 +90,12 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
         err.contains("unknown model \"nope\"") && err.contains("bad, good"),
         "{err}"
     );
-    eprintln!("unknown model: {}", err.lines().last().unwrap_or_default());
+    eprintln!(
+        "unknown model: {}",
+        err.lines()
+            .find(|l| l.starts_with("error:"))
+            .unwrap_or_default()
+    );
 
     // 3. A model whose stored file no longer matches its hash.
     let stored = fleet

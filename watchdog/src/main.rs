@@ -5,7 +5,11 @@ use minions_watchdog::cli::WatchdogArgs;
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    minions_schemas::endpoints::exit::report(run().await)
+}
+
+async fn run() -> anyhow::Result<()> {
     minions_schemas::endpoints::logging::init();
     let config = WatchdogArgs::parse().into_config();
     let shutdown = CancellationToken::new();
