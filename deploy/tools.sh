@@ -55,5 +55,15 @@ if (( _want_test )); then
     _pip install "moto[server]>=5.1,<6"
   fi
   export MINIONS_MOTO_BIN="$_tools/venv/bin/moto_server"
+  # An old nats-server (Debian's 2.9) to show that Minions refuses it.
+  _old="$_tools/old-nats/usr/sbin/nats-server"
+  if [[ ! -x "$_old" ]] && command -v apt-get >/dev/null 2>&1 && command -v dpkg >/dev/null 2>&1; then
+    echo "tools: fetching Debian's old nats-server for the version-check test" >&2
+    mkdir -p "$_tools/old-nats"
+    (cd "$_tools/old-nats" && { apt-get download -qq nats-server >/dev/null 2>&1 \
+       || { [[ "$(id -u)" == 0 ]] && apt-get update -qq >/dev/null 2>&1 && apt-get download -qq nats-server >/dev/null 2>&1; }; } \
+       && dpkg -x nats-server_*.deb . && rm -f nats-server_*.deb) || echo "tools: old nats-server not available" >&2
+  fi
+  [[ -x "$_old" ]] && export MINIONS_OLD_NATS_BIN="$_old"
 fi
 echo "tools: nats-server $("$NATS_SERVER_BIN" --version 2>&1 | head -1), model in .tools/models" >&2

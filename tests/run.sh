@@ -7,4 +7,7 @@ cd "$(dirname "$0")/.."
 source deploy/tools.sh --test
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
+# Integration tests drive the real binaries: build them first (cargo test
+# builds only the binaries of packages that have integration tests).
+cargo build --workspace --bins
 cargo test --workspace

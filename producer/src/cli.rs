@@ -62,8 +62,50 @@ pub enum Command {
     /// Manage models in the store.
     #[command(subcommand)]
     Model(ModelCommand),
+    /// Resubmit a job's failed (dead-lettered) shards, after fixing their cause.
+    Retry(JobArg),
+    /// Cancel a job: remove its pending shards and stop its running ones.
+    Cancel(JobArg),
+    /// Republish a job's shards that are neither done, queued nor failed.
+    Reconcile(JobArg),
+    /// See and steer the fleet's workers.
+    #[command(subcommand)]
+    Worker(WorkerCommand),
     /// Run a whole local fleet: nats-server, a watchdog and N workers. Ctrl-C stops it.
     Dev(DevArgs),
+}
+
+/// A job id argument.
+#[derive(Debug, Args)]
+pub struct JobArg {
+    /// The job id.
+    pub job: String,
+}
+
+/// `minions worker ...`
+#[derive(Debug, Subcommand)]
+pub enum WorkerCommand {
+    /// List workers: state, running shards, shards done, last heartbeat.
+    List {
+        /// Print JSON for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Let a worker finish its running shards and pull nothing new.
+    Drain {
+        /// The worker id (see `minions worker list`).
+        worker: String,
+    },
+    /// Make a worker hand back its running shards now and pull nothing new.
+    Evict {
+        /// The worker id (see `minions worker list`).
+        worker: String,
+    },
+    /// Let a drained or evicted worker pull again.
+    Resume {
+        /// The worker id (see `minions worker list`).
+        worker: String,
+    },
 }
 
 /// Flags of `minions submit`.

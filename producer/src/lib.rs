@@ -7,6 +7,7 @@
 //! - [`jsonl`] — the streaming, bounded JSONL reader.
 //! - [`progress`] — a job's progress folded from its events.
 //! - [`npy`] — the `.npy` writer.
+//! - [`publish`] — publishing shard tasks and CLI-side events.
 //! - [`store_io`] — bounded document reads from the store.
 
 pub mod cli;
@@ -14,4 +15,5 @@ pub mod commands;
 pub mod jsonl;
 pub mod npy;
 pub mod progress;
+pub mod publish;
 pub mod store_io;

@@ -4,8 +4,9 @@
 use std::io::Write;
 
 use clap::Parser;
-use minions::cli::{Cli, Command, ModelCommand};
+use minions::cli::{Cli, Command, ModelCommand, WorkerCommand};
 use minions::commands;
+use minions_schemas::messages::ControlCommand;
 use tokio_util::sync::CancellationToken;
 
 fn out(text: &str) -> anyhow::Result<()> {
@@ -39,6 +40,21 @@ async fn run() -> anyhow::Result<()> {
             out(commands::model::push(ep, args).await?.hash.as_str())
         }
         Command::Model(ModelCommand::List(args)) => out(&commands::model::list(ep, &args).await?),
+        Command::Retry(a) => out(&commands::jobs::retry(ep, &a.job).await?),
+        Command::Cancel(a) => out(&commands::jobs::cancel(ep, &a.job).await?),
+        Command::Reconcile(a) => out(&commands::jobs::reconcile(ep, &a.job).await?),
+        Command::Worker(WorkerCommand::List { json }) => {
+            out(&commands::worker::list(ep, json).await?)
+        }
+        Command::Worker(WorkerCommand::Drain { worker }) => {
+            out(&commands::worker::control(ep, &worker, ControlCommand::Drain).await?)
+        }
+        Command::Worker(WorkerCommand::Evict { worker }) => {
+            out(&commands::worker::control(ep, &worker, ControlCommand::Evict).await?)
+        }
+        Command::Worker(WorkerCommand::Resume { worker }) => {
+            out(&commands::worker::control(ep, &worker, ControlCommand::Resume).await?)
+        }
         Command::Dev(args) => {
             let shutdown = CancellationToken::new();
             tokio::spawn(minions_schemas::endpoints::signals::cancel_on_signal(

@@ -7,8 +7,8 @@ use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull::Order
 use futures::StreamExt;
 use minions_schemas::messages::{EventKind, JobSpec, ShardEvent};
 use minions_schemas::{JobId, decode, keys, limits, streams, subjects};
-use object_store::ObjectStore;
 use object_store::path::Path as StorePath;
+use object_store::{ObjectStore, ObjectStoreExt};
 use serde::Serialize;
 
 use crate::store_io::get_doc;
@@ -25,6 +25,8 @@ pub enum JobState {
     Done,
     /// Every shard is settled and some failed for good.
     Failed,
+    /// The job was cancelled.
+    Cancelled,
 }
 
 impl JobState {
@@ -35,6 +37,7 @@ impl JobState {
             Self::Running => "running",
             Self::Done => "done",
             Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
         }
     }
 }
@@ -102,7 +105,12 @@ pub async fn load(
         .await?
         .with_context(|| format!("unknown job {job:?}: no job spec in this store"))?;
     let events = read_events(js, job).await?;
-    Ok(fold(&spec, &events, minions_schemas::time::now_ms()))
+    let mut p = fold(&spec, &events, minions_schemas::time::now_ms());
+    let marker = StorePath::from(keys::job_cancelled(job));
+    if p.state != JobState::Done && store.head(&marker).await.is_ok() {
+        p.state = JobState::Cancelled;
+    }
+    Ok(p)
 }
 
 async fn read_events(js: &jetstream::Context, job: &JobId) -> anyhow::Result<Vec<ShardEvent>> {
@@ -166,6 +174,10 @@ pub fn fold(spec: &JobSpec, events: &[ShardEvent], now_ms: u64) -> Progress {
                 s.running = false;
                 s.failed = None;
                 last_done = Some(last_done.map_or(e.at_ms, |t| t.max(e.at_ms)));
+            }
+            EventKind::Requeued => {
+                s.failed = None;
+                s.running = false;
             }
             EventKind::Failed { reason, permanent } => {
                 s.running = false;
@@ -317,6 +329,7 @@ mod tests {
                 id_field: None,
             },
             shard_size: 10,
+            max_batch: 0,
             shards: 4,
             records: 35,
             skipped: 0,
@@ -349,6 +362,7 @@ mod tests {
             duration_ms: 1,
             compute_ms: 1,
             already_done: false,
+            sha256: String::new(),
         }
     }
 

@@ -2,6 +2,8 @@
 //!
 //! ```text
 //! jobs/<job>/spec.msgpack                 job spec (written once by submit)
+//! jobs/<job>/manifest.msgpack             job manifest (written when every shard is settled)
+//! jobs/<job>/cancelled                    present once the job is cancelled
 //! jobs/<job>/inputs/<shard:08>.msgpack    shard input
 //! jobs/<job>/outputs/<shard:08>.msgpack   shard output (create-only)
 //! models/blobs/<hash>/manifest.msgpack    model manifest (its SHA-256 is <hash>)
@@ -15,6 +17,16 @@ use crate::ids::{JobId, ModelHash, ModelName};
 /// The job spec's key.
 pub fn job_spec(job: &JobId) -> String {
     format!("jobs/{job}/spec.msgpack")
+}
+
+/// The job manifest's key.
+pub fn job_manifest(job: &JobId) -> String {
+    format!("jobs/{job}/manifest.msgpack")
+}
+
+/// The job's cancellation marker.
+pub fn job_cancelled(job: &JobId) -> String {
+    format!("jobs/{job}/cancelled")
 }
 
 /// The folder of a job's shard inputs.

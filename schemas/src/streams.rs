@@ -18,6 +18,13 @@ use crate::subjects;
 pub const WORK_STREAM: &str = "MINIONS_WORK";
 /// The events stream.
 pub const EVENTS_STREAM: &str = "MINIONS_EVENTS";
+/// The heartbeat stream: the last beat of every worker, so a restarted
+/// watchdog rebuilds its view from NATS alone.
+pub const HEARTBEATS_STREAM: &str = "MINIONS_HEARTBEATS";
+/// The dead-letter stream.
+pub const DEAD_STREAM: &str = "MINIONS_DEAD";
+/// The worker registry (JetStream KV; key = worker id).
+pub const WORKERS_BUCKET: &str = "MINIONS_WORKERS";
 /// The durable pull consumer every worker shares.
 pub const WORK_CONSUMER: &str = "minions-workers";
 /// How long events are kept.
@@ -92,6 +99,49 @@ pub fn events_stream_config() -> stream::Config {
     }
 }
 
+/// The heartbeat stream's configuration: memory storage, one message per
+/// worker subject (the latest beat), an hour of history at most.
+pub fn heartbeats_stream_config() -> stream::Config {
+    stream::Config {
+        name: HEARTBEATS_STREAM.to_owned(),
+        description: Some("Minions worker heartbeats (last per worker)".to_owned()),
+        subjects: vec![subjects::HEARTBEAT_ALL.to_owned()],
+        retention: stream::RetentionPolicy::Limits,
+        storage: stream::StorageType::Memory,
+        max_messages_per_subject: 1,
+        max_age: Duration::from_secs(3600),
+        max_message_size: i32::try_from(crate::limits::MAX_HEARTBEAT_BYTES).unwrap_or(i32::MAX),
+        ..Default::default()
+    }
+}
+
+/// The dead-letter stream's configuration. Records are published with a
+/// message id, so several watchdogs write each record once.
+pub fn dead_stream_config() -> stream::Config {
+    stream::Config {
+        name: DEAD_STREAM.to_owned(),
+        description: Some("Minions dead-lettered shards".to_owned()),
+        subjects: vec![subjects::DEAD_SUBJECTS.to_owned()],
+        retention: stream::RetentionPolicy::Limits,
+        storage: stream::StorageType::File,
+        max_age: EVENTS_MAX_AGE,
+        duplicate_window: Duration::from_secs(3600),
+        ..Default::default()
+    }
+}
+
+/// The worker registry's configuration.
+pub fn workers_kv_config() -> jetstream::kv::Config {
+    jetstream::kv::Config {
+        bucket: WORKERS_BUCKET.to_owned(),
+        description: "Minions worker registry".to_owned(),
+        history: 1,
+        storage: stream::StorageType::File,
+        max_age: Duration::from_secs(7 * 24 * 3600),
+        ..Default::default()
+    }
+}
+
 /// The shared work consumer's configuration.
 pub fn work_consumer_config(settings: &WorkSettings) -> consumer::pull::Config {
     consumer::pull::Config {
@@ -119,6 +169,9 @@ pub enum EnsureError {
         #[source]
         source: jetstream::context::CreateStreamError,
     },
+    /// The worker registry could not be created or read.
+    #[error("cannot create or read key-value bucket {WORKERS_BUCKET}: {0}")]
+    Kv(String),
     /// The consumer could not be created or read.
     #[error("cannot create or read consumer {WORK_CONSUMER}: {source}")]
     Consumer {
@@ -128,8 +181,8 @@ pub enum EnsureError {
     },
 }
 
-/// Creates the work and events streams and the work consumer where missing
-/// (existing ones are used as they are), and returns the work consumer.
+/// Creates every stream, the worker registry and the work consumer where
+/// missing (existing ones are used as they are), and returns the work consumer.
 pub async fn ensure(
     js: &jetstream::Context,
     settings: &WorkSettings,
@@ -141,15 +194,37 @@ pub async fn ensure(
             stream: WORK_STREAM,
             source,
         })?;
-    js.get_or_create_stream(events_stream_config())
-        .await
-        .map_err(|source| EnsureError::Stream {
-            stream: EVENTS_STREAM,
-            source,
-        })?;
+    for (name, config) in [
+        (EVENTS_STREAM, events_stream_config()),
+        (HEARTBEATS_STREAM, heartbeats_stream_config()),
+        (DEAD_STREAM, dead_stream_config()),
+    ] {
+        js.get_or_create_stream(config)
+            .await
+            .map_err(|source| EnsureError::Stream {
+                stream: name,
+                source,
+            })?;
+    }
+    workers_kv(js).await?;
     work.get_or_create_consumer(WORK_CONSUMER, work_consumer_config(settings))
         .await
         .map_err(|source| EnsureError::Consumer { source })
+}
+
+/// Opens the worker registry, creating it where missing.
+pub async fn workers_kv(js: &jetstream::Context) -> Result<jetstream::kv::Store, EnsureError> {
+    match js.get_key_value(WORKERS_BUCKET).await {
+        Ok(kv) => Ok(kv),
+        Err(_) => match js.create_key_value(workers_kv_config()).await {
+            Ok(kv) => Ok(kv),
+            // Another process created it meanwhile.
+            Err(e) => js
+                .get_key_value(WORKERS_BUCKET)
+                .await
+                .map_err(|_| EnsureError::Kv(e.to_string())),
+        },
+    }
 }
 
 /// Parses a server version such as `2.11.3` or `2.12.0-beta.1` into

@@ -123,7 +123,7 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
     // 4. A shard message that does not decode, beside good work.
     let js = async_nats::jetstream::new(fleet.nats.client().await?);
     js.publish(
-        "minions.work.garbage",
+        "minions.work.garbage.0",
         bytes::Bytes::from_static(b"\xc1 not msgpack"),
     )
     .await?
@@ -179,7 +179,7 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
         .lines()
         .find(|l| l.contains("shard message does not decode"))
         .ok_or("worker did not report the undecodable message")?;
-    assert!(line.contains("minions.work.garbage"), "{line}");
+    assert!(line.contains("minions.work.garbage.0"), "{line}");
     eprintln!("undecodable message: {line}");
 
     // collect refuses an incomplete job and says why.

@@ -1,29 +1,56 @@
 //! Command-line flags of `minions-watchdog`.
 
+use std::time::Duration;
+
 use clap::Parser;
 use minions_schemas::endpoints::nats::DEFAULT_NATS_URL;
 
 use crate::run::WatchdogConfig;
 
-/// Watch a Minions fleet: follow worker heartbeats and keep the registry of
-/// who is alive. Run one per fleet.
+/// Watch a Minions fleet: follow worker heartbeats, declare silent workers
+/// dead and hand their shards back at once, dead-letter shards that keep
+/// failing, write a manifest when a job completes. Run one per fleet (more
+/// is safe: each action is taken once).
 #[derive(Debug, Parser)]
 #[command(name = "minions-watchdog", version, about, long_about)]
 pub struct WatchdogArgs {
     /// NATS server URL.
     #[arg(long, env = "MINIONS_NATS_URL", default_value = DEFAULT_NATS_URL)]
     pub nats: String,
-    /// Heartbeat intervals a worker may miss before it is considered gone.
+    /// Object store URL (job specs are read and manifests written there).
+    /// Default: a per-user data dir.
+    #[arg(long, env = "MINIONS_STORE")]
+    pub store: Option<String>,
+    /// Heartbeat intervals a worker may miss before it is declared dead and
+    /// its shards handed back. Lower moves work sooner and risks declaring a
+    /// worker on a slow network dead (it then rejoins; nothing is lost).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub missed_beats: u32,
+    /// A name for this watchdog (default: watchdog-<host>).
+    #[arg(long)]
+    pub name: Option<String>,
 }
 
 impl WatchdogArgs {
     /// The configuration these flags describe.
     pub fn into_config(self) -> WatchdogConfig {
+        let host: String = std::fs::read_to_string("/etc/hostname")
+            .unwrap_or_default()
+            .trim()
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .take(40)
+            .collect();
         WatchdogConfig {
             nats_url: self.nats,
+            store_url: self
+                .store
+                .unwrap_or_else(minions_schemas::endpoints::store::default_store_url),
             missed_beats: self.missed_beats,
+            sweep_every: Duration::from_millis(100),
+            name: self.name.unwrap_or_else(|| {
+                format!("watchdog-{}", if host.is_empty() { "host" } else { &host })
+            }),
         }
     }
 }

@@ -1,15 +1,21 @@
-//! The watchdog's loop: follow heartbeats, keep the registry, log changes.
+//! The watchdog's loop: follow heartbeats, keep the registry, declare silent
+//! workers dead and hand their shards back, dead-letter what JetStream gives
+//! up on, and track jobs to completion.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream;
+use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull::OrderedConfig};
 use futures::StreamExt;
-use minions_schemas::endpoints::nats;
-use minions_schemas::messages::Heartbeat;
-use minions_schemas::{decode, limits, streams, subjects};
+use minions_schemas::endpoints::{nats, store};
+use minions_schemas::messages::{Heartbeat, ShardEvent, WorkerState};
+use minions_schemas::{WorkerId, decode, limits, streams, subjects};
 use tokio_util::sync::CancellationToken;
 
-use crate::registry::{Change, Registry};
+use crate::dead_letters;
+use crate::fleet;
+use crate::jobs::Tracker;
+use crate::registry::{Observation, Registry, Transition};
 
 /// Why the watchdog could not run.
 #[derive(Debug, thiserror::Error)]
@@ -17,12 +23,20 @@ pub enum WatchdogError {
     /// NATS is unreachable, too old, or lacks JetStream.
     #[error(transparent)]
     Nats(#[from] nats::NatsConnectError),
+    /// The store URL is wrong.
+    #[error(transparent)]
+    Store(#[from] store::StoreUrlError),
     /// The streams could not be set up.
     #[error(transparent)]
     Streams(#[from] streams::EnsureError),
-    /// The heartbeat subscription failed.
-    #[error("cannot subscribe to heartbeats: {0}")]
-    Subscribe(#[from] async_nats::SubscribeError),
+    /// A subscription or stream read failed.
+    #[error("cannot follow {what}: {reason}")]
+    Follow {
+        /// What could not be followed.
+        what: &'static str,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// Watchdog settings.
@@ -30,44 +44,262 @@ pub enum WatchdogError {
 pub struct WatchdogConfig {
     /// NATS server URL.
     pub nats_url: String,
-    /// Intervals a worker may miss before it is considered gone.
+    /// Object store URL (job specs are read and manifests written there).
+    pub store_url: String,
+    /// Heartbeat intervals a worker may miss before it is declared dead.
     pub missed_beats: u32,
+    /// How often silent workers are looked for.
+    pub sweep_every: Duration,
+    /// A name for this watchdog (logs, registry records).
+    pub name: String,
+}
+
+fn follow_err(what: &'static str) -> impl Fn(String) -> WatchdogError {
+    move |reason| WatchdogError::Follow { what, reason }
+}
+
+/// Reads the last heartbeat of every worker from the heartbeat stream.
+async fn last_beats(js: &jetstream::Context) -> Result<Vec<Heartbeat>, String> {
+    let stream = js
+        .get_stream(streams::HEARTBEATS_STREAM)
+        .await
+        .map_err(|e| e.to_string())?;
+    let consumer = stream
+        .create_consumer(OrderedConfig {
+            filter_subject: subjects::HEARTBEAT_ALL.to_owned(),
+            deliver_policy: DeliverPolicy::LastPerSubject,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    if consumer.cached_info().num_pending == 0 {
+        return Ok(out);
+    }
+    let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
+    while let Some(m) = messages.next().await {
+        let m = m.map_err(|e| e.to_string())?;
+        let pending = m.info().map(|i| i.pending).unwrap_or(0);
+        if let Ok(hb) = decode::<Heartbeat>("heartbeat", &m.payload, limits::MAX_HEARTBEAT_BYTES) {
+            out.push(hb);
+        }
+        if pending == 0 {
+            break;
+        }
+    }
+    Ok(out)
 }
 
 /// Runs until `shutdown` is cancelled.
 pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<(), WatchdogError> {
-    let client = nats::connect(&config.nats_url, "minions-watchdog").await?;
+    let store = store::open(&config.store_url)?;
+    let client = nats::connect(
+        &config.nats_url,
+        &format!("minions-watchdog {}", config.name),
+    )
+    .await?;
     let js = jetstream::new(client.clone());
     streams::ensure(&js, &Default::default()).await?;
-    let mut beats = client.subscribe(subjects::HEARTBEAT_ALL).await?;
+    let kv = streams::workers_kv(&js).await?;
+    let work = js
+        .get_stream(streams::WORK_STREAM)
+        .await
+        .map_err(|e| WatchdogError::Follow {
+            what: "the work stream",
+            reason: e.to_string(),
+        })?;
+    let me = WorkerId::new(config.name.clone())
+        .unwrap_or_else(|_| WorkerId::new("watchdog").unwrap_or_else(|_| unreachable!()));
+
+    // Rebuild the view from NATS alone: last beats, and who is already dead.
     let mut registry = Registry::new(config.missed_beats);
-    let mut sweep = tokio::time::interval(Duration::from_millis(250));
-    tracing::info!(nats = %config.nats_url, missed_beats = config.missed_beats, "watchdog started");
+    let now = Instant::now();
+    let seeded = last_beats(&js)
+        .await
+        .map_err(follow_err("the heartbeat stream"))?;
+    for hb in &seeded {
+        let id = hb.worker.clone();
+        registry.beat(hb.clone(), now);
+        if let Some(rec) = fleet::lookup(&kv, &id).await
+            && rec.state.is_final()
+        {
+            registry.mark_dead(&id);
+        }
+    }
+
+    let mut beats = client
+        .subscribe(subjects::HEARTBEAT_ALL)
+        .await
+        .map_err(|e| WatchdogError::Follow {
+            what: "heartbeats",
+            reason: e.to_string(),
+        })?;
+    let mut advisories = client
+        .subscribe(dead_letters::advisory_subject())
+        .await
+        .map_err(|e| WatchdogError::Follow {
+            what: "advisories",
+            reason: e.to_string(),
+        })?;
+
+    // Events go to the job tracker in its own task, so a slow store never
+    // delays heartbeat handling.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<ShardEvent>(4096);
+    let events_stream =
+        js.get_stream(streams::EVENTS_STREAM)
+            .await
+            .map_err(|e| WatchdogError::Follow {
+                what: "the events stream",
+                reason: e.to_string(),
+            })?;
+    let events = events_stream
+        .create_consumer(OrderedConfig {
+            filter_subject: subjects::EVENT_SUBJECTS.to_owned(),
+            deliver_policy: DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| WatchdogError::Follow {
+            what: "the events stream",
+            reason: e.to_string(),
+        })?;
+    let mut events = events.messages().await.map_err(|e| WatchdogError::Follow {
+        what: "the events stream",
+        reason: e.to_string(),
+    })?;
+    let stop_events = shutdown.child_token();
+    let reader = {
+        let stop = stop_events.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    m = events.next() => match m {
+                        Some(Ok(m)) => {
+                            if let Ok(e) = decode::<ShardEvent>("shard event", &m.payload, limits::MAX_EVENT_BYTES)
+                                && tx.send(e).await.is_err()
+                            {
+                                break;
+                            }
+                        }
+                        Some(Err(e)) => tracing::warn!(error = %e, "reading events"),
+                        None => break,
+                    }
+                }
+            }
+        })
+    };
+    let tracker = {
+        let mut tracker = Tracker::new(js.clone(), store.clone());
+        tokio::spawn(async move {
+            while let Some(e) = rx.recv().await {
+                tracker.apply(e).await;
+            }
+        })
+    };
+
+    let mut sweep = tokio::time::interval(config.sweep_every);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut rejoin_told: HashMap<WorkerId, Instant> = HashMap::new();
+    tracing::info!(name = %config.name, nats = %config.nats_url, missed_beats = config.missed_beats,
+        workers = registry.alive(), "watchdog started");
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             msg = beats.next() => {
                 let Some(msg) = msg else { break };
-                match decode::<Heartbeat>("heartbeat", &msg.payload, limits::MAX_HEARTBEAT_BYTES) {
-                    Ok(hb) if msg.subject.as_str() == subjects::heartbeat(&hb.worker) => {
-                        let (host, device) = (hb.host.clone(), hb.device.clone());
-                        if let Some(Change::Joined(id)) = registry.beat(hb, Instant::now()) {
-                            tracing::info!(worker = %id, host = %host, device = %device, workers = registry.len(), "worker joined");
+                let hb = match decode::<Heartbeat>("heartbeat", &msg.payload, limits::MAX_HEARTBEAT_BYTES) {
+                    Ok(hb) if msg.subject.as_str() == subjects::heartbeat(&hb.worker) => hb,
+                    Ok(hb) => {
+                        tracing::warn!(subject = %msg.subject, worker = %hb.worker, "heartbeat on another worker's subject ignored");
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::warn!(subject = %msg.subject, error = %e, "heartbeat does not decode");
+                        continue;
+                    }
+                };
+                match registry.beat(hb.clone(), Instant::now()) {
+                    Observation::Same => {}
+                    Observation::Changed(t) => on_transition(&client, &kv, &t, &hb, &config.name, &registry).await,
+                    Observation::Fenced(id) => {
+                        let due = rejoin_told.get(&id).is_none_or(|t| t.elapsed() > Duration::from_secs(2));
+                        if due {
+                            tracing::warn!(worker = %id, "a worker declared dead is back; telling it to rejoin as a new session");
+                            fleet::tell_rejoin(&client, &id, &config.name).await;
+                            rejoin_told.insert(id, Instant::now());
                         }
                     }
-                    Ok(hb) => tracing::warn!(subject = %msg.subject, worker = %hb.worker, "heartbeat on another worker's subject ignored"),
-                    Err(e) => tracing::warn!(subject = %msg.subject, error = %e, "heartbeat does not decode"),
+                }
+            }
+            adv = advisories.next() => {
+                let Some(adv) = adv else { break };
+                if let Err(e) = dead_letters::on_max_deliveries(&js, &work, &adv.payload, &me).await {
+                    tracing::warn!(error = %e, "max-deliveries advisory not handled");
                 }
             }
             _ = sweep.tick() => {
-                for change in registry.sweep(Instant::now()) {
-                    if let Change::Lost(id) = change {
-                        tracing::warn!(worker = %id, workers = registry.len(), "worker lost (missed heartbeats)");
+                for t in registry.sweep(Instant::now()) {
+                    let beat = registry.get(&t.worker).map(|e| e.beat.clone());
+                    if let Some(beat) = beat {
+                        on_transition(&client, &kv, &t, &beat, &config.name, &registry).await;
                     }
                 }
+                rejoin_told.retain(|_, t| t.elapsed() < Duration::from_secs(60));
             }
         }
     }
+    stop_events.cancel();
+    let _ = reader.await;
+    let _ = tracker.await;
     tracing::info!("watchdog stopped");
     Ok(())
+}
+
+async fn on_transition(
+    client: &async_nats::Client,
+    kv: &jetstream::kv::Store,
+    t: &Transition,
+    beat: &Heartbeat,
+    name: &str,
+    registry: &Registry,
+) {
+    match t.to {
+        WorkerState::Dead => {
+            let n = u32::try_from(beat.in_flight.len()).unwrap_or(u32::MAX);
+            match fleet::record(kv, t, beat, n, name).await {
+                Ok(true) => {
+                    let handed = fleet::hand_back(client, beat).await;
+                    tracing::warn!(worker = %t.worker, host = %beat.host, reason = %t.reason, handed_back = handed,
+                        workers = registry.alive(), "worker declared dead");
+                }
+                Ok(false) => {
+                    tracing::info!(worker = %t.worker, "worker already declared dead by another watchdog")
+                }
+                Err(e) => {
+                    tracing::error!(worker = %t.worker, error = %e, "cannot record the worker's death; not handing back")
+                }
+            }
+        }
+        _ => {
+            match t.to {
+                WorkerState::Joining => {
+                    tracing::info!(worker = %t.worker, host = %beat.host, device = %beat.device, workers = registry.alive(), "worker joined")
+                }
+                WorkerState::Left => {
+                    tracing::info!(worker = %t.worker, workers = registry.alive(), "worker left")
+                }
+                WorkerState::Suspect => {
+                    tracing::warn!(worker = %t.worker, reason = %t.reason, "worker suspect")
+                }
+                WorkerState::Draining => tracing::info!(worker = %t.worker, "worker draining"),
+                _ => tracing::debug!(worker = %t.worker, to = t.to.as_str(), "worker state"),
+            }
+            if fleet::worth_recording(t)
+                && let Err(e) = fleet::record(kv, t, beat, 0, name).await
+            {
+                tracing::warn!(worker = %t.worker, error = %e, "registry not updated");
+            }
+        }
+    }
 }

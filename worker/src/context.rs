@@ -1,18 +1,31 @@
-//! State shared by a worker's slots, heartbeat and settlement code.
+//! State shared by a worker's slots, heartbeat, control and settlement code.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use async_nats::jetstream;
 use minions_schemas::WorkerId;
 use minions_schemas::messages::InFlight;
 use object_store::ObjectStore;
-use std::sync::Arc;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, watch};
+use tokio_util::sync::CancellationToken;
 
 use crate::model::ModelCache;
+
+/// A running shard: what heartbeats report, and how to stop it.
+pub(crate) struct Running {
+    pub(crate) info: InFlight,
+    /// Fires to hand the shard back (nak without delay).
+    pub(crate) hand_back: CancellationToken,
+    /// Fires when the shard's job is cancelled (terminate).
+    pub(crate) cancel: CancellationToken,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// Everything a slot needs to run and settle a shard.
 pub(crate) struct Ctx {
@@ -22,35 +35,95 @@ pub(crate) struct Ctx {
     pub(crate) cache: ModelCache,
     /// One shard computes on the device at a time.
     pub(crate) compute: Semaphore,
-    pub(crate) worker: WorkerId,
+    /// This worker's id; replaced when it rejoins after being declared dead.
+    pub(crate) worker: RwLock<WorkerId>,
+    pub(crate) name: String,
     pub(crate) host: String,
     pub(crate) device: String,
     pub(crate) slots: usize,
     pub(crate) max_batch: usize,
     pub(crate) ack_wait: Duration,
     pub(crate) max_deliver: i64,
-    pub(crate) in_flight: Mutex<HashMap<(String, u32), InFlight>>,
+    pub(crate) running: Mutex<HashMap<(String, u32), Running>>,
+    pub(crate) cancelled_jobs: Mutex<HashSet<String>>,
     pub(crate) done: AtomicU64,
     pub(crate) failed: AtomicU64,
-    pub(crate) draining: AtomicBool,
+    /// True while the worker may pull; false while drained or evicted.
+    pub(crate) pulling: watch::Sender<bool>,
 }
 
 impl Ctx {
-    pub(crate) fn track(&self, entry: InFlight) {
-        let mut m = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        m.insert((entry.job.to_string(), entry.shard), entry);
+    pub(crate) fn worker_id(&self) -> WorkerId {
+        self.worker
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn set_worker_id(&self, id: WorkerId) {
+        *self.worker.write().unwrap_or_else(|p| p.into_inner()) = id;
+    }
+
+    pub(crate) fn draining(&self) -> bool {
+        !*self.pulling.borrow()
+    }
+
+    pub(crate) fn track(&self, info: InFlight) -> (CancellationToken, CancellationToken) {
+        let hand_back = CancellationToken::new();
+        let cancel = CancellationToken::new();
+        if lock(&self.cancelled_jobs).contains(info.job.as_str()) {
+            cancel.cancel();
+        }
+        let key = (info.job.to_string(), info.shard);
+        lock(&self.running).insert(
+            key,
+            Running {
+                info,
+                hand_back: hand_back.clone(),
+                cancel: cancel.clone(),
+            },
+        );
+        (hand_back, cancel)
     }
 
     pub(crate) fn untrack(&self, job: &str, shard: u32) {
-        let mut m = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        m.remove(&(job.to_owned(), shard));
+        lock(&self.running).remove(&(job.to_owned(), shard));
     }
 
     pub(crate) fn in_flight(&self) -> Vec<InFlight> {
-        let m = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        let mut v: Vec<InFlight> = m.values().cloned().collect();
+        let mut v: Vec<InFlight> = lock(&self.running)
+            .values()
+            .map(|r| r.info.clone())
+            .collect();
         v.sort_by(|a, b| (a.job.as_str(), a.shard).cmp(&(b.job.as_str(), b.shard)));
         v
+    }
+
+    /// Hands back every running shard now; returns how many.
+    pub(crate) fn hand_back_all(&self) -> usize {
+        let running = lock(&self.running);
+        for r in running.values() {
+            r.hand_back.cancel();
+        }
+        running.len()
+    }
+
+    /// Marks `job` cancelled and stops its running shards; returns how many.
+    pub(crate) fn cancel_job(&self, job: &str) -> usize {
+        lock(&self.cancelled_jobs).insert(job.to_owned());
+        let running = lock(&self.running);
+        let mut n = 0;
+        for ((j, _), r) in running.iter() {
+            if j == job {
+                r.cancel.cancel();
+                n += 1;
+            }
+        }
+        n
+    }
+
+    pub(crate) fn is_cancelled(&self, job: &str) -> bool {
+        lock(&self.cancelled_jobs).contains(job)
     }
 
     pub(crate) fn count_done(&self) {

@@ -26,9 +26,12 @@ pub enum ShardError {
     /// A passing failure (store, network, device); retry later.
     #[error("{0}")]
     Transient(String),
-    /// The worker is shutting down; the shard goes back to the queue.
+    /// The worker is stopping or yielding; the shard goes back to the queue.
     #[error("worker is stopping; shard handed back")]
     Stopping,
+    /// The shard's job was cancelled.
+    #[error("job cancelled")]
+    Cancelled,
 }
 
 impl ShardError {
@@ -36,7 +39,7 @@ impl ShardError {
     /// (1-based): naks back off exponentially from 1 s up to 30 s.
     pub fn settle(&self, attempt: u64) -> Settle {
         match self {
-            Self::Permanent(_) => Settle::Term,
+            Self::Permanent(_) | Self::Cancelled => Settle::Term,
             Self::Transient(_) => Settle::Nak(backoff(attempt)),
             Self::Stopping => Settle::HandBack,
         }

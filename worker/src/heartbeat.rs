@@ -1,4 +1,5 @@
-//! The worker's heartbeat: a [`Heartbeat`] on its own subject every interval.
+//! The worker's heartbeat: a [`Heartbeat`] on its own subject every interval
+//! (the heartbeat stream keeps the last one), and a last one when it leaves.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -11,20 +12,54 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::Ctx;
 
-pub(crate) fn beat(ctx: &Ctx, interval: Duration, started_ms: u64) -> Heartbeat {
+/// Total and available memory in MB, where the platform tells (Linux).
+fn memory_mb() -> (u64, u64) {
+    let Ok(text) = std::fs::read_to_string("/proc/meminfo") else {
+        return (0, 0);
+    };
+    let field = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<u64>().ok())
+            .map_or(0, |kb| kb / 1024)
+    };
+    (field("MemTotal:"), field("MemAvailable:"))
+}
+
+pub(crate) fn beat(ctx: &Ctx, interval: Duration, started_ms: u64, leaving: bool) -> Heartbeat {
+    let (mem_total_mb, mem_avail_mb) = memory_mb();
     Heartbeat {
         v: SCHEMA_VERSION,
-        worker: ctx.worker.clone(),
+        worker: ctx.worker_id(),
         host: ctx.host.clone(),
         device: ctx.device.clone(),
         slots: u32::try_from(ctx.slots).unwrap_or(u32::MAX),
-        draining: ctx.draining.load(Ordering::Relaxed),
-        in_flight: ctx.in_flight(),
+        draining: ctx.draining(),
+        leaving,
+        owner: "available".to_owned(),
+        mem_total_mb,
+        mem_avail_mb,
+        in_flight: if leaving { Vec::new() } else { ctx.in_flight() },
         done: ctx.done.load(Ordering::Relaxed),
         failed: ctx.failed.load(Ordering::Relaxed),
         interval_ms: u64::try_from(interval.as_millis()).unwrap_or(u64::MAX),
         started_ms,
         at_ms: now_ms(),
+    }
+}
+
+/// Publishes one heartbeat.
+pub(crate) async fn send(ctx: &Ctx, interval: Duration, started_ms: u64, leaving: bool) {
+    let hb = beat(ctx, interval, started_ms, leaving);
+    let subject = subjects::heartbeat(&hb.worker);
+    match encode("heartbeat", &hb) {
+        Ok(bytes) => {
+            if let Err(e) = ctx.client.publish(subject, bytes.into()).await {
+                tracing::warn!(error = %e, "heartbeat not sent");
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "heartbeat does not encode"),
     }
 }
 
@@ -35,7 +70,6 @@ pub(crate) async fn run(
     started_ms: u64,
     stop: CancellationToken,
 ) {
-    let subject = subjects::heartbeat(&ctx.worker);
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -43,13 +77,6 @@ pub(crate) async fn run(
             _ = stop.cancelled() => break,
             _ = tick.tick() => {}
         }
-        match encode("heartbeat", &beat(&ctx, interval, started_ms)) {
-            Ok(bytes) => {
-                if let Err(e) = ctx.client.publish(subject.clone(), bytes.into()).await {
-                    tracing::warn!(error = %e, "heartbeat not sent");
-                }
-            }
-            Err(e) => tracing::error!(error = %e, "heartbeat does not encode"),
-        }
+        send(&ctx, interval, started_ms, false).await;
     }
 }

@@ -10,13 +10,15 @@
 //! - [`cli`] / [`config`] — flags and the configuration they build.
 //! - [`run`] — connect, pull loop with bounded slots, drain on shutdown.
 //! - `shard`: one delivery from message to settlement.
-//! - `heartbeat`: the periodic sign of life.
+//! - `heartbeat`: the periodic sign of life (and the last one on leaving).
+//! - `control`: drain, resume, evict, rejoin requests and job cancellations.
 //! - [`error`] — failure kinds and how each is settled.
 //! - [`model`] — the `Model` trait, the BERT embedding family, the model cache.
 
 pub mod cli;
 pub mod config;
 mod context;
+mod control;
 pub mod error;
 mod heartbeat;
 pub mod model;

@@ -1,22 +1,22 @@
 //! The worker's main loop: connect, pull into free slots, drain on shutdown.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
 use async_nats::jetstream::{self, consumer::PullConsumer};
 use futures::StreamExt;
 use minions_schemas::endpoints::{nats, store};
 use minions_schemas::time::now_ms;
 use minions_schemas::{WorkerId, streams};
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::WorkerConfig;
 use crate::context::Ctx;
 use crate::model::{ModelCache, describe_device, select_device};
-use crate::{heartbeat, shard};
+use crate::{control, heartbeat, shard};
 
 /// Why a worker could not start or keep running.
 #[derive(Debug, thiserror::Error)]
@@ -58,7 +58,10 @@ pub fn host_name() -> String {
     raw.trim().to_owned()
 }
 
-fn worker_id(prefix: &str) -> WorkerId {
+/// A fresh worker id: the (sanitised) prefix and a random suffix. A worker
+/// gets a new one on every start and whenever it rejoins after being
+/// declared dead.
+pub(crate) fn new_worker_id(prefix: &str) -> WorkerId {
     let mut base: String = prefix
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
@@ -84,7 +87,8 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<RunSummary, WorkerError> {
     let host = host_name();
-    let worker = worker_id(config.name.as_deref().unwrap_or(&host));
+    let name = config.name.clone().unwrap_or_else(|| host.clone());
+    let worker = new_worker_id(&name);
     let device = select_device(config.device)?;
     let device_name = describe_device(&device);
     let store = store::open(&config.store_url)?;
@@ -105,17 +109,19 @@ pub async fn run(
         store: store.clone(),
         cache: ModelCache::new(store, config.cache_dir.clone(), device, config.keep_warm),
         compute: Semaphore::new(1),
-        worker: worker.clone(),
+        worker: RwLock::new(worker.clone()),
+        name,
         host,
         device: device_name,
         slots: config.slots,
         max_batch: config.max_batch,
         ack_wait,
         max_deliver,
-        in_flight: Mutex::new(HashMap::new()),
+        running: Mutex::new(HashMap::new()),
+        cancelled_jobs: Mutex::new(HashSet::new()),
         done: AtomicU64::new(0),
         failed: AtomicU64::new(0),
-        draining: AtomicBool::new(false),
+        pulling: watch::Sender::new(true),
     });
 
     let started_ms = now_ms();
@@ -127,8 +133,9 @@ pub async fn run(
         stop_beats.clone(),
     ));
 
+    let stop_control = CancellationToken::new();
+    let controls = tokio::spawn(control::run(ctx.clone(), stop_control.clone()));
     let stop_pulling = shutdown.child_token();
-    let hand_back = CancellationToken::new();
     let mut slots = JoinSet::new();
     for slot in 0..config.slots {
         slots.spawn(slot_loop(
@@ -137,12 +144,11 @@ pub async fn run(
             slot,
             config.pull_expires,
             stop_pulling.clone(),
-            hand_back.clone(),
         ));
     }
 
     shutdown.cancelled().await;
-    ctx.draining.store(true, Ordering::Relaxed);
+    ctx.pulling.send_replace(false);
     let running = ctx.in_flight();
     tracing::info!(
         running = running.len(),
@@ -162,7 +168,7 @@ pub async fn run(
             .map(|f| format!("{}/{}", f.job, f.shard))
             .collect();
         tracing::warn!(shards = ?handed_back, "drain deadline passed; handing back running shards");
-        hand_back.cancel();
+        ctx.hand_back_all();
         let _ = tokio::time::timeout(std::time::Duration::from_secs(5), async {
             while slots.join_next().await.is_some() {}
         })
@@ -171,11 +177,14 @@ pub async fn run(
     }
     stop_beats.cancel();
     let _ = beats.await;
+    stop_control.cancel();
+    let _ = controls.await;
+    heartbeat::send(&ctx, config.heartbeat_interval, started_ms, true).await;
     if let Err(e) = client.flush().await {
         tracing::warn!(error = %e, "final flush to NATS failed");
     }
     let summary = RunSummary {
-        worker: worker.to_string(),
+        worker: ctx.worker_id().to_string(),
         done: ctx.done.load(Ordering::Relaxed),
         failed: ctx.failed.load(Ordering::Relaxed),
         handed_back,
@@ -191,16 +200,22 @@ pub async fn run(
 
 /// One slot: pulls one shard at a time (never more than it can run, so no
 /// ack timer starts for a shard that waits in a local buffer), runs it,
-/// repeats until told to stop pulling.
+/// repeats; waits while the worker is drained; ends when told to stop pulling.
 async fn slot_loop(
     ctx: Arc<Ctx>,
     consumer: PullConsumer,
     slot: usize,
     expires: std::time::Duration,
     stop_pulling: CancellationToken,
-    hand_back: CancellationToken,
 ) {
+    let mut pulling = ctx.pulling.subscribe();
     while !stop_pulling.is_cancelled() {
+        if !*pulling.borrow_and_update() {
+            tokio::select! {
+                _ = stop_pulling.cancelled() => break,
+                _ = pulling.changed() => continue,
+            }
+        }
         let batch = consumer
             .batch()
             .max_messages(1)
@@ -219,11 +234,11 @@ async fn slot_loop(
         };
         while let Some(item) = batch.next().await {
             match item {
-                Ok(msg) if stop_pulling.is_cancelled() => {
-                    // Arrived as we stopped: hand it straight back.
+                Ok(msg) if stop_pulling.is_cancelled() || ctx.draining() => {
+                    // Arrived as we stopped or drained: hand it straight back.
                     let _ = msg.ack_with(jetstream::AckKind::Nak(None)).await;
                 }
-                Ok(msg) => shard::handle(&ctx, msg, &hand_back).await,
+                Ok(msg) => shard::handle(&ctx, msg).await,
                 Err(e) => tracing::debug!(slot, error = %e, "pull ended"),
             }
         }

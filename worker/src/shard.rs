@@ -19,6 +19,7 @@ use minions_schemas::time::now_ms;
 use minions_schemas::{SCHEMA_VERSION, decode, encode, keys, limits, subjects};
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions};
+use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use crate::context::Ctx;
@@ -27,14 +28,15 @@ use crate::error::{Settle, ShardError};
 /// What a successful run produced.
 struct Done {
     rows: u64,
+    sha256: String,
     output_bytes: u64,
     compute_ms: u64,
     already_done: bool,
 }
 
-/// Handles one delivery to the end: runs it unless `hand_back` fires first,
-/// then settles it (ack, nak or term) and reports it.
-pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message, hand_back: &CancellationToken) {
+/// Handles one delivery to the end: runs it unless it is handed back or its
+/// job cancelled first, then settles it (ack, nak or term) and reports it.
+pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) {
     let (attempt, seq) = match msg.info() {
         Ok(i) => (u64::try_from(i.delivered).unwrap_or(1), i.stream_sequence),
         Err(_) => (1, 0),
@@ -49,10 +51,10 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message, hand_back: &Cancellatio
             return;
         }
     };
-    if msg.subject.as_str() != subjects::work(&task.job) {
+    if msg.subject.as_str() != subjects::work(&task.job, task.shard) {
         let reason = format!(
-            "shard message for job {} arrived on subject {}; terminated",
-            task.job, msg.subject
+            "shard message for job {} shard {} arrived on subject {}; terminated",
+            task.job, task.shard, msg.subject
         );
         tracing::error!(stream_seq = seq, reason = %reason, "forged or misrouted shard");
         term(ctx, &msg, &reason).await;
@@ -64,15 +66,12 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message, hand_back: &Cancellatio
         .as_ref()
         .map(|r| r.to_string())
         .unwrap_or_default();
-    ctx.track(InFlight {
+    let (hand_back, cancel) = ctx.track(InFlight {
         job: task.job.clone(),
         shard: task.shard,
         reply: reply.clone(),
         started_ms: now_ms(),
     });
-    let span = tracing::info_span!("shard", job = %task.job, shard = task.shard, attempt);
-    let _guard = span.enter();
-    drop(_guard);
     tracing::debug!(job = %task.job, shard = task.shard, attempt, "shard started");
     publish_event(ctx, &task, attempt, EventKind::Started, false).await;
 
@@ -82,6 +81,7 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message, hand_back: &Cancellatio
     let result = tokio::select! {
         r = run(ctx, &task) => r,
         _ = hand_back.cancelled() => Err(ShardError::Stopping),
+        _ = cancel.cancelled() => Err(ShardError::Cancelled),
     };
     progress.cancel();
     let _ = keepalive.await;
@@ -113,6 +113,9 @@ async fn keep_alive(ctx: Arc<Ctx>, reply: String, stop: CancellationToken) {
 }
 
 async fn run(ctx: &Ctx, task: &ShardTask) -> Result<Done, ShardError> {
+    if ctx.is_cancelled(task.job.as_str()) {
+        return Err(ShardError::Cancelled);
+    }
     let out_key = StorePath::from(keys::shard_output(&task.job, task.shard));
     match ctx.store.head(&out_key).await {
         Ok(_) => return verify_existing(ctx, task, &out_key).await,
@@ -145,13 +148,14 @@ async fn run(ctx: &Ctx, task: &ShardTask) -> Result<Done, ShardError> {
         first_row: task.first_row,
         rows: u64::from(task.rows),
         model_hash: task.model_hash.clone(),
-        worker: ctx.worker.clone(),
+        worker: ctx.worker_id(),
         payload,
     };
     output.check_shape().map_err(ShardError::Permanent)?;
     let bytes =
         encode("shard output", &output).map_err(|e| ShardError::Permanent(e.to_string()))?;
     let output_bytes = bytes.len() as u64;
+    let sha256 = hex::encode(Sha256::digest(&bytes));
     let opts = PutOptions {
         mode: PutMode::Create,
         ..Default::default()
@@ -159,6 +163,7 @@ async fn run(ctx: &Ctx, task: &ShardTask) -> Result<Done, ShardError> {
     match ctx.store.put_opts(&out_key, bytes.into(), opts).await {
         Ok(_) => Ok(Done {
             rows: output.rows,
+            sha256,
             output_bytes,
             compute_ms,
             already_done: false,
@@ -225,6 +230,7 @@ async fn verify_existing(ctx: &Ctx, task: &ShardTask, key: &StorePath) -> Result
     out.check_shape().map_err(ShardError::Permanent)?;
     Ok(Done {
         rows: out.rows,
+        sha256: hex::encode(Sha256::digest(&bytes)),
         output_bytes: 0,
         compute_ms: 0,
         already_done: true,
@@ -247,6 +253,7 @@ async fn settle(
                 duration_ms,
                 compute_ms: done.compute_ms,
                 already_done: done.already_done,
+                sha256: done.sha256,
             };
             publish_event(ctx, task, attempt, kind, true).await;
             match msg.double_ack().await {
@@ -333,7 +340,7 @@ async fn publish_event(ctx: &Ctx, task: &ShardTask, attempt: u64, kind: EventKin
         v: SCHEMA_VERSION,
         job: task.job.clone(),
         shard: task.shard,
-        worker: ctx.worker.clone(),
+        worker: ctx.worker_id(),
         host: ctx.host.clone(),
         attempt,
         at_ms: now_ms(),

@@ -175,7 +175,9 @@ pub async fn run(
         bail!("nats-server did not start listening on port {}", args.port);
     }
     let common = vec!["--nats".to_owned(), nats_url.clone()];
-    let watchdog = spawn("watchdog", &watchdog_bin, &common)?;
+    let mut wd_args = common.clone();
+    wd_args.extend(["--store".to_owned(), store.clone()]);
+    let watchdog = spawn("watchdog", &watchdog_bin, &wd_args)?;
     let mut workers = Vec::new();
     for i in 1..=args.workers {
         let mut a = common.clone();

@@ -2,6 +2,8 @@
 
 pub mod collect;
 pub mod dev;
+pub mod jobs;
 pub mod model;
 pub mod status;
 pub mod submit;
+pub mod worker;

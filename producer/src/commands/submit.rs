@@ -12,7 +12,7 @@ use anyhow::{Context, bail};
 use async_nats::jetstream;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use minions_schemas::messages::{InputDescription, JobSpec, ShardInput, ShardTask};
+use minions_schemas::messages::{InputDescription, JobSpec, ShardInput};
 use minions_schemas::time::now_ms;
 use minions_schemas::{JobId, ModelName, SCHEMA_VERSION, encode, keys, subjects};
 use object_store::path::Path as StorePath;
@@ -190,6 +190,7 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
             id_field: args.id_field.clone(),
         },
         shard_size: args.shard_size,
+        max_batch: args.max_batch,
         shards,
         records,
         skipped,
@@ -202,7 +203,6 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
     let mut duplicates = 0u64;
     let mut already_done = 0u64;
     let mut acks = FuturesUnordered::new();
-    let subject = subjects::work(&job);
     for s in 0..shards {
         if resubmit
             && store
@@ -213,18 +213,7 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
             already_done += 1;
             continue;
         }
-        let rows = spec.shard_rows(s);
-        let task = ShardTask {
-            v: SCHEMA_VERSION,
-            job: job.clone(),
-            shard: s,
-            shards,
-            rows: u32::try_from(rows).unwrap_or(u32::MAX),
-            first_row: u64::from(s) * u64::from(args.shard_size),
-            model_hash: record.hash.clone(),
-            family: record.family,
-            max_batch: args.max_batch,
-        };
+        let task = spec.task(s);
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(
             async_nats::header::NATS_MESSAGE_ID,
@@ -232,10 +221,14 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
         );
         let payload = encode("shard task", &task)?;
         let ack = js
-            .publish_with_headers(subject.clone(), headers, payload.into())
+            .publish_with_headers(subjects::work(&job, s), headers, payload.into())
             .await
             .with_context(|| format!("publishing shard {s} of job {job}"))?;
         acks.push(ack.into_future());
+        if last_report.elapsed().as_secs() >= 2 {
+            last_report = Instant::now();
+            tracing::info!(job = %job, shard = s, shards, "publishing");
+        }
         while acks.len() >= PUBLISH_WINDOW {
             if let Some(a) = acks.next().await {
                 count(a, &mut published, &mut duplicates)?;

@@ -10,6 +10,21 @@ pub enum ControlCommand {
     Evict,
     /// Start pulling again after a drain.
     Resume,
+    /// You were declared dead: rejoin under a new worker id (a new session).
+    Rejoin,
+}
+
+/// A worker's answer to a control request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControlReply {
+    /// Schema version.
+    pub v: u16,
+    /// The worker that answers.
+    pub worker: crate::ids::WorkerId,
+    /// What it did, in words.
+    pub status: String,
+    /// Shards it handed back.
+    pub handed_back: u32,
 }
 
 /// A control message to one worker, on [`crate::subjects::control`].

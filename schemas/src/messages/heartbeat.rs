@@ -31,6 +31,16 @@ pub struct Heartbeat {
     pub slots: u32,
     /// Whether the worker is draining (finishing, pulling nothing new).
     pub draining: bool,
+    /// Whether this is the worker's last beat (it stopped cleanly and handed
+    /// back what it did not finish).
+    pub leaving: bool,
+    /// Whether the machine's owner lets the worker run (`available`) or not,
+    /// and why.
+    pub owner: String,
+    /// Total memory of the machine, MB (0 when unknown).
+    pub mem_total_mb: u64,
+    /// Available memory of the machine, MB (0 when unknown).
+    pub mem_avail_mb: u64,
     /// Shards running now.
     pub in_flight: Vec<InFlight>,
     /// Shards finished since start.

@@ -39,6 +39,8 @@ pub struct JobSpec {
     pub input: InputDescription,
     /// Records per shard (the last shard may have fewer).
     pub shard_size: u32,
+    /// Texts per forward pass (0 = each worker's default).
+    pub max_batch: u32,
     /// Number of shards, numbered `0..shards`.
     pub shards: u32,
     /// Number of records accepted, in input order across shards.
@@ -50,6 +52,22 @@ pub struct JobSpec {
 }
 
 impl JobSpec {
+    /// The task message of `shard`: everything in it follows from the spec,
+    /// so a lost or dead-lettered task can be rebuilt exactly.
+    pub fn task(&self, shard: u32) -> crate::messages::ShardTask {
+        crate::messages::ShardTask {
+            v: crate::SCHEMA_VERSION,
+            job: self.job.clone(),
+            shard,
+            shards: self.shards,
+            rows: u32::try_from(self.shard_rows(shard)).unwrap_or(u32::MAX),
+            first_row: u64::from(shard) * u64::from(self.shard_size),
+            model_hash: self.model_hash.clone(),
+            family: self.family,
+            max_batch: self.max_batch,
+        }
+    }
+
     /// The number of records in `shard` (all but the last are full).
     pub fn shard_rows(&self, shard: u32) -> u64 {
         let start = u64::from(shard) * u64::from(self.shard_size);

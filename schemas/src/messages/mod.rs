@@ -3,17 +3,23 @@
 //! under the limit named beside it.
 
 mod control;
+mod dead_letter;
 mod heartbeat;
+mod job_manifest;
 mod job_spec;
 mod model;
 mod shard_event;
 mod shard_io;
 mod shard_task;
+mod worker_record;
 
-pub use control::{Control, ControlCommand};
+pub use control::{Control, ControlCommand, ControlReply};
+pub use dead_letter::DeadLetter;
 pub use heartbeat::{Heartbeat, InFlight};
+pub use job_manifest::{JobManifest, ManifestShard};
 pub use job_spec::{InputDescription, JobSpec};
 pub use model::{ModelFamily, ModelFile, ModelManifest, ModelRecord};
 pub use shard_event::{EventKind, ShardEvent};
 pub use shard_io::{OutputPayload, ShardInput, ShardOutput};
 pub use shard_task::ShardTask;
+pub use worker_record::{WorkerRecord, WorkerState};

@@ -20,7 +20,11 @@ pub enum EventKind {
         compute_ms: u64,
         /// True when the output already existed (an earlier delivery finished it).
         already_done: bool,
+        /// SHA-256 of the output object, hex.
+        sha256: String,
     },
+    /// The shard was queued again by `minions retry` after it had failed.
+    Requeued,
     /// The shard failed on this delivery.
     Failed {
         /// Why, in words a person can act on.

@@ -1,0 +1,161 @@
+//! `minions worker list|drain|evict|resume`: the fleet as the registry and
+//! the heartbeat stream show it, and control of one worker.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull::OrderedConfig};
+use futures::StreamExt;
+use minions_schemas::messages::{Control, ControlCommand, ControlReply, Heartbeat, WorkerRecord};
+use minions_schemas::time::now_ms;
+use minions_schemas::{SCHEMA_VERSION, WorkerId, decode, encode, limits, streams, subjects};
+use serde::Serialize;
+
+use crate::cli::Endpoints;
+
+/// One worker as `minions worker list` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerRow {
+    /// Worker id.
+    pub worker: String,
+    /// Host.
+    pub host: String,
+    /// Device.
+    pub device: String,
+    /// State: from the registry when final, else from the last heartbeat.
+    pub state: String,
+    /// Shards running.
+    pub running: usize,
+    /// Shards done since the worker started.
+    pub done: u64,
+    /// Milliseconds since the last heartbeat.
+    pub last_beat_ms: u64,
+}
+
+async fn connect(
+    endpoints: &Endpoints,
+    who: &str,
+) -> anyhow::Result<(async_nats::Client, jetstream::Context)> {
+    let client = minions_schemas::endpoints::nats::connect(&endpoints.nats, who).await?;
+    let js = jetstream::new(client.clone());
+    streams::ensure(&js, &Default::default()).await?;
+    Ok((client, js))
+}
+
+/// Lists workers: the last heartbeat of each, with the registry's verdict.
+pub async fn list(endpoints: &Endpoints, json: bool) -> anyhow::Result<String> {
+    let (_client, js) = connect(endpoints, "minions worker list").await?;
+    let kv = streams::workers_kv(&js).await?;
+    let stream = js.get_stream(streams::HEARTBEATS_STREAM).await?;
+    let consumer = stream
+        .create_consumer(OrderedConfig {
+            filter_subject: subjects::HEARTBEAT_ALL.to_owned(),
+            deliver_policy: DeliverPolicy::LastPerSubject,
+            ..Default::default()
+        })
+        .await?;
+    let mut rows = BTreeMap::new();
+    if consumer.cached_info().num_pending > 0 {
+        let mut messages = consumer.messages().await?;
+        while let Some(m) = messages.next().await {
+            let m = m?;
+            let pending = m.info().map(|i| i.pending).unwrap_or(0);
+            if let Ok(hb) =
+                decode::<Heartbeat>("heartbeat", &m.payload, limits::MAX_HEARTBEAT_BYTES)
+            {
+                let age = now_ms().saturating_sub(hb.at_ms);
+                let live = if hb.leaving {
+                    "left"
+                } else if age > 3 * hb.interval_ms.max(1) {
+                    "silent"
+                } else if hb.draining {
+                    "draining"
+                } else if hb.in_flight.is_empty() {
+                    "idle"
+                } else {
+                    "busy"
+                };
+                let mut state = live.to_owned();
+                if let Ok(Some(bytes)) = kv.get(hb.worker.as_str()).await
+                    && let Ok(rec) =
+                        decode::<WorkerRecord>("worker record", &bytes, limits::MAX_EVENT_BYTES)
+                    && rec.state.is_final()
+                {
+                    state = rec.state.as_str().to_owned();
+                }
+                rows.insert(
+                    hb.worker.to_string(),
+                    WorkerRow {
+                        worker: hb.worker.to_string(),
+                        host: hb.host.clone(),
+                        device: hb.device.clone(),
+                        state,
+                        running: hb.in_flight.len(),
+                        done: hb.done,
+                        last_beat_ms: age,
+                    },
+                );
+            }
+            if pending == 0 {
+                break;
+            }
+        }
+    }
+    let rows: Vec<WorkerRow> = rows.into_values().collect();
+    if json {
+        return Ok(serde_json::to_string_pretty(&rows)?);
+    }
+    if rows.is_empty() {
+        return Ok("no workers have sent a heartbeat in the last hour".to_owned());
+    }
+    let mut out = format!(
+        "{:<28} {:<20} {:<8} {:<9} {:>7} {:>8} {:>10}\n",
+        "WORKER", "HOST", "DEVICE", "STATE", "RUNNING", "DONE", "LAST BEAT"
+    );
+    for r in rows {
+        out.push_str(&format!(
+            "{:<28} {:<20} {:<8} {:<9} {:>7} {:>8} {:>8.1}s\n",
+            r.worker,
+            r.host,
+            r.device,
+            r.state,
+            r.running,
+            r.done,
+            r.last_beat_ms as f64 / 1000.0
+        ));
+    }
+    Ok(out.trim_end().to_owned())
+}
+
+/// Sends a control request to one worker and waits for its answer.
+pub async fn control(
+    endpoints: &Endpoints,
+    worker: &str,
+    command: ControlCommand,
+) -> anyhow::Result<String> {
+    let id = WorkerId::new(worker).context("worker id")?;
+    let (client, _js) = connect(endpoints, "minions worker").await?;
+    let c = Control {
+        v: SCHEMA_VERSION,
+        command,
+        by: "minions worker".to_owned(),
+    };
+    let answer = tokio::time::timeout(
+        Duration::from_secs(5),
+        client.request(subjects::control(&id), encode("control", &c)?.into()),
+    )
+    .await;
+    let reply = match answer {
+        Ok(Ok(m)) => m,
+        Ok(Err(e)) => {
+            bail!("worker {id} did not answer: {e} (is it running? see `minions worker list`)")
+        }
+        Err(_) => bail!("worker {id} did not answer within 5 s (see `minions worker list`)"),
+    };
+    let r: ControlReply = decode("control reply", &reply.payload, limits::MAX_CONTROL_BYTES)?;
+    Ok(format!(
+        "worker {}: {} ({} shards handed back)",
+        r.worker, r.status, r.handed_back
+    ))
+}

@@ -1,0 +1,58 @@
+//! Publishing shard tasks and CLI-side events.
+
+use anyhow::Context;
+use async_nats::jetstream;
+use minions_schemas::messages::{EventKind, ShardEvent, ShardTask};
+use minions_schemas::time::now_ms;
+use minions_schemas::{JobId, SCHEMA_VERSION, WorkerId, encode, subjects};
+
+/// Publishes one shard task under `msg_id`; true when the stream stored it
+/// (false: a duplicate of a message id it has seen within its window).
+pub async fn task(js: &jetstream::Context, task: &ShardTask, msg_id: &str) -> anyhow::Result<bool> {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(async_nats::header::NATS_MESSAGE_ID, msg_id);
+    let payload = encode("shard task", task)?;
+    let ack = js
+        .publish_with_headers(
+            subjects::work(&task.job, task.shard),
+            headers,
+            payload.into(),
+        )
+        .await
+        .with_context(|| format!("publishing shard {} of job {}", task.job, task.shard))?
+        .await
+        .with_context(|| {
+            format!(
+                "the work stream did not confirm shard {} of job {}",
+                task.shard, task.job
+            )
+        })?;
+    Ok(!ack.duplicate)
+}
+
+/// Publishes an event about a shard on behalf of the CLI.
+pub async fn event(
+    js: &jetstream::Context,
+    job: &JobId,
+    shard: u32,
+    kind: EventKind,
+) -> anyhow::Result<()> {
+    let e = ShardEvent {
+        v: SCHEMA_VERSION,
+        job: job.clone(),
+        shard,
+        worker: WorkerId::new("cli")?,
+        host: "cli".to_owned(),
+        attempt: 0,
+        at_ms: now_ms(),
+        kind,
+    };
+    js.publish(
+        subjects::event(job, shard),
+        encode("shard event", &e)?.into(),
+    )
+    .await?
+    .await
+    .context("the events stream did not confirm")?;
+    Ok(())
+}

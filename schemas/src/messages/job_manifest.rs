@@ -1,0 +1,46 @@
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{JobId, ModelHash, WorkerId};
+
+/// One shard's line in a job manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestShard {
+    /// The shard.
+    pub shard: u32,
+    /// `done` or `failed`.
+    pub outcome: String,
+    /// The output key (done shards).
+    pub output_key: Option<String>,
+    /// SHA-256 of the output object, hex (done shards).
+    pub sha256: Option<String>,
+    /// The worker that finished it.
+    pub worker: Option<WorkerId>,
+    /// Deliveries it took.
+    pub attempts: u64,
+    /// Wall time of the successful run, ms.
+    pub duration_ms: u64,
+    /// Why it failed (failed shards).
+    pub reason: Option<String>,
+}
+
+/// The record of a finished job, written create-only to
+/// [`crate::keys::job_manifest`] when every shard is done or failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobManifest {
+    /// Schema version.
+    pub v: u16,
+    /// The job.
+    pub job: JobId,
+    /// The model that ran.
+    pub model_hash: ModelHash,
+    /// Records in the job.
+    pub records: u64,
+    /// Shards done.
+    pub done: u32,
+    /// Shards failed.
+    pub failed: u32,
+    /// Every shard, in order.
+    pub shards: Vec<ManifestShard>,
+    /// When the manifest was written (ms since the epoch).
+    pub completed_ms: u64,
+}

@@ -1,0 +1,90 @@
+//! Dead letters. JetStream has none of its own: a work-queue message that
+//! reaches max deliveries stays in the stream, silently. The watchdog turns
+//! the max-deliveries advisory into a permanent failure event (published with
+//! a message id, so several watchdogs publish it once) and removes the
+//! message from the work stream. The job tracker turns every permanent
+//! failure into a dead-letter record.
+
+use async_nats::jetstream;
+use minions_schemas::messages::{EventKind, ShardEvent, ShardTask};
+use minions_schemas::time::now_ms;
+use minions_schemas::{SCHEMA_VERSION, WorkerId, decode, encode, limits, streams, subjects};
+use serde::Deserialize;
+
+/// The part of a JetStream consumer advisory the watchdog reads.
+#[derive(Debug, Deserialize)]
+pub struct Advisory {
+    /// The stream sequence of the message.
+    pub stream_seq: u64,
+    /// Deliveries it had.
+    #[serde(default)]
+    pub deliveries: u64,
+}
+
+/// Handles one max-deliveries advisory.
+pub async fn on_max_deliveries(
+    js: &jetstream::Context,
+    work: &jetstream::stream::Stream,
+    payload: &[u8],
+    watchdog: &WorkerId,
+) -> Result<(), String> {
+    if payload.len() > limits::MAX_EVENT_BYTES {
+        return Err(format!("advisory of {} bytes ignored", payload.len()));
+    }
+    let adv: Advisory =
+        serde_json::from_slice(payload).map_err(|e| format!("advisory does not parse: {e}"))?;
+    let msg = match work.get_raw_message(adv.stream_seq).await {
+        Ok(m) => m,
+        // Already removed (by another watchdog, or acked at the last moment).
+        Err(_) => return Ok(()),
+    };
+    let task: Option<ShardTask> = decode("shard task", &msg.payload, limits::MAX_TASK_BYTES).ok();
+    if let Some(task) = task {
+        let event = ShardEvent {
+            v: SCHEMA_VERSION,
+            job: task.job.clone(),
+            shard: task.shard,
+            worker: watchdog.clone(),
+            host: "watchdog".to_owned(),
+            attempt: adv.deliveries,
+            at_ms: now_ms(),
+            kind: EventKind::Failed {
+                reason: format!(
+                    "no worker finished it in {} deliveries (each worker died, hung or was stopped)",
+                    adv.deliveries
+                ),
+                permanent: true,
+            },
+        };
+        let bytes = encode("shard event", &event).map_err(|e| e.to_string())?;
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(
+            async_nats::header::NATS_MESSAGE_ID,
+            format!("maxdeliver/{}/{}/{}", task.job, task.shard, adv.stream_seq).as_str(),
+        );
+        js.publish_with_headers(
+            subjects::event(&task.job, task.shard),
+            headers,
+            bytes.into(),
+        )
+        .await
+        .map_err(|e| e.to_string())?
+        .await
+        .map_err(|e| e.to_string())?;
+        tracing::error!(job = %task.job, shard = task.shard, deliveries = adv.deliveries, "shard reached max deliveries; dead-lettered");
+    } else {
+        tracing::error!(stream_seq = adv.stream_seq, subject = %msg.subject, "an undecodable message reached max deliveries; removed");
+    }
+    match work.delete_message(adv.stream_seq).await {
+        Ok(_) => {}
+        Err(e) => {
+            tracing::debug!(stream_seq = adv.stream_seq, error = %e, "message already removed")
+        }
+    }
+    Ok(())
+}
+
+/// The max-deliveries advisory subject of the shared work consumer.
+pub fn advisory_subject() -> String {
+    subjects::max_deliveries_advisory(streams::WORK_STREAM, streams::WORK_CONSUMER)
+}

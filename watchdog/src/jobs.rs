@@ -1,0 +1,271 @@
+//! The job tracker: follows every shard event, writes a dead-letter record
+//! for each shard that failed for good, and a job manifest when every shard
+//! of a job is done or failed. Both writes are idempotent (message ids, a
+//! check of what is already there, create-or-compare puts), so several
+//! watchdogs, or one that restarts and replays the events, write each once.
+
+use std::collections::{BTreeMap, HashMap};
+
+use async_nats::jetstream;
+use minions_schemas::messages::{
+    DeadLetter, EventKind, JobManifest, JobSpec, ManifestShard, ShardEvent,
+};
+use minions_schemas::time::now_ms;
+use minions_schemas::{
+    JobId, SCHEMA_VERSION, WorkerId, decode, encode, keys, limits, streams, subjects,
+};
+use object_store::path::Path as StorePath;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions};
+
+#[derive(Debug, Default, Clone)]
+struct ShardTrack {
+    done: Option<(WorkerId, String, u64)>,
+    failed: Option<String>,
+    attempts: u64,
+    hosts: Vec<String>,
+}
+
+#[derive(Debug, Default)]
+struct JobTrack {
+    spec: Option<JobSpec>,
+    shards: BTreeMap<u32, ShardTrack>,
+    /// (done, failed) counts of the last manifest written or found.
+    manifest: Option<(u32, u32)>,
+}
+
+/// Follows shard events for every job.
+pub struct Tracker {
+    jobs: HashMap<JobId, JobTrack>,
+    js: jetstream::Context,
+    store: std::sync::Arc<dyn ObjectStore>,
+}
+
+impl Tracker {
+    /// A tracker that writes records through `js` and manifests to `store`.
+    pub fn new(js: jetstream::Context, store: std::sync::Arc<dyn ObjectStore>) -> Self {
+        Self {
+            jobs: HashMap::new(),
+            js,
+            store,
+        }
+    }
+
+    /// Applies one event; writes what it completes.
+    pub async fn apply(&mut self, e: ShardEvent) {
+        let job = e.job.clone();
+        let track = self.jobs.entry(job.clone()).or_default();
+        let s = track.shards.entry(e.shard).or_default();
+        s.attempts = s.attempts.max(e.attempt);
+        let mut dead = None;
+        match &e.kind {
+            EventKind::Started => {
+                if s.hosts.last() != Some(&e.host) {
+                    s.hosts.push(e.host.clone());
+                }
+            }
+            EventKind::Done {
+                sha256,
+                duration_ms,
+                ..
+            } => {
+                s.done = Some((e.worker.clone(), sha256.clone(), *duration_ms));
+                s.failed = None;
+            }
+            EventKind::Requeued => s.failed = None,
+            EventKind::Failed { reason, permanent } => {
+                if *permanent && s.done.is_none() && s.failed.is_none() {
+                    s.failed = Some(reason.clone());
+                    dead = Some((reason.clone(), s.clone()));
+                }
+            }
+        }
+        if let Some((reason, s)) = dead {
+            let payload = self
+                .spec(&job)
+                .await
+                .and_then(|spec| encode("shard task", &spec.task(e.shard)).ok());
+            self.dead_letter(
+                &job,
+                e.shard,
+                reason,
+                &s,
+                e.attempt,
+                payload.unwrap_or_default(),
+            )
+            .await;
+        }
+        self.maybe_complete(&job).await;
+    }
+
+    async fn spec(&mut self, job: &JobId) -> Option<JobSpec> {
+        let track = self.jobs.entry(job.clone()).or_default();
+        if track.spec.is_none() {
+            let key = StorePath::from(keys::job_spec(job));
+            if let Ok(got) = self.store.get(&key).await
+                && got.meta.size <= limits::MAX_SPEC_BYTES as u64
+                && let Ok(bytes) = got.bytes().await
+            {
+                track.spec = decode("job spec", &bytes, limits::MAX_SPEC_BYTES).ok();
+            }
+        }
+        track.spec.clone()
+    }
+
+    async fn dead_letter(
+        &self,
+        job: &JobId,
+        shard: u32,
+        reason: String,
+        s: &ShardTrack,
+        attempt: u64,
+        payload: Vec<u8>,
+    ) {
+        let subject = subjects::dead(job, shard);
+        // Already recorded for this delivery count (a replay after restart)?
+        if let Ok(stream) = self.js.get_stream(streams::DEAD_STREAM).await
+            && let Ok(last) = stream.get_last_raw_message_by_subject(&subject).await
+            && let Ok(old) = decode::<DeadLetter>(
+                "dead letter",
+                &last.payload,
+                limits::MAX_TASK_BYTES + limits::MAX_EVENT_BYTES,
+            )
+            && old.deliveries == attempt
+        {
+            return;
+        }
+        let record = DeadLetter {
+            v: SCHEMA_VERSION,
+            job: job.clone(),
+            shard,
+            payload,
+            reason: reason.clone(),
+            cause: if reason.starts_with("no worker finished it") {
+                "max_deliveries"
+            } else {
+                "terminated"
+            }
+            .to_owned(),
+            deliveries: attempt,
+            hosts: s.hosts.clone(),
+            stream_seq: 0,
+            at_ms: now_ms(),
+        };
+        let Ok(bytes) = encode("dead letter", &record) else {
+            return;
+        };
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(
+            async_nats::header::NATS_MESSAGE_ID,
+            format!("{job}/{shard}/{attempt}").as_str(),
+        );
+        match self
+            .js
+            .publish_with_headers(subject, headers, bytes.into())
+            .await
+        {
+            Ok(ack) => match ack.await {
+                Ok(a) if !a.duplicate => {
+                    tracing::warn!(job = %job, shard, deliveries = attempt, reason = %reason, hosts = ?s.hosts, "dead letter recorded")
+                }
+                Ok(_) => {}
+                Err(e) => tracing::error!(job = %job, shard, error = %e, "dead letter not stored"),
+            },
+            Err(e) => tracing::error!(job = %job, shard, error = %e, "dead letter not sent"),
+        }
+    }
+
+    async fn maybe_complete(&mut self, job: &JobId) {
+        let Some(spec) = self.spec(job).await else {
+            return;
+        };
+        let Some(track) = self.jobs.get(job) else {
+            return;
+        };
+        let done = track.shards.values().filter(|s| s.done.is_some()).count() as u32;
+        let failed = track
+            .shards
+            .values()
+            .filter(|s| s.done.is_none() && s.failed.is_some())
+            .count() as u32;
+        if done + failed < spec.shards || track.manifest == Some((done, failed)) {
+            return;
+        }
+        let manifest = JobManifest {
+            v: SCHEMA_VERSION,
+            job: job.clone(),
+            model_hash: spec.model_hash.clone(),
+            records: spec.records,
+            done,
+            failed,
+            shards: (0..spec.shards)
+                .map(|i| {
+                    let s = track.shards.get(&i).cloned().unwrap_or_default();
+                    match (&s.done, &s.failed) {
+                        (Some((worker, sha, ms)), _) => ManifestShard {
+                            shard: i,
+                            outcome: "done".into(),
+                            output_key: Some(keys::shard_output(job, i)),
+                            sha256: Some(sha.clone()),
+                            worker: Some(worker.clone()),
+                            attempts: s.attempts,
+                            duration_ms: *ms,
+                            reason: None,
+                        },
+                        (None, reason) => ManifestShard {
+                            shard: i,
+                            outcome: "failed".into(),
+                            output_key: None,
+                            sha256: None,
+                            worker: None,
+                            attempts: s.attempts,
+                            duration_ms: 0,
+                            reason: reason.clone(),
+                        },
+                    }
+                })
+                .collect(),
+            completed_ms: now_ms(),
+        };
+        if self.write_manifest(&manifest).await
+            && let Some(t) = self.jobs.get_mut(job)
+        {
+            t.manifest = Some((done, failed));
+        }
+    }
+
+    /// Writes the manifest unless one with the same outcome is there; a
+    /// manifest is replaced only by one with more shards done (after a retry).
+    async fn write_manifest(&self, m: &JobManifest) -> bool {
+        let key = StorePath::from(keys::job_manifest(&m.job));
+        if let Ok(got) = self.store.get(&key).await
+            && let Ok(bytes) = got.bytes().await
+            && let Ok(old) =
+                decode::<JobManifest>("job manifest", &bytes, limits::MAX_SPEC_BYTES * 64)
+            && old.done >= m.done
+        {
+            return true;
+        }
+        let Ok(bytes) = encode("job manifest", m) else {
+            return false;
+        };
+        let opts = PutOptions {
+            mode: if m.failed == 0 {
+                PutMode::Overwrite
+            } else {
+                PutMode::Create
+            },
+            ..Default::default()
+        };
+        match self.store.put_opts(&key, bytes.into(), opts).await {
+            Ok(_) => {
+                tracing::info!(job = %m.job, done = m.done, failed = m.failed, "job complete; manifest written");
+                true
+            }
+            Err(object_store::Error::AlreadyExists { .. }) => true,
+            Err(e) => {
+                tracing::error!(job = %m.job, error = %e, "manifest not written");
+                false
+            }
+        }
+    }
+}
