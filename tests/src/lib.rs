@@ -454,6 +454,9 @@ pub struct Fleet {
     pub env: Vec<(String, String)>,
     /// Workers started with [`Fleet::add_worker`].
     pub workers: Vec<Proc>,
+    /// Watchdogs started with [`Fleet::add_watchdog`].
+    pub watchdogs: Vec<Proc>,
+    spawned: usize,
 }
 
 impl Fleet {
@@ -467,6 +470,8 @@ impl Fleet {
             store_url,
             env: Vec::new(),
             workers: Vec::new(),
+            watchdogs: Vec::new(),
+            spawned: 0,
         })
     }
 
@@ -479,6 +484,8 @@ impl Fleet {
             store_url: format!("s3://{bucket}"),
             env: s3.env(),
             workers: Vec::new(),
+            watchdogs: Vec::new(),
+            spawned: 0,
         })
     }
 
@@ -490,9 +497,36 @@ impl Fleet {
         e
     }
 
+    /// Starts a watchdog; `extra` flags are appended.
+    pub fn add_watchdog(&mut self, extra: &[&str]) -> Result<()> {
+        let i = self.watchdogs.len() + 1;
+        let mut args: Vec<String> = vec![
+            "--nats".into(),
+            self.nats.url(),
+            "--store".into(),
+            self.store_url.clone(),
+            "--name".into(),
+            format!("watchdog{i}"),
+        ];
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        let mut env = self.env.clone();
+        env.push(("RUST_LOG".into(), "info".into()));
+        let p = Proc::spawn(
+            &format!("watchdog{i}"),
+            &bin("minions-watchdog")?,
+            &args,
+            &env,
+            self.dir.path(),
+        )?;
+        self.watchdogs.push(p);
+        Ok(())
+    }
+
     /// Starts a worker with its own cache dir; `extra` flags are appended.
+    /// Workers are numbered in start order (w1, w2, ...), also across restarts.
     pub fn add_worker(&mut self, extra: &[&str]) -> Result<()> {
-        let i = self.workers.len() + 1;
+        self.spawned += 1;
+        let i = self.spawned;
         let mut args: Vec<String> = vec![
             "--nats".into(),
             self.nats.url(),
@@ -531,11 +565,21 @@ impl Fleet {
         minions(args, &self.cli_env())
     }
 
-    /// Polls `minions status --json` until the job is done or failed, or `within` passes.
+    /// Polls `minions status --json` until the job is done or failed, or
+    /// `within` passes (a failing status call, e.g. while nats-server
+    /// restarts, is retried).
     pub fn wait_job(&self, job: &str, within: Duration) -> Result<serde_json::Value> {
         let until = Instant::now() + within;
         loop {
-            let out = self.cli(&["status", job, "--json"])?;
+            let out = match self.cli(&["status", job, "--json"]) {
+                Ok(o) => o,
+                Err(e) if Instant::now() < until => {
+                    eprintln!("status failed, retrying: {e}");
+                    std::thread::sleep(Duration::from_millis(500));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let v: serde_json::Value = serde_json::from_str(&out)?;
             let state = v["state"].as_str().unwrap_or_default().to_owned();
             if state == "done" || state == "failed" {
@@ -552,13 +596,94 @@ impl Fleet {
         }
     }
 
-    /// The tails of all worker logs, for failure messages.
+    /// The tails of all worker and watchdog logs, for failure messages.
     pub fn logs(&self) -> String {
         self.workers
             .iter()
+            .chain(&self.watchdogs)
             .map(|w| format!("--- {} ---\n{}", w.name, w.log_tail(30)))
             .collect::<Vec<_>>()
             .join("\n")
+    }
+
+    /// Every event of `job` so far, in stream order.
+    pub async fn events(&self, job: &str) -> Result<Vec<minions_schemas::messages::ShardEvent>> {
+        use futures::StreamExt;
+        let js = async_nats::jetstream::new(self.nats.client().await?);
+        let stream = js
+            .get_stream(minions_schemas::streams::EVENTS_STREAM)
+            .await?;
+        let consumer = stream
+            .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
+                filter_subject: format!("minions.events.{job}.>"),
+                ..Default::default()
+            })
+            .await?;
+        let mut out = Vec::new();
+        if consumer.cached_info().num_pending == 0 {
+            return Ok(out);
+        }
+        let mut messages = consumer.messages().await?;
+        while let Some(m) = messages.next().await {
+            let m = m?;
+            let pending = m.info().map(|i| i.pending).unwrap_or(0);
+            out.push(minions_schemas::decode("shard event", &m.payload, 1 << 20)?);
+            if pending == 0 {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Waits until a `started` event of `job`/`shard` satisfies `pred` (given
+    /// the worker id); returns that worker id and when it was seen.
+    pub async fn wait_started(
+        &self,
+        job: &str,
+        shard: u32,
+        within: Duration,
+        pred: impl Fn(&str) -> bool,
+    ) -> Result<(String, Instant)> {
+        let until = Instant::now() + within;
+        loop {
+            for e in self.events(job).await? {
+                if e.shard == shard
+                    && matches!(e.kind, minions_schemas::messages::EventKind::Started)
+                    && pred(e.worker.as_str())
+                {
+                    return Ok((e.worker.to_string(), Instant::now()));
+                }
+            }
+            if Instant::now() > until {
+                return Err(format!(
+                    "shard {shard} of {job} did not start as expected within {within:?}\n{}",
+                    self.logs()
+                )
+                .into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Messages in `stream` whose subject matches `filter`.
+    pub async fn count_messages(&self, stream: &str, filter: &str) -> Result<u64> {
+        let js = async_nats::jetstream::new(self.nats.client().await?);
+        let stream = js.get_stream(stream).await?;
+        let consumer = stream
+            .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
+                filter_subject: filter.to_owned(),
+                ..Default::default()
+            })
+            .await?;
+        Ok(consumer.cached_info().num_pending)
+    }
+
+    /// Output objects stored for `job`.
+    pub fn output_count(&self, job: &str) -> Result<usize> {
+        let out = self.cli(&["status", job, "--json"])?;
+        let _: serde_json::Value = serde_json::from_str(&out)?;
+        let dir = self.dir.path().join("store/jobs").join(job).join("outputs");
+        Ok(std::fs::read_dir(dir)?.count())
     }
 
     /// Messages left in the work stream.

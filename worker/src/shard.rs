@@ -180,8 +180,10 @@ async fn read_input(store: &dyn ObjectStore, task: &ShardTask) -> Result<ShardIn
     let key = StorePath::from(keys::shard_input(&task.job, task.shard));
     let got = match store.get(&key).await {
         Ok(g) => g,
+        // Transient: a store that replicates slowly, or inputs being
+        // re-uploaded; after max deliveries the shard is dead-lettered.
         Err(object_store::Error::NotFound { .. }) => {
-            return Err(ShardError::Permanent(format!(
+            return Err(ShardError::Transient(format!(
                 "shard input {key} is missing from the store"
             )));
         }
