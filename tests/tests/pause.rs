@@ -1,0 +1,95 @@
+//! A worker paused (SIGSTOP) past its eviction, then resumed (SIGCONT): its
+//! shards ran elsewhere meanwhile, it rejoins as a new session, and the
+//! job's outputs are identical to an undisturbed run.
+
+use std::time::{Duration, Instant};
+
+use minions_tests::{Fleet, Result, max_abs_diff, read_npy_f32, tiny_model, write_corpus};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn paused_worker_is_evicted_and_rejoins() -> Result<()> {
+    let mut fleet = Fleet::local()?;
+    let r = scenario(&mut fleet).await;
+    if r.is_err() {
+        eprintln!("{}", fleet.logs());
+    }
+    r
+}
+
+async fn scenario(fleet: &mut Fleet) -> Result<()> {
+    let model = tiny_model(fleet.dir.path(), "tiny")?;
+    fleet.cli(&[
+        "model",
+        "push",
+        &model.display().to_string(),
+        "--name",
+        "tiny",
+    ])?;
+    let input = fleet.dir.path().join("in.jsonl");
+    let texts = write_corpus(&input, 3000)?;
+    fleet.add_watchdog(&[])?;
+    fleet.add_worker(&["--slots", "1"])?;
+    fleet.add_worker(&["--slots", "1"])?;
+    let job = fleet.cli(&[
+        "submit",
+        "--model",
+        "tiny",
+        "--input",
+        &input.display().to_string(),
+        "--shard-size",
+        "20",
+        "--job",
+        "pause",
+    ])?;
+    fleet
+        .wait_started(&job, 0, Duration::from_secs(60), |_| true)
+        .await?;
+    fleet.workers[0].signal(nix::sys::signal::Signal::SIGSTOP)?;
+    let stopped = Instant::now();
+    // Wait until the watchdog declares it dead, then a little more.
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let list: serde_json::Value =
+            serde_json::from_str(&fleet.cli(&["worker", "list", "--json"])?)?;
+        let dead = list
+            .as_array()
+            .is_some_and(|r| r.iter().any(|w| w["state"] == "dead"));
+        if dead {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "paused worker never declared dead: {list}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "paused worker declared dead after {:.1} s",
+        stopped.elapsed().as_secs_f64()
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    fleet.workers[0].signal(nix::sys::signal::Signal::SIGCONT)?;
+
+    let status = fleet.wait_job(&job, Duration::from_secs(300))?;
+    assert_eq!(status["state"], "done", "{status}");
+    assert_eq!(fleet.output_count(&job)?, 150);
+    let npy = fleet.dir.path().join("v.npy");
+    fleet.cli(&["collect", &job, "--output", &npy.display().to_string()])?;
+    let (_, _, got) = read_npy_f32(&npy)?;
+    let want = minions_worker::model::BertEmbedder::load(&model, &candle_core::Device::Cpu)?
+        .embed(&texts, 32)?;
+    assert!(
+        max_abs_diff(&got, &want) <= 1e-5,
+        "outputs differ from an undisturbed run"
+    );
+    let log = std::fs::read_to_string(&fleet.workers[0].log)?;
+    assert!(
+        log.contains("rejoining as a new session"),
+        "the resumed worker did not rejoin:\n{log}"
+    );
+    eprintln!(
+        "resumed worker rejoined; {} redeliveries; outputs identical",
+        status["redeliveries"]
+    );
+    Ok(())
+}
