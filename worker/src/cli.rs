@@ -46,14 +46,19 @@ pub struct WorkerArgs {
     /// Ack wait in seconds, used only if this worker creates the work consumer.
     #[arg(long, default_value_t = 60.0)]
     pub ack_wait_secs: f64,
+    /// Max deliveries per shard, used only if this worker creates the work consumer.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(i64).range(1..=1000))]
+    pub max_deliver: i64,
     /// Worker id prefix (default: the host name).
     #[arg(long)]
     pub name: Option<String>,
 }
 
 fn secs(name: &str, v: f64) -> anyhow::Result<Duration> {
-    Duration::try_from_secs_f64(v)
-        .map_err(|_| anyhow::anyhow!("--{name} must be a positive number of seconds, got {v}"))
+    match Duration::try_from_secs_f64(v) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        _ => anyhow::bail!("--{name} must be a positive number of seconds, got {v}"),
+    }
 }
 
 impl WorkerArgs {
@@ -72,6 +77,7 @@ impl WorkerArgs {
         c.heartbeat_interval = secs("heartbeat-secs", self.heartbeat_secs)?;
         c.drain_timeout = secs("drain-timeout-secs", self.drain_timeout_secs)?;
         c.work.ack_wait = secs("ack-wait-secs", self.ack_wait_secs)?;
+        c.work.max_deliver = self.max_deliver;
         c.name = self.name;
         Ok(c)
     }

@@ -9,7 +9,7 @@ use async_nats::jetstream;
 use minions_schemas::WorkerId;
 use minions_schemas::messages::InFlight;
 use object_store::ObjectStore;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Notify, Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::model::ModelCache;
@@ -50,6 +50,9 @@ pub(crate) struct Ctx {
     pub(crate) failed: AtomicU64,
     /// True while the worker may pull; false while drained or evicted.
     pub(crate) pulling: watch::Sender<bool>,
+    /// Wakes the heartbeat loop to beat now (a shard started: the watchdog
+    /// must learn of it before this worker can die with it unreported).
+    pub(crate) beat_now: Notify,
 }
 
 impl Ctx {
@@ -83,6 +86,7 @@ impl Ctx {
                 cancel: cancel.clone(),
             },
         );
+        self.beat_now.notify_one();
         (hand_back, cancel)
     }
 

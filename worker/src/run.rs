@@ -122,6 +122,7 @@ pub async fn run(
         done: AtomicU64::new(0),
         failed: AtomicU64::new(0),
         pulling: watch::Sender::new(true),
+        beat_now: tokio::sync::Notify::new(),
     });
 
     let started_ms = now_ms();

@@ -37,9 +37,10 @@ async fn connect(
     endpoints: &Endpoints,
     who: &str,
 ) -> anyhow::Result<(async_nats::Client, jetstream::Context)> {
+    // Read-only: never creates streams or the work consumer (whoever creates
+    // the consumer sets its ack wait and max deliveries).
     let client = minions_schemas::endpoints::nats::connect(&endpoints.nats, who).await?;
     let js = jetstream::new(client.clone());
-    streams::ensure(&js, &Default::default()).await?;
     Ok((client, js))
 }
 
@@ -47,7 +48,13 @@ async fn connect(
 pub async fn list(endpoints: &Endpoints, json: bool) -> anyhow::Result<String> {
     let (_client, js) = connect(endpoints, "minions worker list").await?;
     let kv = streams::workers_kv(&js).await?;
-    let stream = js.get_stream(streams::HEARTBEATS_STREAM).await?;
+    let Ok(stream) = js.get_stream(streams::HEARTBEATS_STREAM).await else {
+        return Ok(if json {
+            "[]".to_owned()
+        } else {
+            "no worker has ever sent a heartbeat to this server".to_owned()
+        });
+    };
     let consumer = stream
         .create_consumer(OrderedConfig {
             filter_subject: subjects::HEARTBEAT_ALL.to_owned(),

@@ -1,0 +1,274 @@
+//! Operating a fleet: a shard that exhausts its deliveries through worker
+//! deaths is dead-lettered by the watchdog (removed from the work stream);
+//! drain, resume and evict steer one worker; cancel removes a job's pending
+//! shards; reconcile republishes shards lost from the work stream.
+
+use std::time::{Duration, Instant};
+
+use minions_tests::{Fleet, Result, tiny_model, write_corpus};
+use minions_worker::model::tiny::{TinySpec, write_tiny_bert};
+
+const SLOW: TinySpec = TinySpec {
+    hidden: 384,
+    layers: 6,
+    heads: 12,
+    max_len: 128,
+};
+
+fn worker_ids(fleet: &Fleet) -> Result<Vec<(String, String)>> {
+    let v: serde_json::Value = serde_json::from_str(&fleet.cli(&["worker", "list", "--json"])?)?;
+    Ok(v.as_array()
+        .map(|a| {
+            a.iter()
+                .map(|w| {
+                    (
+                        w["worker"].as_str().unwrap_or_default().to_owned(),
+                        w["state"].as_str().unwrap_or_default().to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+async fn wait_worker(fleet: &Fleet, prefix: &str) -> Result<String> {
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some((id, _)) = worker_ids(fleet)?
+            .into_iter()
+            .find(|(id, s)| id.starts_with(prefix) && s != "dead" && s != "left")
+        {
+            return Ok(id);
+        }
+        if Instant::now() > until {
+            return Err(format!("worker {prefix} never showed up").into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn done(fleet: &Fleet, job: &str) -> Result<u64> {
+    let v: serde_json::Value = serde_json::from_str(&fleet.cli(&["status", job, "--json"])?)?;
+    Ok(v["done"].as_u64().unwrap_or(0))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn max_deliveries_become_dead_letters() -> Result<()> {
+    let mut fleet = Fleet::local()?;
+    let r = async {
+        let model = fleet.dir.path().join("slow");
+        write_tiny_bert(&model, SLOW)?;
+        fleet.cli(&[
+            "model",
+            "push",
+            &model.display().to_string(),
+            "--name",
+            "slow",
+        ])?;
+        let input = fleet.dir.path().join("in.jsonl");
+        write_corpus(&input, 300)?;
+        // This worker creates the work consumer: one delivery per shard.
+        fleet.add_worker(&["--slots", "1", "--max-deliver", "1"])?;
+        wait_worker(&fleet, "w1-").await?;
+        fleet.add_watchdog(&[])?;
+        let job = fleet.cli(&[
+            "submit",
+            "--model",
+            "slow",
+            "--input",
+            &input.display().to_string(),
+            "--shard-size",
+            "300",
+            "--job",
+            "md",
+        ])?;
+        fleet
+            .wait_started(&job, 0, Duration::from_secs(60), |_| true)
+            .await?;
+        fleet.workers[0].signal(nix::sys::signal::Signal::SIGKILL)?;
+        // JetStream notices exhausted deliveries when it next tries to deliver.
+        fleet.add_worker(&["--slots", "1"])?;
+        let status = fleet.wait_job(&job, Duration::from_secs(60))?;
+        assert_eq!(status["state"], "failed", "{status}");
+        let reason = status["failed_shards"][0]["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(
+            reason.contains("no worker finished it in 1 deliveries"),
+            "{reason}"
+        );
+        eprintln!("dead-lettered after max deliveries: {reason}");
+        let until = Instant::now() + Duration::from_secs(10);
+        while fleet
+            .count_messages("MINIONS_DEAD", "minions.dead.md.>")
+            .await?
+            < 1
+            && Instant::now() < until
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(
+            fleet
+                .count_messages("MINIONS_DEAD", "minions.dead.md.>")
+                .await?,
+            1
+        );
+        assert_eq!(
+            fleet.work_stream_messages().await?,
+            0,
+            "the watchdog removed the message"
+        );
+        Ok(())
+    }
+    .await;
+    if r.is_err() {
+        eprintln!("{}", fleet.logs());
+    }
+    r
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn drain_resume_evict_cancel_reconcile() -> Result<()> {
+    let mut fleet = Fleet::local()?;
+    let r = ops(&mut fleet).await;
+    if r.is_err() {
+        eprintln!("{}", fleet.logs());
+    }
+    r
+}
+
+async fn ops(fleet: &mut Fleet) -> Result<()> {
+    let tiny = tiny_model(fleet.dir.path(), "tiny")?;
+    fleet.cli(&[
+        "model",
+        "push",
+        &tiny.display().to_string(),
+        "--name",
+        "tiny",
+    ])?;
+    let slow = fleet.dir.path().join("slow");
+    write_tiny_bert(&slow, SLOW)?;
+    fleet.cli(&[
+        "model",
+        "push",
+        &slow.display().to_string(),
+        "--name",
+        "slow",
+    ])?;
+    let input = fleet.dir.path().join("in.jsonl");
+    write_corpus(&input, 2000)?;
+    let input_s = input.display().to_string();
+    fleet.add_watchdog(&[])?;
+    fleet.add_worker(&["--slots", "1"])?;
+    let w1 = wait_worker(fleet, "w1-").await?;
+
+    // Drain: the worker pulls nothing new; resume: it pulls again.
+    let said = fleet.cli(&["worker", "drain", &w1])?;
+    assert!(said.contains("draining"), "{said}");
+    let job = fleet.cli(&[
+        "submit",
+        "--model",
+        "tiny",
+        "--input",
+        &input_s,
+        "--shard-size",
+        "20",
+        "--job",
+        "drained",
+    ])?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(done(fleet, &job)?, 0, "a drained worker ran shards");
+    let said = fleet.cli(&["worker", "resume", &w1])?;
+    assert!(said.contains("resumed"), "{said}");
+    assert_eq!(
+        fleet.wait_job(&job, Duration::from_secs(120))?["state"],
+        "done"
+    );
+    eprintln!("drain held 100 shards for 3 s; resume ran them");
+
+    // Evict: a running shard is handed back at once and runs on another worker.
+    let job = fleet.cli(&[
+        "submit",
+        "--model",
+        "slow",
+        "--input",
+        &input_s,
+        "--shard-size",
+        "2000",
+        "--job",
+        "evicted",
+    ])?;
+    fleet
+        .wait_started(&job, 0, Duration::from_secs(60), |w| w.starts_with("w1-"))
+        .await?;
+    fleet.add_worker(&["--slots", "1"])?;
+    wait_worker(fleet, "w2-").await?;
+    let said = fleet.cli(&["worker", "evict", &w1])?;
+    assert!(said.contains("evicted (1 shards handed back)"), "{said}");
+    let evicted_at = Instant::now();
+    fleet
+        .wait_started(&job, 0, Duration::from_secs(10), |w| w.starts_with("w2-"))
+        .await?;
+    eprintln!(
+        "evicted shard running on w2 after {:.2} s",
+        evicted_at.elapsed().as_secs_f64()
+    );
+    let w2 = wait_worker(fleet, "w2-").await?;
+    fleet.cli(&["cancel", &job])?;
+    fleet.wait_job(&job, Duration::from_secs(1)).ok();
+
+    // Cancel: pending shards removed, status says so.
+    fleet.cli(&["worker", "drain", &w2])?;
+    let job = fleet.cli(&[
+        "submit",
+        "--model",
+        "tiny",
+        "--input",
+        &input_s,
+        "--shard-size",
+        "20",
+        "--job",
+        "cancelled",
+    ])?;
+    let said = fleet.cli(&["cancel", &job])?;
+    assert!(said.contains("100 pending shards removed"), "{said}");
+    let s: serde_json::Value = serde_json::from_str(&fleet.cli(&["status", &job, "--json"])?)?;
+    assert_eq!(s["state"], "cancelled", "{s}");
+    assert_eq!(fleet.work_stream_messages().await?, 0);
+
+    // Reconcile: the work stream is lost (with its duplicate-detection
+    // state); reconcile queues exactly the shards that are neither done nor
+    // queued, and the job completes.
+    let job = fleet.cli(&[
+        "submit",
+        "--model",
+        "tiny",
+        "--input",
+        &input_s,
+        "--shard-size",
+        "20",
+        "--job",
+        "lost",
+    ])?;
+    let js = async_nats::jetstream::new(fleet.nats.client().await?);
+    js.delete_stream(minions_schemas::streams::WORK_STREAM)
+        .await?;
+    let said = fleet.cli(&["reconcile", &job])?;
+    assert!(
+        said.contains("0 shards done or queued, 100 republished"),
+        "{said}"
+    );
+    let said = fleet.cli(&["reconcile", &job])?;
+    assert!(
+        said.contains("100 shards done or queued, 0 republished"),
+        "{said}"
+    );
+    fleet.cli(&["worker", "resume", &w2])?;
+    assert_eq!(
+        fleet.wait_job(&job, Duration::from_secs(120))?["state"],
+        "done"
+    );
+    eprintln!("reconcile republished 100 lost shards once; the job completed");
+    Ok(())
+}
