@@ -17,13 +17,14 @@ BIN="$PWD/target/release"
 PORT="$("$PWD/.tools/venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
 export MINIONS_NATS_URL="nats://127.0.0.1:$PORT"
 export MINIONS_STORE="file://$DEMO/store"
-export RUST_LOG="${RUST_LOG:-info}"
+# The fleet logs at info into its log file; the CLI says only what matters.
+export RUST_LOG="${RUST_LOG:-warn}"
 
 echo "== writing a corpus of $N sentences" >&2
 "$PWD/.tools/venv/bin/python" deploy/make_corpus.py "$N" > "$DEMO/corpus.jsonl"
 
 echo "== starting a local fleet: nats-server on port $PORT, a watchdog, 2 workers (log: .minions-demo/fleet.log)" >&2
-"$BIN/minions" dev --workers 2 --port "$PORT" --data-dir "$DEMO/dev" > "$DEMO/fleet.log" 2>&1 &
+RUST_LOG=info "$BIN/minions" dev --workers 2 --port "$PORT" --data-dir "$DEMO/dev" > "$DEMO/fleet.log" 2>&1 &
 FLEET=$!
 trap 'kill -TERM $FLEET 2>/dev/null; wait $FLEET 2>/dev/null || true' EXIT
 for _ in $(seq 1 100); do
