@@ -11,7 +11,7 @@ use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde::Serialize;
 
-use crate::store_io::get_doc;
+use crate::store_io::job_spec;
 
 /// Where a job stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -100,10 +100,7 @@ pub async fn load(
     store: &dyn ObjectStore,
     job: &JobId,
 ) -> anyhow::Result<Progress> {
-    let key = StorePath::from(keys::job_spec(job));
-    let spec: JobSpec = get_doc(store, &key, "job spec", limits::MAX_SPEC_BYTES)
-        .await?
-        .with_context(|| format!("unknown job {job:?}: no job spec in this store"))?;
+    let spec = job_spec(store, job).await?;
     let events = read_events(js, job).await?;
     let mut p = fold(&spec, &events, minions_schemas::time::now_ms());
     let marker = StorePath::from(keys::job_cancelled(job));

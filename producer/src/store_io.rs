@@ -2,8 +2,8 @@
 
 use anyhow::{Context, bail};
 use futures::TryStreamExt;
-use minions_schemas::messages::ModelRecord;
-use minions_schemas::{ModelName, decode, keys, limits};
+use minions_schemas::messages::{JobSpec, ModelRecord};
+use minions_schemas::{JobId, ModelName, decode, keys, limits};
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde::de::DeserializeOwned;
@@ -33,6 +33,14 @@ pub async fn get_doc<T: DeserializeOwned>(
     Ok(Some(
         decode(what, &bytes, limit).with_context(|| format!("{key}"))?,
     ))
+}
+
+/// A job's spec; an unknown job is an error that says so.
+pub async fn job_spec(store: &dyn ObjectStore, job: &JobId) -> anyhow::Result<JobSpec> {
+    let key = StorePath::from(keys::job_spec(job));
+    get_doc(store, &key, "job spec", limits::MAX_SPEC_BYTES)
+        .await?
+        .with_context(|| format!("unknown job {job:?}: no job spec in this store"))
 }
 
 /// Every model name record in the store, sorted by name.

@@ -665,6 +665,46 @@ impl Fleet {
         }
     }
 
+    /// Passes `r` through; on error first prints every process's log tail.
+    pub fn explain(&self, r: Result<()>) -> Result<()> {
+        if r.is_err() {
+            eprintln!("{}", self.logs());
+        }
+        r
+    }
+
+    /// Writes a model folder of `spec` named `name`, pushes it under that
+    /// name, and returns its folder.
+    pub fn push_model(
+        &self,
+        name: &str,
+        spec: minions_worker::model::tiny::TinySpec,
+    ) -> Result<PathBuf> {
+        let dir = self.dir.path().join(name);
+        minions_worker::model::tiny::write_tiny_bert(&dir, spec)?;
+        self.cli(&["model", "push", &dir.display().to_string(), "--name", name])?;
+        Ok(dir)
+    }
+
+    /// Collects `job` and checks every vector against the same model code
+    /// run in-process on `texts` (max abs diff ≤ 1e-5): what an undisturbed
+    /// run gives.
+    pub fn check_outputs(&self, job: &str, model: &Path, texts: &[String]) -> Result<()> {
+        let npy = self.dir.path().join(format!("{job}.npy"));
+        self.cli(&["collect", job, "--output", &npy.display().to_string()])?;
+        let (rows, _, got) = read_npy_f32(&npy)?;
+        if rows != texts.len() {
+            return Err(format!("collected {rows} rows for {} records", texts.len()).into());
+        }
+        let want = minions_worker::model::BertEmbedder::load(model, &candle_core::Device::Cpu)?
+            .embed(texts, 32)?;
+        let diff = max_abs_diff(&got, &want);
+        if diff > 1e-5 {
+            return Err(format!("collected vectors differ from in-process ones by {diff}").into());
+        }
+        Ok(())
+    }
+
     /// Messages in `stream` whose subject matches `filter`.
     pub async fn count_messages(&self, stream: &str, filter: &str) -> Result<u64> {
         let js = async_nats::jetstream::new(self.nats.client().await?);
@@ -692,6 +732,23 @@ impl Fleet {
         let mut s = js.get_stream(minions_schemas::streams::WORK_STREAM).await?;
         Ok(s.info().await?.state.messages)
     }
+}
+
+/// A random-weight model of all-MiniLM-L6-v2's size: one shard of a few
+/// hundred records runs for seconds on a CPU, long enough to kill its worker
+/// mid-shard.
+pub const SLOW: minions_worker::model::tiny::TinySpec = minions_worker::model::tiny::TinySpec {
+    hidden: 384,
+    layers: 6,
+    heads: 12,
+    max_len: 128,
+};
+
+/// Writes a [`SLOW`] model folder under `dir` and returns its path.
+pub fn slow_model(dir: &Path, name: &str) -> Result<PathBuf> {
+    let p = dir.join(name);
+    minions_worker::model::tiny::write_tiny_bert(&p, SLOW)?;
+    Ok(p)
 }
 
 /// Writes a tiny random-weight model folder under `dir` and returns its path.

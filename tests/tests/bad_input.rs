@@ -11,10 +11,7 @@ use minions_tests::{Fleet, Result, tiny_model, write_corpus};
 async fn bad_input_is_named_and_isolated() -> Result<()> {
     let mut fleet = Fleet::local()?;
     let r = scenario(&mut fleet).await;
-    if r.is_err() {
-        eprintln!("{}", fleet.logs());
-    }
-    r
+    fleet.explain(r)
 }
 
 async fn scenario(fleet: &mut Fleet) -> Result<()> {

@@ -5,7 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use minions_tests::{Fleet, Result, max_abs_diff, read_npy_f32, tiny_model, write_corpus};
+use minions_tests::{Fleet, Result, write_corpus};
+use minions_worker::model::tiny::TinySpec;
 use nix::sys::signal::Signal;
 
 /// A small deterministic generator (xorshift), seeded from the clock and printed.
@@ -24,10 +25,7 @@ impl Rng {
 async fn chaos_loses_nothing_and_duplicates_nothing() -> Result<()> {
     let mut fleet = Fleet::local()?;
     let r = scenario(&mut fleet).await;
-    if r.is_err() {
-        eprintln!("{}", fleet.logs());
-    }
-    r
+    fleet.explain(r)
 }
 
 async fn scenario(fleet: &mut Fleet) -> Result<()> {
@@ -37,14 +35,7 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
         .unwrap_or(1)
         | 1;
     let mut rng = Rng(seed);
-    let model = tiny_model(fleet.dir.path(), "tiny")?;
-    fleet.cli(&[
-        "model",
-        "push",
-        &model.display().to_string(),
-        "--name",
-        "tiny",
-    ])?;
+    let model = fleet.push_model("tiny", TinySpec::default())?;
     let input = fleet.dir.path().join("in.jsonl");
     let texts = write_corpus(&input, 10_000)?;
     fleet.add_watchdog(&[])?;
@@ -134,12 +125,7 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
         2000,
         "every shard's output exactly once"
     );
-    let npy = fleet.dir.path().join("v.npy");
-    fleet.cli(&["collect", &job, "--output", &npy.display().to_string()])?;
-    let (_, _, got) = read_npy_f32(&npy)?;
-    let want = minions_worker::model::BertEmbedder::load(&model, &candle_core::Device::Cpu)?
-        .embed(&texts, 32)?;
-    assert!(max_abs_diff(&got, &want) <= 1e-5);
+    fleet.check_outputs(&job, &model, &texts)?;
     eprintln!(
         "chaos (seed {seed}): 2000 shards done once each; {kills} kills, {pauses} pauses, {restarts} restarts, \
          {nats_restarts} nats-server restart, {} redeliveries, {:.1} s",

@@ -5,37 +5,17 @@
 
 use std::time::{Duration, Instant};
 
-use minions_tests::{Fleet, Result, max_abs_diff, read_npy_f32, write_corpus};
-use minions_worker::model::tiny::{TinySpec, write_tiny_bert};
-
-/// A model big enough that one shard of this many records runs for seconds.
-pub const SLOW: TinySpec = TinySpec {
-    hidden: 384,
-    layers: 6,
-    heads: 12,
-    max_len: 128,
-};
+use minions_tests::{Fleet, Result, SLOW, write_corpus};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn killed_worker_shard_runs_elsewhere_within_4_s() -> Result<()> {
     let mut fleet = Fleet::local()?;
     let r = scenario(&mut fleet).await;
-    if r.is_err() {
-        eprintln!("{}", fleet.logs());
-    }
-    r
+    fleet.explain(r)
 }
 
 async fn scenario(fleet: &mut Fleet) -> Result<()> {
-    let model = fleet.dir.path().join("slow");
-    write_tiny_bert(&model, SLOW)?;
-    fleet.cli(&[
-        "model",
-        "push",
-        &model.display().to_string(),
-        "--name",
-        "slow",
-    ])?;
+    let model = fleet.push_model("slow", SLOW)?;
     let input = fleet.dir.path().join("in.jsonl");
     let texts = write_corpus(&input, 500)?;
     fleet.add_watchdog(&[])?;
@@ -77,12 +57,7 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
     let status = fleet.wait_job(&job, Duration::from_secs(300))?;
     assert_eq!(status["state"], "done", "{status}");
     assert_eq!(fleet.output_count(&job)?, 1, "exactly one output");
-    let npy = fleet.dir.path().join("v.npy");
-    fleet.cli(&["collect", &job, "--output", &npy.display().to_string()])?;
-    let (_, _, got) = read_npy_f32(&npy)?;
-    let want = minions_worker::model::BertEmbedder::load(&model, &candle_core::Device::Cpu)?
-        .embed(&texts, 32)?;
-    assert!(max_abs_diff(&got, &want) <= 1e-5);
+    fleet.check_outputs(&job, &model, &texts)?;
 
     // Two watchdogs, one death record and one hand-back.
     let logs: String = fleet

@@ -3,27 +3,18 @@
 
 use std::time::Duration;
 
-use minions_tests::{Fleet, Result, max_abs_diff, read_npy_f32, tiny_model, write_corpus};
+use minions_tests::{Fleet, Result, write_corpus};
+use minions_worker::model::tiny::TinySpec;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn job_survives_a_nats_restart() -> Result<()> {
     let mut fleet = Fleet::local()?;
     let r = scenario(&mut fleet).await;
-    if r.is_err() {
-        eprintln!("{}", fleet.logs());
-    }
-    r
+    fleet.explain(r)
 }
 
 async fn scenario(fleet: &mut Fleet) -> Result<()> {
-    let model = tiny_model(fleet.dir.path(), "tiny")?;
-    fleet.cli(&[
-        "model",
-        "push",
-        &model.display().to_string(),
-        "--name",
-        "tiny",
-    ])?;
+    let model = fleet.push_model("tiny", TinySpec::default())?;
     let input = fleet.dir.path().join("in.jsonl");
     let texts = write_corpus(&input, 6000)?;
     fleet.add_watchdog(&[])?;
@@ -56,12 +47,7 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
     let status = fleet.wait_job(&job, Duration::from_secs(300))?;
     assert_eq!(status["state"], "done", "{status}");
     assert_eq!(fleet.output_count(&job)?, 300);
-    let npy = fleet.dir.path().join("v.npy");
-    fleet.cli(&["collect", &job, "--output", &npy.display().to_string()])?;
-    let (_, _, got) = read_npy_f32(&npy)?;
-    let want = minions_worker::model::BertEmbedder::load(&model, &candle_core::Device::Cpu)?
-        .embed(&texts, 32)?;
-    assert!(max_abs_diff(&got, &want) <= 1e-5);
+    fleet.check_outputs(&job, &model, &texts)?;
     eprintln!(
         "job done after the restart: {} redeliveries",
         status["redeliveries"]

@@ -5,15 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use minions_tests::{Fleet, Result, tiny_model, write_corpus};
-use minions_worker::model::tiny::{TinySpec, write_tiny_bert};
-
-const SLOW: TinySpec = TinySpec {
-    hidden: 384,
-    layers: 6,
-    heads: 12,
-    max_len: 128,
-};
+use minions_tests::{Fleet, Result, SLOW, write_corpus};
+use minions_worker::model::tiny::TinySpec;
 
 fn worker_ids(fleet: &Fleet) -> Result<Vec<(String, String)>> {
     let v: serde_json::Value = serde_json::from_str(&fleet.cli(&["worker", "list", "--json"])?)?;
@@ -56,15 +49,7 @@ fn done(fleet: &Fleet, job: &str) -> Result<u64> {
 async fn max_deliveries_become_dead_letters() -> Result<()> {
     let mut fleet = Fleet::local()?;
     let r = async {
-        let model = fleet.dir.path().join("slow");
-        write_tiny_bert(&model, SLOW)?;
-        fleet.cli(&[
-            "model",
-            "push",
-            &model.display().to_string(),
-            "--name",
-            "slow",
-        ])?;
+        fleet.push_model("slow", SLOW)?;
         let input = fleet.dir.path().join("in.jsonl");
         write_corpus(&input, 300)?;
         // This worker creates the work consumer: one delivery per shard.
@@ -132,30 +117,12 @@ async fn max_deliveries_become_dead_letters() -> Result<()> {
 async fn drain_resume_evict_cancel_reconcile() -> Result<()> {
     let mut fleet = Fleet::local()?;
     let r = ops(&mut fleet).await;
-    if r.is_err() {
-        eprintln!("{}", fleet.logs());
-    }
-    r
+    fleet.explain(r)
 }
 
 async fn ops(fleet: &mut Fleet) -> Result<()> {
-    let tiny = tiny_model(fleet.dir.path(), "tiny")?;
-    fleet.cli(&[
-        "model",
-        "push",
-        &tiny.display().to_string(),
-        "--name",
-        "tiny",
-    ])?;
-    let slow = fleet.dir.path().join("slow");
-    write_tiny_bert(&slow, SLOW)?;
-    fleet.cli(&[
-        "model",
-        "push",
-        &slow.display().to_string(),
-        "--name",
-        "slow",
-    ])?;
+    fleet.push_model("tiny", TinySpec::default())?;
+    fleet.push_model("slow", SLOW)?;
     let input = fleet.dir.path().join("in.jsonl");
     write_corpus(&input, 2000)?;
     let input_s = input.display().to_string();

@@ -6,27 +6,18 @@
 
 use std::time::Duration;
 
-use minions_tests::{Fleet, Result, tiny_model, write_corpus};
+use minions_tests::{Fleet, Result, write_corpus};
+use minions_worker::model::tiny::TinySpec;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn poison_shards_are_dead_lettered_then_retried() -> Result<()> {
     let mut fleet = Fleet::local()?;
     let r = scenario(&mut fleet).await;
-    if r.is_err() {
-        eprintln!("{}", fleet.logs());
-    }
-    r
+    fleet.explain(r)
 }
 
 async fn scenario(fleet: &mut Fleet) -> Result<()> {
-    let model = tiny_model(fleet.dir.path(), "tiny")?;
-    fleet.cli(&[
-        "model",
-        "push",
-        &model.display().to_string(),
-        "--name",
-        "tiny",
-    ])?;
+    fleet.push_model("tiny", TinySpec::default())?;
     let input = fleet.dir.path().join("in.jsonl");
     write_corpus(&input, 2000)?;
     let submit = [

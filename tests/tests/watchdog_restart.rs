@@ -4,36 +4,17 @@
 
 use std::time::{Duration, Instant};
 
-use minions_tests::{Fleet, Result, write_corpus};
-use minions_worker::model::tiny::{TinySpec, write_tiny_bert};
-
-const SLOW: TinySpec = TinySpec {
-    hidden: 384,
-    layers: 6,
-    heads: 12,
-    max_len: 128,
-};
+use minions_tests::{Fleet, Result, SLOW, write_corpus};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn restarted_watchdog_hands_back_a_dead_workers_shard() -> Result<()> {
     let mut fleet = Fleet::local()?;
     let r = scenario(&mut fleet).await;
-    if r.is_err() {
-        eprintln!("{}", fleet.logs());
-    }
-    r
+    fleet.explain(r)
 }
 
 async fn scenario(fleet: &mut Fleet) -> Result<()> {
-    let model = fleet.dir.path().join("slow");
-    write_tiny_bert(&model, SLOW)?;
-    fleet.cli(&[
-        "model",
-        "push",
-        &model.display().to_string(),
-        "--name",
-        "slow",
-    ])?;
+    fleet.push_model("slow", SLOW)?;
     let input = fleet.dir.path().join("in.jsonl");
     write_corpus(&input, 500)?;
     fleet.add_watchdog(&[])?;

@@ -13,7 +13,7 @@ use object_store::path::Path as StorePath;
 
 use crate::cli::{CollectArgs, Endpoints};
 use crate::npy;
-use crate::store_io::get_doc;
+use crate::store_io::{get_doc, job_spec};
 
 /// Shard outputs fetched at once.
 const FETCH_WINDOW: usize = 8;
@@ -31,14 +31,7 @@ pub struct CollectReport {
 pub async fn run(endpoints: &Endpoints, args: &CollectArgs) -> anyhow::Result<CollectReport> {
     let job = JobId::new(&args.job).context("job id")?;
     let store = minions_schemas::endpoints::store::open(&endpoints.store_url())?;
-    let spec: JobSpec = get_doc(
-        store.as_ref(),
-        &StorePath::from(keys::job_spec(&job)),
-        "job spec",
-        limits::MAX_SPEC_BYTES,
-    )
-    .await?
-    .with_context(|| format!("unknown job {job:?}: no job spec in this store"))?;
+    let spec = job_spec(store.as_ref(), &job).await?;
     let missing = missing_outputs(store.as_ref(), &spec).await?;
     if !missing.is_empty() {
         let shown: Vec<String> = missing.iter().take(10).map(u32::to_string).collect();

@@ -4,14 +4,14 @@
 use anyhow::Context;
 use async_nats::jetstream;
 use minions_schemas::messages::{EventKind, JobSpec};
-use minions_schemas::{JobId, keys, limits, streams, subjects};
+use minions_schemas::{JobId, keys, streams, subjects};
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions};
 
 use crate::cli::Endpoints;
 use crate::progress;
 use crate::publish;
-use crate::store_io::get_doc;
+use crate::store_io::job_spec;
 
 struct Ctx {
     js: jetstream::Context,
@@ -24,14 +24,7 @@ struct Ctx {
 async fn open(endpoints: &Endpoints, job: &str, who: &str) -> anyhow::Result<Ctx> {
     let job = JobId::new(job).context("job id")?;
     let store = minions_schemas::endpoints::store::open(&endpoints.store_url())?;
-    let spec: JobSpec = get_doc(
-        store.as_ref(),
-        &StorePath::from(keys::job_spec(&job)),
-        "job spec",
-        limits::MAX_SPEC_BYTES,
-    )
-    .await?
-    .with_context(|| format!("unknown job {job:?}: no job spec in this store"))?;
+    let spec = job_spec(store.as_ref(), &job).await?;
     let client = minions_schemas::endpoints::nats::connect(&endpoints.nats, who).await?;
     let js = jetstream::new(client.clone());
     streams::ensure(&js, &Default::default()).await?;
