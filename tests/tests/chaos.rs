@@ -37,7 +37,7 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
     let mut rng = Rng(seed);
     let model = fleet.push_model("tiny", TinySpec::default())?;
     let input = fleet.dir.path().join("in.jsonl");
-    let texts = write_corpus(&input, 10_000)?;
+    let texts = write_corpus(&input, 30_000)?;
     fleet.add_watchdog(&[])?;
     for _ in 0..4 {
         fleet.add_worker(&["--slots", "1"])?;
@@ -50,7 +50,7 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
         "--input",
         &input.display().to_string(),
         "--shard-size",
-        "5",
+        "15",
         "--job",
         "chaos",
     ])?;
@@ -67,7 +67,13 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
         if Instant::now() >= next_action {
             let i = rng.next(4);
             if paused.map(|(p, _)| p) != Some(i) {
-                match rng.next(3) {
+                // Each kind of disruption at least once, then at random.
+                let action = if kills + pauses + restarts < 3 {
+                    kills + pauses + restarts
+                } else {
+                    rng.next(3)
+                };
+                match action {
                     0 => {
                         fleet.workers[i].kill();
                         let extra = ["--slots", "1"];

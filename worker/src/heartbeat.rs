@@ -63,12 +63,12 @@ pub(crate) async fn send(ctx: &Ctx, interval: Duration, started_ms: u64, leaving
     }
 }
 
-/// Least time between two beats when shards start in quick succession.
-const MIN_GAP: Duration = Duration::from_millis(100);
-
 /// Publishes heartbeats until `stop` is cancelled: every `interval`, and at
-/// once (at most every [`MIN_GAP`]) when a shard starts, so the watchdog
-/// knows every delivery this worker holds within a fraction of a second.
+/// once when a shard starts, so the watchdog knows every delivery this
+/// worker holds before work on it begins (a worker killed between taking a
+/// shard and this beat leaves it to the ack wait; the window is the time to
+/// publish one small message). Beats never outnumber shard starts plus
+/// intervals: notifications coalesce.
 pub(crate) async fn run(
     ctx: Arc<Ctx>,
     interval: Duration,
@@ -77,17 +77,12 @@ pub(crate) async fn run(
 ) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
             _ = tick.tick() => {}
-            _ = ctx.beat_now.notified() => {
-                tokio::time::sleep_until(last + MIN_GAP).await;
-                tick.reset();
-            }
+            _ = ctx.beat_now.notified() => tick.reset(),
         }
-        last = tokio::time::Instant::now();
         send(&ctx, interval, started_ms, false).await;
     }
 }
