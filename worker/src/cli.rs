@@ -49,6 +49,14 @@ pub struct WorkerArgs {
     /// Max deliveries per shard, used only if this worker creates the work consumer.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(i64).range(1..=1000))]
     pub max_deliver: i64,
+    /// Owner-first policy file (TOML): when the GPU may be lent. Without one
+    /// (and without --owner-signal) the worker lends whenever it runs.
+    #[arg(long, env = "MINIONS_POLICY")]
+    pub policy: Option<PathBuf>,
+    /// Owner signal source, added to the policy's (repeatable): file:PATH,
+    /// command:CMD, loadavg, logind, nvidia-smi.
+    #[arg(long = "owner-signal")]
+    pub owner_signals: Vec<String>,
     /// Worker id prefix (default: the host name).
     #[arg(long)]
     pub name: Option<String>,
@@ -79,6 +87,24 @@ impl WorkerArgs {
         c.work.ack_wait = secs("ack-wait-secs", self.ack_wait_secs)?;
         c.work.max_deliver = self.max_deliver;
         c.name = self.name;
+        if self.policy.is_some() || !self.owner_signals.is_empty() {
+            let mut p = match &self.policy {
+                Some(path) => {
+                    let text = std::fs::read_to_string(path).map_err(|e| {
+                        anyhow::anyhow!("cannot read policy {}: {e}", path.display())
+                    })?;
+                    crate::owner::Policy::from_toml(&text)
+                        .map_err(|e| anyhow::anyhow!("policy {}: {e}", path.display()))?
+                }
+                None => crate::owner::Policy::default(),
+            };
+            for s in self.owner_signals {
+                s.parse::<crate::owner::Source>()
+                    .map_err(anyhow::Error::msg)?;
+                p.signals.push(s);
+            }
+            c.policy = Some(p);
+        }
         Ok(c)
     }
 }

@@ -39,6 +39,8 @@ pub struct WorkerConfig {
     /// Consumer settings used if this worker is the one that creates the
     /// work consumer (an existing consumer keeps its settings).
     pub work: WorkSettings,
+    /// The owner-first policy; `None` lends the machine whenever it runs.
+    pub policy: Option<crate::owner::Policy>,
 }
 
 impl WorkerConfig {
@@ -57,6 +59,7 @@ impl WorkerConfig {
             keep_warm: 2,
             name: None,
             work: WorkSettings::default(),
+            policy: None,
         }
     }
 }

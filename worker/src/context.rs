@@ -48,8 +48,15 @@ pub(crate) struct Ctx {
     pub(crate) cancelled_jobs: Mutex<HashSet<String>>,
     pub(crate) done: AtomicU64,
     pub(crate) failed: AtomicU64,
-    /// True while the worker may pull; false while drained or evicted.
+    /// True while the worker may pull: neither held by an operator (drain,
+    /// evict) nor by its owner. Derived from the two holds below.
     pub(crate) pulling: watch::Sender<bool>,
+    /// An operator's drain or eviction.
+    pub(crate) operator_hold: Mutex<bool>,
+    /// Why the owner's policy holds the worker back, if it does.
+    pub(crate) owner_hold: Mutex<Option<String>>,
+    /// Mean shard wall time so far, ms (0 before the first).
+    pub(crate) mean_shard_ms: AtomicU64,
     /// Wakes the heartbeat loop to beat now (a shard started: the watchdog
     /// must learn of it before this worker can die with it unreported).
     pub(crate) beat_now: Notify,
@@ -69,6 +76,66 @@ impl Ctx {
 
     pub(crate) fn draining(&self) -> bool {
         !*self.pulling.borrow()
+    }
+
+    fn refresh_pulling(&self) {
+        let held = *lock(&self.operator_hold) || lock(&self.owner_hold).is_some();
+        let changed = self.pulling.send_if_modified(|p| {
+            let changed = *p == held;
+            *p = !held;
+            changed
+        });
+        if changed {
+            // The fleet learns of a yield or a drain at once.
+            self.beat_now.notify_one();
+        }
+    }
+
+    /// Sets or clears an operator's hold (drain, evict / resume).
+    pub(crate) fn set_operator_hold(&self, hold: bool) {
+        *lock(&self.operator_hold) = hold;
+        self.refresh_pulling();
+    }
+
+    /// Sets or clears the owner policy's hold, with its reason.
+    pub(crate) fn set_owner_hold(&self, reason: Option<String>) {
+        *lock(&self.owner_hold) = reason;
+        self.refresh_pulling();
+    }
+
+    /// The owner state as heartbeats report it.
+    pub(crate) fn owner_state(&self) -> String {
+        match &*lock(&self.owner_hold) {
+            None => "available".to_owned(),
+            Some(reason) => format!("yielded: {reason}"),
+        }
+    }
+
+    /// Records a finished shard's wall time into the running mean.
+    pub(crate) fn record_duration(&self, ms: u64) {
+        let old = self.mean_shard_ms.load(Ordering::Relaxed);
+        let new = if old == 0 { ms } else { (old * 7 + ms) / 8 };
+        self.mean_shard_ms.store(new, Ordering::Relaxed);
+    }
+
+    /// Hands back every running shard except those expected (from the mean
+    /// shard time) to finish within `within`; returns how many.
+    pub(crate) fn hand_back_unless_finishing(&self, within: std::time::Duration) -> usize {
+        let mean = self.mean_shard_ms.load(Ordering::Relaxed);
+        let now = minions_schemas::time::now_ms();
+        let running = lock(&self.running);
+        let mut n = 0;
+        for r in running.values() {
+            let elapsed = now.saturating_sub(r.info.started_ms);
+            let left = mean.saturating_sub(elapsed);
+            let finishing =
+                mean > 0 && left <= u64::try_from(within.as_millis()).unwrap_or(u64::MAX);
+            if !finishing {
+                r.hand_back.cancel();
+                n += 1;
+            }
+        }
+        n
     }
 
     pub(crate) fn track(&self, info: InFlight) -> (CancellationToken, CancellationToken) {

@@ -63,17 +63,17 @@ pub(crate) async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
                     };
                     match c.command {
                         ControlCommand::Drain => {
-                            ctx.pulling.send_replace(false);
+                            ctx.set_operator_hold(true);
                             tracing::info!(by = %c.by, running = ctx.in_flight().len(), "draining: finishing running shards, pulling nothing new");
                             reply(&ctx, m.reply, "draining", 0).await;
                         }
                         ControlCommand::Resume => {
-                            ctx.pulling.send_replace(true);
+                            ctx.set_operator_hold(false);
                             tracing::info!(by = %c.by, "resumed: pulling again");
                             reply(&ctx, m.reply, "resumed", 0).await;
                         }
                         ControlCommand::Evict => {
-                            ctx.pulling.send_replace(false);
+                            ctx.set_operator_hold(true);
                             let n = ctx.hand_back_all();
                             tracing::warn!(by = %c.by, handed_back = n, "evicted: handing back running shards, pulling nothing new");
                             reply(&ctx, m.reply, "evicted", n).await;

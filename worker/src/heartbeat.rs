@@ -37,7 +37,7 @@ pub(crate) fn beat(ctx: &Ctx, interval: Duration, started_ms: u64, leaving: bool
         slots: u32::try_from(ctx.slots).unwrap_or(u32::MAX),
         draining: ctx.draining(),
         leaving,
-        owner: "available".to_owned(),
+        owner: ctx.owner_state(),
         mem_total_mb,
         mem_avail_mb,
         in_flight: if leaving { Vec::new() } else { ctx.in_flight() },

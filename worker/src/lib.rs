@@ -14,6 +14,7 @@
 //! - `control`: drain, resume, evict, rejoin requests and job cancellations.
 //! - [`error`] — failure kinds and how each is settled.
 //! - [`model`] — the `Model` trait, the BERT embedding family, the model cache.
+//! - [`owner`] — owner signals, the lending policy, yield and resume.
 
 pub mod cli;
 pub mod config;
@@ -22,6 +23,7 @@ mod control;
 pub mod error;
 mod heartbeat;
 pub mod model;
+pub mod owner;
 pub mod run;
 mod shard;
 

@@ -122,6 +122,9 @@ pub async fn run(
         done: AtomicU64::new(0),
         failed: AtomicU64::new(0),
         pulling: watch::Sender::new(true),
+        operator_hold: Mutex::new(false),
+        owner_hold: Mutex::new(None),
+        mean_shard_ms: AtomicU64::new(0),
         beat_now: tokio::sync::Notify::new(),
     });
 
@@ -134,8 +137,19 @@ pub async fn run(
         stop_beats.clone(),
     ));
 
+    if config.policy.is_some() {
+        // Lend nothing until the owner policy has read its signals once.
+        ctx.set_owner_hold(Some("waiting for the first owner reading".to_owned()));
+    }
     let stop_control = CancellationToken::new();
     let controls = tokio::spawn(control::run(ctx.clone(), stop_control.clone()));
+    let owner = config.policy.clone().map(|p| {
+        tokio::spawn(crate::owner::controller::run(
+            ctx.clone(),
+            p,
+            stop_control.clone(),
+        ))
+    });
     let stop_pulling = shutdown.child_token();
     let mut slots = JoinSet::new();
     for slot in 0..config.slots {
@@ -149,7 +163,7 @@ pub async fn run(
     }
 
     shutdown.cancelled().await;
-    ctx.pulling.send_replace(false);
+    ctx.set_operator_hold(true);
     let running = ctx.in_flight();
     tracing::info!(
         running = running.len(),
@@ -180,6 +194,9 @@ pub async fn run(
     let _ = beats.await;
     stop_control.cancel();
     let _ = controls.await;
+    if let Some(owner) = owner {
+        let _ = owner.await;
+    }
     heartbeat::send(&ctx, config.heartbeat_interval, started_ms, true).await;
     if let Err(e) = client.flush().await {
         tracing::warn!(error = %e, "final flush to NATS failed");

@@ -258,6 +258,9 @@ async fn settle(
                 sha256: done.sha256,
             };
             publish_event(ctx, task, attempt, kind, true).await;
+            if !done.already_done {
+                ctx.record_duration(duration_ms);
+            }
             match msg.double_ack().await {
                 Ok(()) => tracing::info!(job = %task.job, shard = task.shard, attempt, duration_ms,
                     compute_ms = done.compute_ms, already_done = done.already_done, "shard done"),

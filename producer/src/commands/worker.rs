@@ -25,6 +25,8 @@ pub struct WorkerRow {
     pub device: String,
     /// State: from the registry when final, else from the last heartbeat.
     pub state: String,
+    /// Whether the owner lets the worker run, and why not.
+    pub owner: String,
     /// Shards running.
     pub running: usize,
     /// Shards done since the worker started.
@@ -98,6 +100,7 @@ pub async fn list(endpoints: &Endpoints, json: bool) -> anyhow::Result<String> {
                         host: hb.host.clone(),
                         device: hb.device.clone(),
                         state,
+                        owner: hb.owner.clone(),
                         running: hb.in_flight.len(),
                         done: hb.done,
                         last_beat_ms: age,

@@ -111,6 +111,16 @@ impl ModelCache {
         Ok(model.clone())
     }
 
+    /// Drops every loaded model (their memory is freed once running shards
+    /// let go of them); files stay cached on disk.
+    pub fn release(&self) {
+        let mut loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
+        if !loaded.is_empty() {
+            tracing::info!(models = loaded.len(), "models released from memory");
+        }
+        loaded.clear();
+    }
+
     fn slot(&self, hash: &ModelHash) -> Slot {
         let mut loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(pos) = loaded.iter().position(|(h, _)| h == hash) {

@@ -1,0 +1,181 @@
+//! Owner first, with a file-driven signal: when the owner becomes active
+//! while a long shard runs, the shard starts on another worker within 1 s,
+//! the yielding worker pulls nothing until the owner is away again (for the
+//! resume period), and it releases its models. A signal flapping every
+//! 200 ms causes one hand-back, not many.
+
+use std::time::{Duration, Instant};
+
+use minions_tests::{Fleet, Result, SLOW, write_corpus};
+use minions_worker::model::tiny::TinySpec;
+
+fn policy(fleet: &Fleet, resume_after: u32) -> Result<(String, std::path::PathBuf)> {
+    let signal = fleet.dir.path().join("owner");
+    std::fs::write(&signal, "idle\n")?;
+    let policy = fleet.dir.path().join("policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "signals = [\"file:{}\"]\nmin_input_idle_secs = 60\nresume_after_secs = {resume_after}\nsample_every_ms = 100\n",
+            signal.display()
+        ),
+    )?;
+    Ok((policy.display().to_string(), signal))
+}
+
+fn count(log: &std::path::Path, needle: &str) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(needle))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn owner_return_hands_the_shard_elsewhere_within_a_second() -> Result<()> {
+    let mut fleet = Fleet::local()?;
+    let r = yield_scenario(&mut fleet).await;
+    fleet.explain(r)
+}
+
+async fn yield_scenario(fleet: &mut Fleet) -> Result<()> {
+    fleet.push_model("slow", SLOW)?;
+    fleet.push_model("tiny", TinySpec::default())?;
+    let input = fleet.dir.path().join("in.jsonl");
+    write_corpus(&input, 500)?;
+    let input = input.display().to_string();
+    let (policy, signal) = policy(fleet, 3)?;
+    fleet.add_watchdog(&[])?;
+    fleet.add_worker(&["--slots", "1", "--policy", &policy])?;
+    let job = fleet.cli(&[
+        "submit",
+        "--model",
+        "slow",
+        "--input",
+        &input,
+        "--shard-size",
+        "500",
+        "--job",
+        "owned",
+    ])?;
+    fleet
+        .wait_started(&job, 0, Duration::from_secs(60), |w| w.starts_with("w1-"))
+        .await?;
+    fleet.add_worker(&["--slots", "1"])?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    std::fs::write(&signal, "active\n")?;
+    let returned = Instant::now();
+    let (_, seen) = fleet
+        .wait_started(&job, 0, Duration::from_secs(10), |w| w.starts_with("w2-"))
+        .await?;
+    let took = seen.duration_since(returned);
+    eprintln!(
+        "owner active -> shard running on another worker after {:.2} s",
+        took.as_secs_f64()
+    );
+    assert!(took <= Duration::from_secs(1), "hand-back took {took:?}");
+    let log = fleet.workers[0].log.clone();
+    assert_eq!(count(&log, "yielding to the owner"), 1);
+    assert_eq!(
+        count(&log, "models released from memory"),
+        1,
+        "GPU memory not released"
+    );
+    let until = Instant::now() + Duration::from_secs(2);
+    loop {
+        let list = fleet.cli(&["worker", "list", "--json"])?;
+        if list.contains("yielded: owner active") {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "heartbeats do not carry the owner state: {list}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // While the owner is active the worker pulls nothing.
+    let job2 = fleet.cli(&[
+        "submit",
+        "--model",
+        "tiny",
+        "--input",
+        &input,
+        "--shard-size",
+        "5",
+        "--job",
+        "meanwhile",
+    ])?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let by_w1 = fleet
+        .events(&job2)
+        .await?
+        .iter()
+        .filter(|e| e.worker.as_str().starts_with("w1-"))
+        .count();
+    assert_eq!(by_w1, 0, "a yielded worker ran shards");
+
+    // The owner leaves: after the resume period the worker lends again.
+    std::fs::write(&signal, "idle\n")?;
+    let until = Instant::now() + Duration::from_secs(15);
+    while count(&log, "owner away: lending the GPU") < 2 {
+        assert!(Instant::now() < until, "worker never resumed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        fleet.wait_job(&job, Duration::from_secs(300))?["state"],
+        "done"
+    );
+    assert_eq!(
+        fleet.wait_job(&job2, Duration::from_secs(120))?["state"],
+        "done"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn flapping_owner_signal_hands_back_once() -> Result<()> {
+    let mut fleet = Fleet::local()?;
+    let r = flapping_scenario(&mut fleet).await;
+    fleet.explain(r)
+}
+
+async fn flapping_scenario(fleet: &mut Fleet) -> Result<()> {
+    fleet.push_model("tiny", TinySpec::default())?;
+    let input = fleet.dir.path().join("in.jsonl");
+    write_corpus(&input, 3000)?;
+    let (policy, signal) = policy(fleet, 2)?;
+    fleet.add_worker(&["--slots", "1", "--policy", &policy])?;
+    let job = fleet.cli(&[
+        "submit",
+        "--model",
+        "tiny",
+        "--input",
+        &input.display().to_string(),
+        "--shard-size",
+        "5",
+        "--job",
+        "flap",
+    ])?;
+    fleet
+        .wait_started(&job, 0, Duration::from_secs(60), |_| true)
+        .await?;
+    let log = fleet.workers[0].log.clone();
+    for i in 0..20 {
+        std::fs::write(&signal, if i % 2 == 0 { "active\n" } else { "idle\n" })?;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    std::fs::write(&signal, "active\n")?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let yields = count(&log, "yielding to the owner");
+    let resumes = count(&log, "owner away: lending the GPU");
+    eprintln!("flapping every 200 ms for 4 s: {yields} yield, {resumes} lend (the first)");
+    assert_eq!((yields, resumes), (1, 1));
+    std::fs::write(&signal, "idle\n")?;
+    assert_eq!(
+        fleet.wait_job(&job, Duration::from_secs(120))?["state"],
+        "done"
+    );
+    Ok(())
+}
