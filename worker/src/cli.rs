@@ -17,13 +17,16 @@ use crate::model::DeviceChoice;
 #[derive(Debug, Parser)]
 #[command(name = "minions-worker", version, about, long_about)]
 pub struct WorkerArgs {
+    /// Something other than running the worker.
+    #[command(subcommand)]
+    pub command: Option<WorkerCommand>,
     /// NATS server URL.
-    #[arg(long, env = "MINIONS_NATS_URL", default_value = DEFAULT_NATS_URL)]
+    #[arg(long, global = true, env = "MINIONS_NATS_URL", default_value = DEFAULT_NATS_URL)]
     pub nats: String,
     /// Object store URL: file:///dir or s3://bucket[/prefix] (S3 uses the usual
     /// AWS_* variables; AWS_ENDPOINT_URL for S3-compatible servers).
     /// Default: a per-user data dir.
-    #[arg(long, env = "MINIONS_STORE")]
+    #[arg(long, global = true, env = "MINIONS_STORE")]
     pub store: Option<String>,
     /// Folder for cached model files. Default: a per-user cache dir.
     #[arg(long, env = "MINIONS_CACHE_DIR")]
@@ -32,7 +35,7 @@ pub struct WorkerArgs {
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub slots: u16,
     /// Compute device.
-    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
+    #[arg(long, global = true, value_enum, default_value_t = DeviceChoice::Auto)]
     pub device: DeviceChoice,
     /// Texts per forward pass when the job does not set one.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
@@ -51,15 +54,23 @@ pub struct WorkerArgs {
     pub max_deliver: i64,
     /// Owner-first policy file (TOML): when the GPU may be lent. Without one
     /// (and without --owner-signal) the worker lends whenever it runs.
-    #[arg(long, env = "MINIONS_POLICY")]
+    #[arg(long, global = true, env = "MINIONS_POLICY")]
     pub policy: Option<PathBuf>,
     /// Owner signal source, added to the policy's (repeatable): file:PATH,
     /// command:CMD, loadavg, logind, nvidia-smi.
-    #[arg(long = "owner-signal")]
+    #[arg(long = "owner-signal", global = true)]
     pub owner_signals: Vec<String>,
     /// Worker id prefix (default: the host name).
     #[arg(long)]
     pub name: Option<String>,
+}
+
+/// What `minions-worker` does besides running.
+#[derive(Debug, clap::Subcommand)]
+pub enum WorkerCommand {
+    /// Report device, memory, every owner signal (or why it cannot be read),
+    /// the policy, and whether NATS and the store are reachable.
+    Doctor,
 }
 
 fn secs(name: &str, v: f64) -> anyhow::Result<Duration> {

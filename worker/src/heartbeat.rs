@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::context::Ctx;
 
 /// Total and available memory in MB, where the platform tells (Linux).
-fn memory_mb() -> (u64, u64) {
+pub(crate) fn memory_mb() -> (u64, u64) {
     let Ok(text) = std::fs::read_to_string("/proc/meminfo") else {
         return (0, 0);
     };

@@ -9,6 +9,7 @@
 //! Layout:
 //! - [`cli`] / [`config`] — flags and the configuration they build.
 //! - [`run`] — connect, pull loop with bounded slots, drain on shutdown.
+//! - [`doctor`] — what this machine brings and what stands in the way.
 //! - `shard`: one delivery from message to settlement.
 //! - `heartbeat`: the periodic sign of life (and the last one on leaving).
 //! - `control`: drain, resume, evict, rejoin requests and job cancellations.
@@ -20,6 +21,7 @@ pub mod cli;
 pub mod config;
 mod context;
 mod control;
+pub mod doctor;
 pub mod error;
 mod heartbeat;
 pub mod model;

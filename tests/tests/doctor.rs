@@ -1,0 +1,76 @@
+//! `minions-worker doctor` on this machine prints every signal it can read
+//! and says plainly which it cannot, and whether NATS and the store work.
+
+use std::process::{Command, Stdio};
+
+use minions_tests::{NatsServer, Result, bin, scratch};
+
+fn doctor(args: &[&str]) -> Result<String> {
+    let out = Command::new(bin("minions-worker")?)
+        .arg("doctor")
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()?;
+    assert!(
+        out.status.success(),
+        "doctor failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn doctor_reports_every_signal_and_endpoint() -> Result<()> {
+    let nats = NatsServer::start()?;
+    let dir = scratch("minions-doctor-")?;
+    let signal = dir.path().join("owner");
+    std::fs::write(&signal, "input_idle_secs=42\n")?;
+    let store = format!("file://{}", dir.path().join("store").display());
+    let owner = format!("file:{}", signal.display());
+    let report = doctor(&[
+        "--nats",
+        &nats.url(),
+        "--store",
+        &store,
+        "--owner-signal",
+        &owner,
+    ])?;
+    eprintln!("{report}");
+    let line = |needle: &str| {
+        report
+            .lines()
+            .find(|l| l.contains(needle))
+            .map(str::to_owned)
+    };
+    for source in ["loadavg", "logind", "nvidia-smi"] {
+        let l = line(&format!(" {source}")).ok_or(format!("no line for {source}"))?;
+        assert!(l.contains("ok:") || l.contains("cannot read"), "{l}");
+    }
+    assert!(
+        line("input idle 42 s").is_some_and(|l| l.contains("ok:")),
+        "{report}"
+    );
+    assert!(
+        line("nats ").is_some_and(|l| l.contains("ok:") && l.contains("JetStream")),
+        "{report}"
+    );
+    assert!(
+        line("store ").is_some_and(|l| l.contains("ok:")),
+        "{report}"
+    );
+    assert!(
+        line("device ").is_some_and(|l| l.contains("ok: cpu")),
+        "{report}"
+    );
+
+    drop(nats);
+    let report = doctor(&["--nats", "nats://127.0.0.1:1", "--store", &store])?;
+    assert!(
+        report
+            .lines()
+            .any(|l| l.starts_with("nats") && l.contains("cannot")),
+        "{report}"
+    );
+    Ok(())
+}

@@ -1,0 +1,139 @@
+//! `minions-worker doctor`: what this machine would bring to the fleet and
+//! what stands in the way — device, memory, every owner signal (read, or why
+//! not), NATS and the store.
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use crate::config::WorkerConfig;
+use crate::model::{describe_device, select_device};
+use crate::owner::Source;
+
+/// Every signal source the worker knows, plus the policy's own.
+fn all_sources(config: &WorkerConfig) -> Vec<Source> {
+    let mut v = vec![Source::LoadAvg, Source::Logind, Source::NvidiaSmi];
+    if let Some(p) = &config.policy {
+        for s in &p.signals {
+            if let Ok(src) = s.parse::<Source>()
+                && !v.contains(&src)
+            {
+                v.push(src);
+            }
+        }
+    }
+    v
+}
+
+/// Runs every check and returns the report; never fails (each problem is a line).
+pub async fn report(config: &WorkerConfig) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "minions-worker {} doctor", env!("CARGO_PKG_VERSION"));
+    match select_device(config.device) {
+        Ok(d) => {
+            let _ = writeln!(out, "device       ok: {}", describe_device(&d));
+        }
+        Err(e) => {
+            let _ = writeln!(out, "device       cannot open {:?}: {e}", config.device);
+        }
+    }
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let (total, avail) = crate::heartbeat::memory_mb();
+    if total > 0 {
+        let _ = writeln!(
+            out,
+            "memory       ok: {avail} MB available of {total} MB; {cores} CPU cores"
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "memory       cannot read on this platform; {cores} CPU cores"
+        );
+    }
+    for s in all_sources(config) {
+        match s.sample().await {
+            Ok(o) => {
+                let mut parts = Vec::new();
+                if let Some(v) = o.input_idle_secs {
+                    parts.push(format!("input idle {v:.0} s"));
+                }
+                if let Some(v) = o.gpu_busy_pct {
+                    parts.push(format!("GPU busy {v:.0}%"));
+                }
+                if let Some(v) = o.on_battery {
+                    parts.push(format!("on battery: {v}"));
+                }
+                if let Some(v) = o.load_per_core {
+                    parts.push(format!("load {v:.2} per core"));
+                }
+                if let Some(v) = o.too_hot {
+                    parts.push(format!("too hot: {v}"));
+                }
+                let _ = writeln!(out, "signal       ok: {s}: {}", parts.join(", "));
+            }
+            Err(e) => {
+                let _ = writeln!(out, "signal       cannot read {s}: {}", e.reason);
+            }
+        }
+    }
+    match &config.policy {
+        Some(p) => {
+            let _ = writeln!(
+                out,
+                "policy       lend after {:.0} s without input, GPU busy ≤ {:.0}%, on AC: {}, resume after {:.0} s",
+                p.min_input_idle_secs, p.max_gpu_busy_pct, p.require_ac, p.resume_after_secs
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "policy       none: the machine is lent whenever the worker runs (--policy FILE sets one)"
+            );
+        }
+    }
+    let nats = tokio::time::timeout(
+        Duration::from_secs(12),
+        minions_schemas::endpoints::nats::connect(&config.nats_url, "minions-worker doctor"),
+    )
+    .await;
+    match nats {
+        Ok(Ok(client)) => {
+            let info = client.server_info();
+            let _ = writeln!(
+                out,
+                "nats         ok: {} (nats-server {}, JetStream)",
+                config.nats_url, info.version
+            );
+        }
+        Ok(Err(e)) => {
+            let _ = writeln!(out, "nats         cannot use {}: {e}", config.nats_url);
+        }
+        Err(_) => {
+            let _ = writeln!(
+                out,
+                "nats         cannot reach {} within 12 s",
+                config.nats_url
+            );
+        }
+    }
+    match minions_schemas::endpoints::store::open(&config.store_url) {
+        Ok(store) => {
+            use futures::StreamExt;
+            let prefix = object_store::path::Path::from(minions_schemas::keys::MODEL_NAMES);
+            let mut list = store.list(Some(&prefix));
+            match list.next().await {
+                Some(Err(e)) => {
+                    let _ = writeln!(out, "store        cannot list {}: {e}", config.store_url);
+                }
+                _ => {
+                    let _ = writeln!(out, "store        ok: {}", config.store_url);
+                }
+            }
+        }
+        Err(e) => {
+            let _ = writeln!(out, "store        cannot open: {e}");
+        }
+    }
+    out.trim_end().to_owned()
+}
