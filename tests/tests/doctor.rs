@@ -74,3 +74,51 @@ fn doctor_reports_every_signal_and_endpoint() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn install_writes_a_user_service_and_uninstall_removes_it() -> Result<()> {
+    let dir = scratch("minions-service-")?;
+    let units = dir.path().join("units");
+    let units_s = units.display().to_string();
+    let run = |args: &[&str]| -> Result<()> {
+        let out = Command::new(bin("minions-worker")?)
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .output()?;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    };
+    run(&[
+        "--slots",
+        "3",
+        "install",
+        "--unit-dir",
+        &units_s,
+        "--no-start",
+        "--nats",
+        "nats://fleet:4222",
+        "--store",
+        "s3://bucket",
+    ])?;
+    let files: Vec<_> = std::fs::read_dir(&units)?.collect::<std::result::Result<_, _>>()?;
+    assert_eq!(files.len(), 1);
+    let text = std::fs::read_to_string(files[0].path())?;
+    eprintln!("{text}");
+    let exec = text
+        .lines()
+        .find(|l| l.starts_with("ExecStart=") || l.contains("<string>--nats</string>"))
+        .ok_or("no command line in the service file")?;
+    if exec.starts_with("ExecStart=") {
+        assert!(
+            exec.ends_with(" --slots 3 --nats nats://fleet:4222 --store s3://bucket"),
+            "{exec}"
+        );
+    }
+    run(&["uninstall", "--unit-dir", &units_s, "--no-stop"])?;
+    assert_eq!(std::fs::read_dir(&units)?.count(), 0);
+    Ok(())
+}

@@ -71,6 +71,48 @@ pub enum WorkerCommand {
     /// Report device, memory, every owner signal (or why it cannot be read),
     /// the policy, and whether NATS and the store are reachable.
     Doctor,
+    /// Run this worker as a background service of the logged-in user (a
+    /// systemd user unit on Linux, a launchd LaunchAgent on macOS) with the
+    /// flags given here.
+    Install {
+        /// Folder for the service file (default: the platform's user folder).
+        #[arg(long)]
+        unit_dir: Option<PathBuf>,
+        /// Write the file only; do not load or start it.
+        #[arg(long)]
+        no_start: bool,
+    },
+    /// Stop and remove the background service.
+    Uninstall {
+        /// Folder of the service file (default: the platform's user folder).
+        #[arg(long)]
+        unit_dir: Option<PathBuf>,
+        /// Remove the file only; do not stop the service.
+        #[arg(long)]
+        no_stop: bool,
+    },
+}
+
+impl WorkerArgs {
+    /// The flags to pass to a service-run worker: those given on this
+    /// command line, minus the subcommand and its own flags.
+    pub fn service_args() -> Vec<String> {
+        let mut out = Vec::new();
+        let mut skip_value = false;
+        for a in std::env::args().skip(1) {
+            if skip_value {
+                skip_value = false;
+                continue;
+            }
+            match a.as_str() {
+                "install" | "uninstall" | "--no-start" | "--no-stop" => {}
+                "--unit-dir" => skip_value = true,
+                _ if a.starts_with("--unit-dir=") => {}
+                _ => out.push(a),
+            }
+        }
+        out
+    }
 }
 
 fn secs(name: &str, v: f64) -> anyhow::Result<Duration> {

@@ -10,6 +10,7 @@
 //! - [`cli`] / [`config`] — flags and the configuration they build.
 //! - [`run`] — connect, pull loop with bounded slots, drain on shutdown.
 //! - [`doctor`] — what this machine brings and what stands in the way.
+//! - [`service`] — install as a systemd user unit or launchd LaunchAgent.
 //! - `shard`: one delivery from message to settlement.
 //! - `heartbeat`: the periodic sign of life (and the last one on leaving).
 //! - `control`: drain, resume, evict, rejoin requests and job cancellations.
@@ -27,6 +28,7 @@ mod heartbeat;
 pub mod model;
 pub mod owner;
 pub mod run;
+pub mod service;
 mod shard;
 
 pub use config::WorkerConfig;

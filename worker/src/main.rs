@@ -12,6 +12,35 @@ async fn main() -> std::process::ExitCode {
 async fn run() -> anyhow::Result<()> {
     minions_schemas::endpoints::logging::init();
     let args = WorkerArgs::parse();
+    match &args.command {
+        Some(WorkerCommand::Install { unit_dir, no_start }) => {
+            let dir = match unit_dir {
+                Some(d) => d.clone(),
+                None => minions_worker::service::default_dir()?,
+            };
+            let me = std::env::current_exe()?;
+            let path = minions_worker::service::install(
+                &dir,
+                &me,
+                &WorkerArgs::service_args(),
+                *no_start,
+            )?;
+            tracing::info!(file = %path.display(), started = !no_start, "worker service installed");
+            return Ok(());
+        }
+        Some(WorkerCommand::Uninstall { unit_dir, no_stop }) => {
+            let dir = match unit_dir {
+                Some(d) => d.clone(),
+                None => minions_worker::service::default_dir()?,
+            };
+            match minions_worker::service::uninstall(&dir, *no_stop)? {
+                Some(p) => tracing::info!(file = %p.display(), "worker service removed"),
+                None => tracing::info!(dir = %dir.display(), "no worker service installed there"),
+            }
+            return Ok(());
+        }
+        _ => {}
+    }
     let doctor = matches!(args.command, Some(WorkerCommand::Doctor));
     let config = args.into_config()?;
     if doctor {
