@@ -179,3 +179,51 @@ async fn flapping_scenario(fleet: &mut Fleet) -> Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn quiet_mode_rests_in_proportion_to_work() -> Result<()> {
+    let mut fleet = Fleet::local()?;
+    let r = async {
+        fleet.push_model("slow", SLOW)?;
+        let input = fleet.dir.path().join("in.jsonl");
+        write_corpus(&input, 200)?;
+        let policy = fleet.dir.path().join("quiet.toml");
+        std::fs::write(&policy, "max_duty_cycle = 0.5\n")?;
+        fleet.add_worker(&["--slots", "1", "--policy", &policy.display().to_string()])?;
+        let job = fleet.cli(&[
+            "submit",
+            "--model",
+            "slow",
+            "--input",
+            &input.display().to_string(),
+            "--shard-size",
+            "50",
+            "--job",
+            "quiet",
+        ])?;
+        assert_eq!(
+            fleet.wait_job(&job, Duration::from_secs(300))?["state"],
+            "done"
+        );
+        let events = fleet.events(&job).await?;
+        let first = events.iter().map(|e| e.at_ms).min().unwrap_or(0);
+        let last = events.iter().map(|e| e.at_ms).max().unwrap_or(0);
+        let compute: u64 = events
+            .iter()
+            .map(|e| match e.kind {
+                minions_schemas::messages::EventKind::Done { compute_ms, .. } => compute_ms,
+                _ => 0,
+            })
+            .sum();
+        let wall = last - first;
+        eprintln!("duty cycle 0.5: {compute} ms of compute in {wall} ms of wall time");
+        // Rests after the first three of four shards: at least 1.75 x compute.
+        assert!(
+            wall as f64 >= 1.6 * compute as f64,
+            "quiet mode did not rest: {compute} ms in {wall} ms"
+        );
+        Ok(())
+    }
+    .await;
+    fleet.explain(r)
+}

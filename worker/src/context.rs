@@ -57,6 +57,8 @@ pub(crate) struct Ctx {
     pub(crate) owner_hold: Mutex<Option<String>>,
     /// Mean shard wall time so far, ms (0 before the first).
     pub(crate) mean_shard_ms: AtomicU64,
+    /// Quiet mode: the largest share of time the device may work, (0, 1].
+    pub(crate) duty_cycle: f64,
     /// Wakes the heartbeat loop to beat now (a shard started: the watchdog
     /// must learn of it before this worker can die with it unreported).
     pub(crate) beat_now: Notify,

@@ -125,6 +125,7 @@ pub async fn run(
         operator_hold: Mutex::new(false),
         owner_hold: Mutex::new(None),
         mean_shard_ms: AtomicU64::new(0),
+        duty_cycle: config.policy.as_ref().map_or(1.0, |p| p.max_duty_cycle),
         beat_now: tokio::sync::Notify::new(),
     });
 
@@ -216,6 +217,20 @@ pub async fn run(
     Ok(summary)
 }
 
+/// Quiet mode: after `busy_ms` of device work, rest long enough that the
+/// device works at most the policy's duty cycle (keeps fans down).
+async fn quiet_pause(ctx: &Ctx, busy_ms: u64, stop: &CancellationToken) {
+    let duty = ctx.duty_cycle;
+    if busy_ms == 0 || duty >= 1.0 {
+        return;
+    }
+    let pause = std::time::Duration::from_secs_f64(busy_ms as f64 / 1000.0 * (1.0 - duty) / duty);
+    tokio::select! {
+        _ = stop.cancelled() => {}
+        _ = tokio::time::sleep(pause) => {}
+    }
+}
+
 /// One slot: pulls one shard at a time (never more than it can run, so no
 /// ack timer starts for a shard that waits in a local buffer), runs it,
 /// repeats; waits while the worker is drained; ends when told to stop pulling.
@@ -256,7 +271,10 @@ async fn slot_loop(
                     // Arrived as we stopped or drained: hand it straight back.
                     let _ = msg.ack_with(jetstream::AckKind::Nak(None)).await;
                 }
-                Ok(msg) => shard::handle(&ctx, msg).await,
+                Ok(msg) => {
+                    let busy = shard::handle(&ctx, msg).await;
+                    quiet_pause(&ctx, busy, &stop_pulling).await;
+                }
                 Err(e) => tracing::debug!(slot, error = %e, "pull ended"),
             }
         }

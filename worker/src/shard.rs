@@ -36,7 +36,8 @@ struct Done {
 
 /// Handles one delivery to the end: runs it unless it is handed back or its
 /// job cancelled first, then settles it (ack, nak or term) and reports it.
-pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) {
+/// Returns the milliseconds the device was busy with it.
+pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) -> u64 {
     let (attempt, seq) = match msg.info() {
         Ok(i) => (u64::try_from(i.delivered).unwrap_or(1), i.stream_sequence),
         Err(_) => (1, 0),
@@ -48,7 +49,7 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) {
                 "shard message does not decode; terminated");
             term(ctx, &msg, &e.to_string()).await;
             ctx.count_failed();
-            return;
+            return 0;
         }
     };
     if msg.subject.as_str() != subjects::work(&task.job, task.shard) {
@@ -59,7 +60,7 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) {
         tracing::error!(stream_seq = seq, reason = %reason, "forged or misrouted shard");
         term(ctx, &msg, &reason).await;
         ctx.count_failed();
-        return;
+        return 0;
     }
     let reply = msg
         .reply
@@ -86,8 +87,10 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) {
     progress.cancel();
     let _ = keepalive.await;
     let duration_ms = started.elapsed().as_millis() as u64;
+    let busy_ms = result.as_ref().map_or(0, |d| d.compute_ms);
     settle(ctx, &msg, &task, attempt, duration_ms, result).await;
     ctx.untrack(task.job.as_str(), task.shard);
+    busy_ms
 }
 
 /// Sends in-progress acks every third of the ack wait until cancelled, so a

@@ -13,6 +13,7 @@
 //! resume_after_secs = 60      # after a yield, conditions must hold this long again
 //! finish_within_secs = 5      # on a yield, keep shards this close to finishing
 //! sample_every_ms = 250       # how often signals are read
+//! max_duty_cycle = 1.0        # quiet mode: e.g. 0.5 rests as long as it works, to keep the fan down
 //! ```
 
 use std::time::{Duration, Instant};
@@ -46,6 +47,10 @@ pub struct Policy {
     pub finish_within_secs: f64,
     /// How often the signals are read, ms. The yield happens within one period.
     pub sample_every_ms: u64,
+    /// Quiet mode: the largest share of time the device may work, in (0, 1];
+    /// after each shard the worker rests in proportion. Lower: cooler and
+    /// quieter, and slower.
+    pub max_duty_cycle: f64,
 }
 
 impl Default for Policy {
@@ -59,6 +64,7 @@ impl Default for Policy {
             resume_after_secs: 60.0,
             finish_within_secs: 5.0,
             sample_every_ms: 250,
+            max_duty_cycle: 1.0,
         }
     }
 }
@@ -69,6 +75,12 @@ impl Policy {
         let p: Policy = toml::from_str(text).map_err(|e| e.to_string())?;
         if p.sample_every_ms == 0 {
             return Err("sample_every_ms must be positive".into());
+        }
+        if !(p.max_duty_cycle > 0.0 && p.max_duty_cycle <= 1.0) {
+            return Err(format!(
+                "max_duty_cycle must be in (0, 1], got {}",
+                p.max_duty_cycle
+            ));
         }
         for s in &p.signals {
             s.parse::<super::signal::Source>()?;
@@ -228,6 +240,7 @@ mod tests {
             .unwrap_or_default();
         assert_eq!(p.min_input_idle_secs, 5.0);
         assert_eq!(p.resume_after_secs, 60.0, "defaults fill the rest");
+        assert!(Policy::from_toml("max_duty_cycle = 0").is_err());
         let e = Policy::from_toml("min_idle = 5").err().unwrap_or_default();
         assert!(e.contains("unknown field"), "{e}");
         let e = Policy::from_toml("signals = [\"bogus\"]")
