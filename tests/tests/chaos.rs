@@ -56,7 +56,7 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
     ])?;
     let (mut kills, mut pauses, mut restarts, mut nats_restarts) = (0, 0, 0, 0);
     let mut paused: Option<(usize, Instant)> = None;
-    let mut next_action = Instant::now() + Duration::from_secs(2);
+    let mut next_action = Instant::now() + Duration::from_secs(1);
     loop {
         if let Some((i, since)) = paused
             && since.elapsed() > Duration::from_secs(5)
@@ -102,7 +102,7 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
                 fleet.nats.restart()?;
                 nats_restarts += 1;
             }
-            next_action = Instant::now() + Duration::from_millis(1500 + rng.next(2000) as u64);
+            next_action = Instant::now() + Duration::from_millis(800 + rng.next(1200) as u64);
         }
         let s = match fleet.cli(&["status", &job, "--json"]) {
             Ok(s) => s,

@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use crate::context::Ctx;
-use crate::error::{Settle, ShardError};
+use crate::error::{Settle, ShardError, backoff};
 
 /// What a successful run produced.
 struct Done {
@@ -260,9 +260,19 @@ async fn settle(
                 already_done: done.already_done,
                 sha256: done.sha256,
             };
-            publish_event(ctx, task, attempt, kind, true).await;
             if !done.already_done {
                 ctx.record_duration(duration_ms);
+            }
+            // Ack only once the done event is stored: an acked shard whose
+            // event was lost would leave its job short of done for ever. A
+            // redelivery finds the output, verifies it and reports it again.
+            if !publish_event(ctx, task, attempt, kind, true).await {
+                tracing::warn!(job = %task.job, shard = task.shard,
+                    "done event not stored; handing the shard back so a redelivery reports it");
+                if let Err(e) = msg.ack_with(AckKind::Nak(Some(backoff(attempt)))).await {
+                    tracing::warn!(error = %e, "nak not sent; the shard returns after the ack wait");
+                }
+                return;
             }
             match msg.double_ack().await {
                 Ok(()) => tracing::info!(job = %task.job, shard = task.shard, attempt, duration_ms,
@@ -288,8 +298,7 @@ async fn settle(
                     } else {
                         reason
                     };
-                    tracing::error!(job = %task.job, shard = task.shard, attempt, reason = %reason, "shard failed for good; terminated");
-                    publish_event(
+                    let stored = publish_event(
                         ctx,
                         task,
                         attempt,
@@ -300,7 +309,15 @@ async fn settle(
                         true,
                     )
                     .await;
-                    term(ctx, msg, &reason).await;
+                    if stored {
+                        tracing::error!(job = %task.job, shard = task.shard, attempt, reason = %reason, "shard failed for good; terminated");
+                        term(ctx, msg, &reason).await;
+                    } else {
+                        // Terminating without a stored failure would hide it;
+                        // a redelivery (or the max-deliveries advisory) reports it.
+                        tracing::warn!(job = %task.job, shard = task.shard, "failure event not stored; handing the shard back");
+                        let _ = msg.ack_with(AckKind::Nak(Some(backoff(attempt)))).await;
+                    }
                 }
                 Settle::Nak(delay) => {
                     tracing::warn!(job = %task.job, shard = task.shard, attempt, reason = %reason,
@@ -343,7 +360,15 @@ async fn term(ctx: &Ctx, msg: &Message, reason: &str) {
     }
 }
 
-async fn publish_event(ctx: &Ctx, task: &ShardTask, attempt: u64, kind: EventKind, confirm: bool) {
+/// Publishes a shard event; with `confirm`, waits for the stream to store it.
+/// Returns whether it was sent (and, with `confirm`, stored).
+async fn publish_event(
+    ctx: &Ctx,
+    task: &ShardTask,
+    attempt: u64,
+    kind: EventKind,
+    confirm: bool,
+) -> bool {
     let event = ShardEvent {
         v: SCHEMA_VERSION,
         job: task.job.clone(),
@@ -358,7 +383,7 @@ async fn publish_event(ctx: &Ctx, task: &ShardTask, attempt: u64, kind: EventKin
         Ok(b) => b,
         Err(e) => {
             tracing::error!(error = %e, "shard event does not encode");
-            return;
+            return false;
         }
     };
     match ctx
@@ -366,14 +391,17 @@ async fn publish_event(ctx: &Ctx, task: &ShardTask, attempt: u64, kind: EventKin
         .publish(subjects::event(&task.job, task.shard), bytes.into())
         .await
     {
-        Ok(ack) if confirm => {
-            if let Err(e) = ack.await {
+        Ok(ack) if confirm => match ack.await {
+            Ok(_) => true,
+            Err(e) => {
                 tracing::warn!(job = %task.job, shard = task.shard, error = %e, "shard event not confirmed");
+                false
             }
-        }
-        Ok(_) => {}
+        },
+        Ok(_) => true,
         Err(e) => {
-            tracing::warn!(job = %task.job, shard = task.shard, error = %e, "shard event not sent")
+            tracing::warn!(job = %task.job, shard = task.shard, error = %e, "shard event not sent");
+            false
         }
     }
 }
