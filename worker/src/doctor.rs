@@ -81,8 +81,13 @@ pub async fn report(config: &WorkerConfig) -> String {
         Some(p) => {
             let _ = writeln!(
                 out,
-                "policy       lend after {:.0} s without input, GPU busy ≤ {:.0}%, on AC: {}, resume after {:.0} s",
-                p.min_input_idle_secs, p.max_gpu_busy_pct, p.require_ac, p.resume_after_secs
+                "policy       lend after {:.0} s without input, GPU busy ≤ {:.0}%, on AC: {}, hours {:02}-{:02}, resume after {:.0} s",
+                p.min_input_idle_secs,
+                p.max_gpu_busy_pct,
+                p.require_ac,
+                p.allowed_hours[0],
+                p.allowed_hours[1],
+                p.resume_after_secs
             );
         }
         None => {

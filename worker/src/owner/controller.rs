@@ -54,7 +54,8 @@ pub(crate) async fn run(ctx: Arc<Ctx>, policy: Policy, stop: CancellationToken) 
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let o = observe(&sources, &mut failing).await;
+        let mut o = observe(&sources, &mut failing).await;
+        o.local_hour = Some(chrono::Timelike::hour(&chrono::Local::now()));
         let verdict = policy.check(&o);
         match gate.update(&verdict, Instant::now()) {
             Some(Change::Yield(reason)) => {

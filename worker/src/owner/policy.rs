@@ -14,6 +14,7 @@
 //! finish_within_secs = 5      # on a yield, keep shards this close to finishing
 //! sample_every_ms = 250       # how often signals are read
 //! max_duty_cycle = 1.0        # quiet mode: e.g. 0.5 rests as long as it works, to keep the fan down
+//! allowed_hours = [0, 24]     # local hours [from, to); [19, 8] lends from 19:00 to 08:00
 //! ```
 
 use std::time::{Duration, Instant};
@@ -51,6 +52,9 @@ pub struct Policy {
     /// after each shard the worker rests in proportion. Lower: cooler and
     /// quieter, and slower.
     pub max_duty_cycle: f64,
+    /// Local hours `[from, to)` in which lending is allowed; `from > to`
+    /// wraps past midnight (`[19, 8]`: evenings and nights). `[0, 24]`: always.
+    pub allowed_hours: [u32; 2],
 }
 
 impl Default for Policy {
@@ -65,6 +69,7 @@ impl Default for Policy {
             finish_within_secs: 5.0,
             sample_every_ms: 250,
             max_duty_cycle: 1.0,
+            allowed_hours: [0, 24],
         }
     }
 }
@@ -76,6 +81,12 @@ impl Policy {
         if p.sample_every_ms == 0 {
             return Err("sample_every_ms must be positive".into());
         }
+        if p.allowed_hours[0] > 23 || p.allowed_hours[1] > 24 {
+            return Err(format!(
+                "allowed_hours must be [0..=23, 0..=24], got {:?}",
+                p.allowed_hours
+            ));
+        }
         if !(p.max_duty_cycle > 0.0 && p.max_duty_cycle <= 1.0) {
             return Err(format!(
                 "max_duty_cycle must be in (0, 1], got {}",
@@ -86,6 +97,16 @@ impl Policy {
             s.parse::<super::signal::Source>()?;
         }
         Ok(p)
+    }
+
+    /// Whether lending is allowed in local `hour` (0–23).
+    pub fn hour_allowed(&self, hour: u32) -> bool {
+        let [from, to] = self.allowed_hours;
+        if from <= to {
+            (from..to).contains(&hour)
+        } else {
+            hour >= from || hour < to
+        }
     }
 
     /// Whether the observation allows lending; the error says why not.
@@ -112,6 +133,14 @@ impl Policy {
         }
         if o.too_hot == Some(true) {
             return Err("thermal pressure".into());
+        }
+        if let Some(hour) = o.local_hour
+            && !self.hour_allowed(hour)
+        {
+            return Err(format!(
+                "outside allowed hours {:02}:00-{:02}:00",
+                self.allowed_hours[0], self.allowed_hours[1]
+            ));
         }
         if let Some(load) = o.load_per_core
             && load > self.max_load_per_core
@@ -232,6 +261,27 @@ mod tests {
             ..ok
         };
         assert_eq!(p.check(&battery), Err("on battery".to_owned()));
+    }
+
+    #[test]
+    fn allowed_hours_wrap_past_midnight() {
+        let always = Policy::default();
+        assert!((0..24).all(|h| always.hour_allowed(h)));
+        let nights = Policy {
+            allowed_hours: [19, 8],
+            ..Default::default()
+        };
+        assert!(nights.hour_allowed(23) && nights.hour_allowed(0) && nights.hour_allowed(7));
+        assert!(!nights.hour_allowed(8) && !nights.hour_allowed(12) && !nights.hour_allowed(18));
+        let o = Observation {
+            local_hour: Some(12),
+            ..Default::default()
+        };
+        assert_eq!(
+            nights.check(&o),
+            Err("outside allowed hours 19:00-08:00".to_owned())
+        );
+        assert!(Policy::from_toml("allowed_hours = [25, 3]").is_err());
     }
 
     #[test]

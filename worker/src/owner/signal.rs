@@ -25,6 +25,8 @@ pub struct Observation {
     pub load_per_core: Option<f64>,
     /// Whether the machine is too hot (thermal pressure).
     pub too_hot: Option<bool>,
+    /// The local hour of day, 0–23 (always known; filled by the controller).
+    pub local_hour: Option<u32>,
 }
 
 impl Observation {
@@ -35,6 +37,7 @@ impl Observation {
         self.on_battery = self.on_battery.or(other.on_battery);
         self.load_per_core = self.load_per_core.or(other.load_per_core);
         self.too_hot = self.too_hot.or(other.too_hot);
+        self.local_hour = self.local_hour.or(other.local_hour);
     }
 }
 
