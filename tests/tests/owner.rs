@@ -227,3 +227,52 @@ async fn quiet_mode_rests_in_proportion_to_work() -> Result<()> {
     .await;
     fleet.explain(r)
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_model_over_the_memory_cap_goes_to_another_machine() -> Result<()> {
+    let mut fleet = Fleet::local()?;
+    let r = async {
+        fleet.push_model("tiny", TinySpec::default())?;
+        let input = fleet.dir.path().join("in.jsonl");
+        write_corpus(&input, 50)?;
+        let policy = fleet.dir.path().join("small.toml");
+        std::fs::write(&policy, "max_memory_pct = 0.000001\n")?;
+        fleet.add_worker(&["--slots", "1", "--policy", &policy.display().to_string()])?;
+        let job = fleet.cli(&[
+            "submit",
+            "--model",
+            "tiny",
+            "--input",
+            &input.display().to_string(),
+            "--job",
+            "big",
+        ])?;
+        let log = fleet.workers[0].log.clone();
+        let until = Instant::now() + Duration::from_secs(30);
+        while count(&log, "more than the") == 0 {
+            assert!(
+                Instant::now() < until,
+                "the capped worker did not refuse the model"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        fleet.add_worker(&["--slots", "1"])?;
+        assert_eq!(
+            fleet.wait_job(&job, Duration::from_secs(60))?["state"],
+            "done"
+        );
+        let by_w1 = fleet
+            .events(&job)
+            .await?
+            .iter()
+            .filter(|e| {
+                e.worker.as_str().starts_with("w1-")
+                    && matches!(e.kind, minions_schemas::messages::EventKind::Done { .. })
+            })
+            .count();
+        assert_eq!(by_w1, 0, "the capped worker ran the model");
+        Ok(())
+    }
+    .await;
+    fleet.explain(r)
+}

@@ -79,6 +79,45 @@ pub(crate) fn new_worker_id(prefix: &str) -> WorkerId {
         .unwrap_or_else(|_| WorkerId::new("worker-x").unwrap_or_else(|_| unreachable!()))
 }
 
+/// The memory a model may take under the owner policy's cap: a share of the
+/// GPU's memory (CUDA, from nvidia-smi) or of the machine's (CPU, and Apple
+/// Silicon's unified memory). `None`: no cap, or the size is unknown.
+async fn memory_budget_mb(config: &WorkerConfig, device: &str) -> Option<u64> {
+    let pct = config.policy.as_ref()?.max_memory_pct;
+    if pct >= 100.0 {
+        return None;
+    }
+    let total_mb = if device.starts_with("cuda") {
+        let out = tokio::process::Command::new("nvidia-smi")
+            .args(["--query-gpu=memory.total", "--format=csv,noheader,nounits"])
+            .output()
+            .await
+            .ok()?;
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()?
+            .trim()
+            .parse::<u64>()
+            .ok()?
+    } else if cfg!(target_os = "macos") {
+        let out = tokio::process::Command::new("sysctl")
+            .args(["-n", "hw.memsize"])
+            .output()
+            .await
+            .ok()?;
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse::<u64>()
+            .ok()?
+            >> 20
+    } else {
+        crate::heartbeat::memory_mb().0
+    };
+    let budget = (total_mb as f64 * pct / 100.0) as u64;
+    tracing::info!(total_mb, pct, budget_mb = budget, "model memory cap");
+    Some(budget)
+}
+
 /// Runs a worker until `shutdown` is cancelled, then drains: pulls nothing new,
 /// lets running shards finish for up to `drain_timeout`, hands back the rest,
 /// and returns what happened.
@@ -107,7 +146,8 @@ pub async fn run(
         client: client.clone(),
         js,
         store: store.clone(),
-        cache: ModelCache::new(store, config.cache_dir.clone(), device, config.keep_warm),
+        cache: ModelCache::new(store, config.cache_dir.clone(), device, config.keep_warm)
+            .with_budget_mb(memory_budget_mb(&config, &device_name).await),
         compute: Semaphore::new(1),
         worker: RwLock::new(worker.clone()),
         name,

@@ -26,6 +26,8 @@ pub struct ModelCache {
     device: Device,
     keep_warm: usize,
     loaded: Mutex<Vec<(ModelHash, Slot)>>,
+    /// Most memory, MB, a model's files may take (the owner policy's cap).
+    budget_mb: Option<u64>,
 }
 
 fn cache_err(path: &Path) -> impl Fn(std::io::Error) -> ModelError + '_ {
@@ -65,7 +67,15 @@ impl ModelCache {
             device,
             keep_warm: keep_warm.max(1),
             loaded: Mutex::new(Vec::new()),
+            budget_mb: None,
         }
+    }
+
+    /// Refuses models whose files exceed `budget_mb` (the memory this
+    /// machine lends); such shards go back to the queue for a larger machine.
+    pub fn with_budget_mb(mut self, budget_mb: Option<u64>) -> Self {
+        self.budget_mb = budget_mb;
+        self
     }
 
     /// The device models are loaded on.
@@ -84,6 +94,15 @@ impl ModelCache {
         let model = slot
             .get_or_try_init(|| async {
                 let manifest = self.fetch_manifest(hash).await?;
+                let needs_mb = manifest.total_bytes().div_ceil(1 << 20);
+                if let Some(budget_mb) = self.budget_mb
+                    && needs_mb > budget_mb
+                {
+                    return Err(ModelError::TooLarge {
+                        needs_mb,
+                        budget_mb,
+                    });
+                }
                 if manifest.family != family {
                     return Err(ModelError::Invalid {
                         family: family.as_str(),

@@ -31,6 +31,15 @@ pub enum ModelError {
         /// What is wrong.
         reason: String,
     },
+    /// The model is larger than the memory this machine lends (transient:
+    /// another machine may take the shard).
+    #[error("model needs {needs_mb} MB, more than the {budget_mb} MB of memory this machine lends")]
+    TooLarge {
+        /// The model's size.
+        needs_mb: u64,
+        /// What this machine lends.
+        budget_mb: u64,
+    },
     /// An input cannot be run by this model (e.g. it does not tokenize).
     #[error("bad input: {0}")]
     BadInput(String),

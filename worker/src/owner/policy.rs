@@ -15,6 +15,7 @@
 //! sample_every_ms = 250       # how often signals are read
 //! max_duty_cycle = 1.0        # quiet mode: e.g. 0.5 rests as long as it works, to keep the fan down
 //! allowed_hours = [0, 24]     # local hours [from, to); [19, 8] lends from 19:00 to 08:00
+//! max_memory_pct = 100        # models may take at most this share of the device's memory
 //! ```
 
 use std::time::{Duration, Instant};
@@ -55,6 +56,10 @@ pub struct Policy {
     /// Local hours `[from, to)` in which lending is allowed; `from > to`
     /// wraps past midnight (`[19, 8]`: evenings and nights). `[0, 24]`: always.
     pub allowed_hours: [u32; 2],
+    /// Models may take at most this percentage of the device's memory
+    /// (unified memory on Apple Silicon); larger ones are handed back for
+    /// another machine.
+    pub max_memory_pct: f64,
 }
 
 impl Default for Policy {
@@ -70,6 +75,7 @@ impl Default for Policy {
             sample_every_ms: 250,
             max_duty_cycle: 1.0,
             allowed_hours: [0, 24],
+            max_memory_pct: 100.0,
         }
     }
 }
@@ -80,6 +86,12 @@ impl Policy {
         let p: Policy = toml::from_str(text).map_err(|e| e.to_string())?;
         if p.sample_every_ms == 0 {
             return Err("sample_every_ms must be positive".into());
+        }
+        if !(p.max_memory_pct > 0.0 && p.max_memory_pct <= 100.0) {
+            return Err(format!(
+                "max_memory_pct must be in (0, 100], got {}",
+                p.max_memory_pct
+            ));
         }
         if p.allowed_hours[0] > 23 || p.allowed_hours[1] > 24 {
             return Err(format!(
