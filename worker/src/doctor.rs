@@ -12,6 +12,11 @@ use crate::owner::Source;
 /// Every signal source the worker knows, plus the policy's own.
 fn all_sources(config: &WorkerConfig) -> Vec<Source> {
     let mut v = vec![Source::LoadAvg, Source::Logind, Source::NvidiaSmi];
+    if cfg!(target_os = "macos") {
+        for s in ["hid-idle", "gpu-util", "power", "assertions", "thermal"] {
+            v.push(Source::MacOs(s));
+        }
+    }
     if let Some(p) = &config.policy {
         for s in &p.signals {
             if let Ok(src) = s.parse::<Source>()
@@ -66,6 +71,9 @@ pub async fn report(config: &WorkerConfig) -> String {
                 }
                 if let Some(v) = o.load_per_core {
                     parts.push(format!("load {v:.2} per core"));
+                }
+                if let Some(v) = o.display_held {
+                    parts.push(format!("display held by an app: {v}"));
                 }
                 if let Some(v) = o.too_hot {
                     parts.push(format!("too hot: {v}"));

@@ -6,6 +6,7 @@
 //! a flapping signal causes one hand-back, not many.
 
 pub(crate) mod controller;
+pub mod macos;
 pub mod policy;
 pub mod signal;
 

@@ -16,6 +16,7 @@
 //! max_duty_cycle = 1.0        # quiet mode: e.g. 0.5 rests as long as it works, to keep the fan down
 //! allowed_hours = [0, 24]     # local hours [from, to); [19, 8] lends from 19:00 to 08:00
 //! max_memory_pct = 100        # models may take at most this share of the device's memory
+//! yield_to_displays = true    # yield while another app keeps the display awake (video, calls)
 //! ```
 
 use std::time::{Duration, Instant};
@@ -60,6 +61,8 @@ pub struct Policy {
     /// (unified memory on Apple Silicon); larger ones are handed back for
     /// another machine.
     pub max_memory_pct: f64,
+    /// Yield while another app keeps the display awake (video, calls).
+    pub yield_to_displays: bool,
 }
 
 impl Default for Policy {
@@ -76,6 +79,7 @@ impl Default for Policy {
             max_duty_cycle: 1.0,
             allowed_hours: [0, 24],
             max_memory_pct: 100.0,
+            yield_to_displays: true,
         }
     }
 }
@@ -142,6 +146,9 @@ impl Policy {
         }
         if self.require_ac && o.on_battery == Some(true) {
             return Err("on battery".into());
+        }
+        if self.yield_to_displays && o.display_held == Some(true) {
+            return Err("another app keeps the display awake (video or call)".into());
         }
         if o.too_hot == Some(true) {
             return Err("thermal pressure".into());

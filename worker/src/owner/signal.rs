@@ -27,6 +27,8 @@ pub struct Observation {
     pub too_hot: Option<bool>,
     /// The local hour of day, 0–23 (always known; filled by the controller).
     pub local_hour: Option<u32>,
+    /// Whether another app keeps the display awake (video, calls).
+    pub display_held: Option<bool>,
 }
 
 impl Observation {
@@ -38,6 +40,7 @@ impl Observation {
         self.load_per_core = self.load_per_core.or(other.load_per_core);
         self.too_hot = self.too_hot.or(other.too_hot);
         self.local_hour = self.local_hour.or(other.local_hour);
+        self.display_held = self.display_held.or(other.display_held);
     }
 }
 
@@ -64,6 +67,9 @@ pub enum Source {
     Logind,
     /// `nvidia-smi`.
     NvidiaSmi,
+    /// A macOS source (`hid-idle`, `gpu-util`, `power`, `assertions`,
+    /// `thermal`; see [`super::macos`]).
+    MacOs(&'static str),
 }
 
 impl std::str::FromStr for Source {
@@ -79,8 +85,14 @@ impl std::str::FromStr for Source {
             "loadavg" => Ok(Self::LoadAvg),
             "logind" => Ok(Self::Logind),
             "nvidia-smi" => Ok(Self::NvidiaSmi),
+            "hid-idle" => Ok(Self::MacOs("hid-idle")),
+            "gpu-util" => Ok(Self::MacOs("gpu-util")),
+            "power" => Ok(Self::MacOs("power")),
+            "assertions" => Ok(Self::MacOs("assertions")),
+            "thermal" => Ok(Self::MacOs("thermal")),
             _ => Err(format!(
-                "unknown owner signal {s:?}; use file:PATH, command:CMD, loadavg, logind or nvidia-smi"
+                "unknown owner signal {s:?}; use file:PATH, command:CMD, loadavg, logind, nvidia-smi, \
+                 or on macOS hid-idle, gpu-util, power, assertions, thermal"
             )),
         }
     }
@@ -94,6 +106,7 @@ impl std::fmt::Display for Source {
             Self::LoadAvg => f.write_str("loadavg"),
             Self::Logind => f.write_str("logind"),
             Self::NvidiaSmi => f.write_str("nvidia-smi"),
+            Self::MacOs(name) => f.write_str(name),
         }
     }
 }
@@ -271,6 +284,17 @@ impl Source {
                 Ok(Observation {
                     input_idle_secs: Some(idle),
                     ..Default::default()
+                })
+            }
+            Self::MacOs(source) => {
+                let (program, args) =
+                    super::macos::command(source).ok_or_else(|| err("unknown source".into()))?;
+                let text = run(program, args, &name).await?;
+                super::macos::observe(source, &text).ok_or_else(|| {
+                    err(format!(
+                        "cannot read the output of {program} {}",
+                        args.join(" ")
+                    ))
                 })
             }
             Self::NvidiaSmi => {
