@@ -13,7 +13,14 @@ use crate::owner::Source;
 fn all_sources(config: &WorkerConfig) -> Vec<Source> {
     let mut v = vec![Source::LoadAvg, Source::Logind, Source::NvidiaSmi];
     if cfg!(target_os = "macos") {
-        for s in ["hid-idle", "gpu-util", "power", "assertions", "thermal"] {
+        for s in [
+            "hid-idle",
+            "gpu-util",
+            "power",
+            "assertions",
+            "thermal",
+            "screen-lock",
+        ] {
             v.push(Source::MacOs(s));
         }
     }
@@ -74,6 +81,9 @@ pub async fn report(config: &WorkerConfig) -> String {
                 }
                 if let Some(v) = o.display_held {
                     parts.push(format!("display held by an app: {v}"));
+                }
+                if let Some(v) = o.screen_locked {
+                    parts.push(format!("screen locked: {v}"));
                 }
                 if let Some(v) = o.too_hot {
                     parts.push(format!("too hot: {v}"));

@@ -8,7 +8,10 @@
 //! - `assertions`: `pmset -g assertions` — `PreventUserIdleDisplaySleep 1`
 //!   while an app keeps the display awake (video playback, calls);
 //! - `thermal`: `pmset -g therm` — a `CPU_Speed_Limit` below 100 means
-//!   thermal pressure.
+//!   thermal pressure;
+//! - `screen-lock`: `ioreg -n Root -d 1` — `"CGSSessionScreenIsLocked"=Yes`
+//!   in the console user's session while the screen is locked (the owner is
+//!   away whatever the input idle time says).
 //!
 //! The parsers take the tools' text so they can be tested anywhere.
 
@@ -86,6 +89,15 @@ pub fn parse_too_hot(text: &str) -> Option<bool> {
     None
 }
 
+/// Whether the console session's screen is locked, from `ioreg -n Root -d 1`
+/// (the key is absent while unlocked).
+pub fn parse_screen_locked(text: &str) -> Option<bool> {
+    if !text.contains("IOConsoleUsers") {
+        return None;
+    }
+    Some(text.contains("\"CGSSessionScreenIsLocked\"=Yes"))
+}
+
 /// What one macOS source reports.
 pub fn observe(source: &str, text: &str) -> Option<Observation> {
     let mut o = Observation::default();
@@ -95,6 +107,7 @@ pub fn observe(source: &str, text: &str) -> Option<Observation> {
         "power" => o.on_battery = Some(parse_on_battery(text)?),
         "assertions" => o.display_held = Some(parse_display_held(text)?),
         "thermal" => o.too_hot = Some(parse_too_hot(text)?),
+        "screen-lock" => o.screen_locked = Some(parse_screen_locked(text)?),
         _ => return None,
     }
     Some(o)
@@ -108,6 +121,7 @@ pub fn command(source: &str) -> Option<(&'static str, &'static [&'static str])> 
         "power" => ("pmset", &["-g", "batt"]),
         "assertions" => ("pmset", &["-g", "assertions"]),
         "thermal" => ("pmset", &["-g", "therm"]),
+        "screen-lock" => ("ioreg", &["-n", "Root", "-d", "1"]),
         _ => return None,
     })
 }
@@ -144,6 +158,17 @@ mod tests {
             Some(false)
         );
         assert_eq!(parse_on_battery(""), None);
+    }
+
+    #[test]
+    fn screen_lock() {
+        let locked = "+-o Root  <class IORegistryEntry>\n    \"IOConsoleUsers\" = ({\"kCGSSessionUserNameKey\"=\"ann\",\"CGSSessionScreenIsLocked\"=Yes})\n";
+        assert_eq!(parse_screen_locked(locked), Some(true));
+        assert_eq!(
+            parse_screen_locked(&locked.replace(",\"CGSSessionScreenIsLocked\"=Yes", "")),
+            Some(false)
+        );
+        assert_eq!(parse_screen_locked("nothing"), None);
     }
 
     #[test]

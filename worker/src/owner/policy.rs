@@ -128,8 +128,10 @@ impl Policy {
     /// Whether the observation allows lending; the error says why not.
     /// Unknown readings do not block (a desktop has no battery).
     pub fn check(&self, o: &Observation) -> Result<(), String> {
+        // A locked screen means the owner is away, whatever the input says.
         if let Some(idle) = o.input_idle_secs
             && idle < self.min_input_idle_secs
+            && o.screen_locked != Some(true)
         {
             return Err(format!(
                 "owner active: input idle {idle:.0} s < {:.0} s",
@@ -274,6 +276,15 @@ mod tests {
                 .err()
                 .unwrap_or_default()
                 .contains("GPU busy 90%")
+        );
+        let locked = Observation {
+            input_idle_secs: Some(3.0),
+            screen_locked: Some(true),
+            ..ok.clone()
+        };
+        assert!(
+            p.check(&locked).is_ok(),
+            "a locked screen means the owner is away"
         );
         let battery = Observation {
             on_battery: Some(true),

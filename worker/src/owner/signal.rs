@@ -29,6 +29,8 @@ pub struct Observation {
     pub local_hour: Option<u32>,
     /// Whether another app keeps the display awake (video, calls).
     pub display_held: Option<bool>,
+    /// Whether the screen is locked (the owner is away).
+    pub screen_locked: Option<bool>,
 }
 
 impl Observation {
@@ -41,6 +43,7 @@ impl Observation {
         self.too_hot = self.too_hot.or(other.too_hot);
         self.local_hour = self.local_hour.or(other.local_hour);
         self.display_held = self.display_held.or(other.display_held);
+        self.screen_locked = self.screen_locked.or(other.screen_locked);
     }
 }
 
@@ -90,9 +93,10 @@ impl std::str::FromStr for Source {
             "power" => Ok(Self::MacOs("power")),
             "assertions" => Ok(Self::MacOs("assertions")),
             "thermal" => Ok(Self::MacOs("thermal")),
+            "screen-lock" => Ok(Self::MacOs("screen-lock")),
             _ => Err(format!(
                 "unknown owner signal {s:?}; use file:PATH, command:CMD, loadavg, logind, nvidia-smi, \
-                 or on macOS hid-idle, gpu-util, power, assertions, thermal"
+                 or on macOS hid-idle, gpu-util, power, assertions, thermal, screen-lock"
             )),
         }
     }
