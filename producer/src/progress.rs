@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 
 use anyhow::Context;
-use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull::OrderedConfig};
-use futures::StreamExt;
+use async_nats::jetstream;
+use minions_schemas::endpoints::snapshot;
 use minions_schemas::messages::{EventKind, JobSpec, ShardEvent};
 use minions_schemas::{JobId, decode, keys, limits, streams, subjects};
 use object_store::path::Path as StorePath;
@@ -111,38 +111,22 @@ pub async fn load(
 }
 
 async fn read_events(js: &jetstream::Context, job: &JobId) -> anyhow::Result<Vec<ShardEvent>> {
-    let stream = js
-        .get_stream(streams::EVENTS_STREAM)
-        .await
-        .context("reading the events stream")?;
-    let consumer = stream
-        .create_consumer(OrderedConfig {
-            filter_subject: subjects::job_events(job),
-            deliver_policy: DeliverPolicy::All,
-            ..Default::default()
-        })
-        .await
-        .context("reading the job's events")?;
-    let mut out = Vec::new();
-    if consumer.cached_info().num_pending == 0 {
-        return Ok(out);
-    }
-    let mut messages = consumer
-        .messages()
-        .await
-        .context("reading the job's events")?;
-    while let Some(m) = messages.next().await {
-        let m = m.context("reading the job's events")?;
-        let pending = m.info().map(|i| i.pending).unwrap_or(0);
+    let messages = snapshot::read(
+        js,
+        streams::EVENTS_STREAM,
+        &subjects::job_events(job),
+        false,
+    )
+    .await
+    .context("reading the job's events")?;
+    let mut out = Vec::with_capacity(messages.len());
+    for m in messages {
         match decode::<ShardEvent>("shard event", &m.payload, limits::MAX_EVENT_BYTES) {
             Ok(e) if &e.job == job => out.push(e),
             Ok(_) => {}
             Err(e) => {
                 tracing::warn!(subject = %m.subject, error = %e, "ignoring an event that does not decode")
             }
-        }
-        if pending == 0 {
-            break;
         }
     }
     Ok(out)

@@ -73,6 +73,9 @@ pub fn validate(kind: &'static str, value: &str) -> Result<(), IdError> {
 
 macro_rules! safe_id {
     ($(#[$doc:meta])* $name:ident, $kind:literal) => {
+        safe_id!($(#[$doc])* $name, $kind, validate);
+    };
+    ($(#[$doc:meta])* $name:ident, $kind:literal, $check:path) => {
         $(#[$doc])*
         #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub struct $name(String);
@@ -81,7 +84,7 @@ macro_rules! safe_id {
             /// Validates `value` and wraps it.
             pub fn new(value: impl Into<String>) -> Result<Self, IdError> {
                 let value = value.into();
-                validate($kind, &value)?;
+                $check($kind, &value)?;
                 Ok(Self(value))
             }
 
@@ -141,67 +144,39 @@ safe_id!(
     "model name"
 );
 
-/// A model's content hash: 64 lowercase hex digits (SHA-256 of its manifest).
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ModelHash(String);
+/// Checks that `value` is 64 lowercase hex digits (a SHA-256).
+fn validate_hash(kind: &'static str, value: &str) -> Result<(), IdError> {
+    if value.len() != 64 {
+        return Err(IdError::TooLong {
+            kind,
+            len: value.len(),
+            value: value.chars().take(MAX_ID_LEN).collect(),
+        });
+    }
+    if let Some(bad) = value
+        .chars()
+        .find(|c| !(c.is_ascii_digit() || ('a'..='f').contains(c)))
+    {
+        return Err(IdError::BadChar {
+            kind,
+            value: value.to_owned(),
+            bad,
+        });
+    }
+    Ok(())
+}
+
+safe_id!(
+    /// A model's content hash: 64 lowercase hex digits (SHA-256 of its manifest).
+    ModelHash,
+    "model hash",
+    validate_hash
+);
 
 impl ModelHash {
-    /// Validates that `value` is 64 lowercase hex digits and wraps it.
-    pub fn new(value: impl Into<String>) -> Result<Self, IdError> {
-        let value = value.into();
-        if value.len() != 64 {
-            return Err(IdError::TooLong {
-                kind: "model hash",
-                len: value.len(),
-                value: value.chars().take(MAX_ID_LEN).collect(),
-            });
-        }
-        if let Some(bad) = value
-            .chars()
-            .find(|c| !(c.is_ascii_digit() || ('a'..='f').contains(c)))
-        {
-            return Err(IdError::BadChar {
-                kind: "model hash",
-                value,
-                bad,
-            });
-        }
-        Ok(Self(value))
-    }
-
-    /// The hash as 64 hex digits.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
     /// The first 12 hex digits, for logs and listings.
     pub fn short(&self) -> &str {
         &self.0[..12]
-    }
-}
-
-impl fmt::Display for ModelHash {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl fmt::Debug for ModelHash {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&self.0, f)
-    }
-}
-
-impl Serialize for ModelHash {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.0)
-    }
-}
-
-impl<'de> Deserialize<'de> for ModelHash {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        Self::new(s).map_err(serde::de::Error::custom)
     }
 }
 

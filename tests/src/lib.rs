@@ -560,6 +560,24 @@ impl Fleet {
         minions_ok(args, &self.cli_env())
     }
 
+    /// Submits `input` (a path) as job `job` of `model` in shards of
+    /// `shard_size`; returns the job id that `submit` printed.
+    pub fn submit(&self, model: &str, input: &Path, shard_size: u32, job: &str) -> Result<String> {
+        let input = input.display().to_string();
+        let size = shard_size.to_string();
+        self.cli(&[
+            "submit",
+            "--model",
+            model,
+            "--input",
+            &input,
+            "--shard-size",
+            &size,
+            "--job",
+            job,
+        ])
+    }
+
     /// Runs the CLI against this fleet and returns the whole output.
     pub fn cli_raw(&self, args: &[&str]) -> Result<Output> {
         minions(args, &self.cli_env())

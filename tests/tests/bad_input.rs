@@ -105,17 +105,7 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
     let last = bytes.len() - 1;
     bytes[last] ^= 0xff;
     std::fs::write(&stored, bytes)?;
-    fleet.cli(&[
-        "submit",
-        "--model",
-        "bad",
-        "--input",
-        &input_s,
-        "--shard-size",
-        "100",
-        "--job",
-        "tampered",
-    ])?;
+    fleet.submit("bad", &input, 100, "tampered")?;
 
     // 4. A shard message that does not decode, beside good work.
     let js = async_nats::jetstream::new(fleet.nats.client().await?);
@@ -125,17 +115,7 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
     )
     .await?
     .await?;
-    fleet.cli(&[
-        "submit",
-        "--model",
-        "good",
-        "--input",
-        &input_s,
-        "--shard-size",
-        "100",
-        "--job",
-        "fine",
-    ])?;
+    fleet.submit("good", &input, 100, "fine")?;
 
     fleet.add_worker(&[])?;
     let fine = fleet.wait_job("fine", Duration::from_secs(120))?;

@@ -43,17 +43,7 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
         fleet.add_worker(&["--slots", "1"])?;
     }
     let started = Instant::now();
-    let job = fleet.cli(&[
-        "submit",
-        "--model",
-        "tiny",
-        "--input",
-        &input.display().to_string(),
-        "--shard-size",
-        "15",
-        "--job",
-        "chaos",
-    ])?;
+    let job = fleet.submit("tiny", &input, 15, "chaos")?;
     let (mut kills, mut pauses, mut restarts, mut nats_restarts) = (0, 0, 0, 0);
     let mut paused: Option<(usize, Instant)> = None;
     let mut next_action = Instant::now() + Duration::from_secs(1);

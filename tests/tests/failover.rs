@@ -21,17 +21,7 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
     fleet.add_watchdog(&[])?;
     fleet.add_watchdog(&[])?;
     fleet.add_worker(&["--slots", "1", "--ack-wait-secs", "60"])?;
-    let job = fleet.cli(&[
-        "submit",
-        "--model",
-        "slow",
-        "--input",
-        &input.display().to_string(),
-        "--shard-size",
-        "500",
-        "--job",
-        "kill9",
-    ])?;
+    let job = fleet.submit("slow", &input, 500, "kill9")?;
     let (first, _) = fleet
         .wait_started(&job, 0, Duration::from_secs(60), |_| true)
         .await?;

@@ -20,17 +20,7 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
     fleet.add_watchdog(&[])?;
     fleet.add_worker(&[])?;
     fleet.add_worker(&[])?;
-    let job = fleet.cli(&[
-        "submit",
-        "--model",
-        "tiny",
-        "--input",
-        &input.display().to_string(),
-        "--shard-size",
-        "20",
-        "--job",
-        "restart",
-    ])?;
+    let job = fleet.submit("tiny", &input, 20, "restart")?;
     // Restart once some shards are done and many are left.
     loop {
         let s: serde_json::Value = serde_json::from_str(&fleet.cli(&["status", &job, "--json"])?)?;

@@ -56,17 +56,7 @@ async fn max_deliveries_become_dead_letters() -> Result<()> {
         fleet.add_worker(&["--slots", "1", "--max-deliver", "1"])?;
         wait_worker(&fleet, "w1-").await?;
         fleet.add_watchdog(&[])?;
-        let job = fleet.cli(&[
-            "submit",
-            "--model",
-            "slow",
-            "--input",
-            &input.display().to_string(),
-            "--shard-size",
-            "300",
-            "--job",
-            "md",
-        ])?;
+        let job = fleet.submit("slow", &input, 300, "md")?;
         fleet
             .wait_started(&job, 0, Duration::from_secs(60), |_| true)
             .await?;
@@ -125,7 +115,6 @@ async fn ops(fleet: &mut Fleet) -> Result<()> {
     fleet.push_model("slow", SLOW)?;
     let input = fleet.dir.path().join("in.jsonl");
     write_corpus(&input, 2000)?;
-    let input_s = input.display().to_string();
     fleet.add_watchdog(&[])?;
     fleet.add_worker(&["--slots", "1"])?;
     let w1 = wait_worker(fleet, "w1-").await?;
@@ -133,17 +122,7 @@ async fn ops(fleet: &mut Fleet) -> Result<()> {
     // Drain: the worker pulls nothing new; resume: it pulls again.
     let said = fleet.cli(&["worker", "drain", &w1])?;
     assert!(said.contains("draining"), "{said}");
-    let job = fleet.cli(&[
-        "submit",
-        "--model",
-        "tiny",
-        "--input",
-        &input_s,
-        "--shard-size",
-        "20",
-        "--job",
-        "drained",
-    ])?;
+    let job = fleet.submit("tiny", &input, 20, "drained")?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(done(fleet, &job)?, 0, "a drained worker ran shards");
     let said = fleet.cli(&["worker", "resume", &w1])?;
@@ -155,17 +134,7 @@ async fn ops(fleet: &mut Fleet) -> Result<()> {
     eprintln!("drain held 100 shards for 3 s; resume ran them");
 
     // Evict: a running shard is handed back at once and runs on another worker.
-    let job = fleet.cli(&[
-        "submit",
-        "--model",
-        "slow",
-        "--input",
-        &input_s,
-        "--shard-size",
-        "2000",
-        "--job",
-        "evicted",
-    ])?;
+    let job = fleet.submit("slow", &input, 2000, "evicted")?;
     fleet
         .wait_started(&job, 0, Duration::from_secs(60), |w| w.starts_with("w1-"))
         .await?;
@@ -187,17 +156,7 @@ async fn ops(fleet: &mut Fleet) -> Result<()> {
 
     // Cancel: pending shards removed, status says so.
     fleet.cli(&["worker", "drain", &w2])?;
-    let job = fleet.cli(&[
-        "submit",
-        "--model",
-        "tiny",
-        "--input",
-        &input_s,
-        "--shard-size",
-        "20",
-        "--job",
-        "cancelled",
-    ])?;
+    let job = fleet.submit("tiny", &input, 20, "cancelled")?;
     let said = fleet.cli(&["cancel", &job])?;
     assert!(said.contains("100 pending shards removed"), "{said}");
     let s: serde_json::Value = serde_json::from_str(&fleet.cli(&["status", &job, "--json"])?)?;
@@ -207,17 +166,7 @@ async fn ops(fleet: &mut Fleet) -> Result<()> {
     // Reconcile: the work stream is lost (with its duplicate-detection
     // state); reconcile queues exactly the shards that are neither done nor
     // queued, and the job completes.
-    let job = fleet.cli(&[
-        "submit",
-        "--model",
-        "tiny",
-        "--input",
-        &input_s,
-        "--shard-size",
-        "20",
-        "--job",
-        "lost",
-    ])?;
+    let job = fleet.submit("tiny", &input, 20, "lost")?;
     let js = async_nats::jetstream::new(fleet.nats.client().await?);
     js.delete_stream(minions_schemas::streams::WORK_STREAM)
         .await?;

@@ -43,21 +43,10 @@ async fn yield_scenario(fleet: &mut Fleet) -> Result<()> {
     fleet.push_model("tiny", TinySpec::default())?;
     let input = fleet.dir.path().join("in.jsonl");
     write_corpus(&input, 500)?;
-    let input = input.display().to_string();
     let (policy, signal) = policy(fleet, 3)?;
     fleet.add_watchdog(&[])?;
     fleet.add_worker(&["--slots", "1", "--policy", &policy])?;
-    let job = fleet.cli(&[
-        "submit",
-        "--model",
-        "slow",
-        "--input",
-        &input,
-        "--shard-size",
-        "500",
-        "--job",
-        "owned",
-    ])?;
+    let job = fleet.submit("slow", &input, 500, "owned")?;
     fleet
         .wait_started(&job, 0, Duration::from_secs(60), |w| w.starts_with("w1-"))
         .await?;
@@ -96,17 +85,7 @@ async fn yield_scenario(fleet: &mut Fleet) -> Result<()> {
     }
 
     // While the owner is active the worker pulls nothing.
-    let job2 = fleet.cli(&[
-        "submit",
-        "--model",
-        "tiny",
-        "--input",
-        &input,
-        "--shard-size",
-        "5",
-        "--job",
-        "meanwhile",
-    ])?;
+    let job2 = fleet.submit("tiny", &input, 5, "meanwhile")?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let by_w1 = fleet
         .events(&job2)
@@ -147,17 +126,7 @@ async fn flapping_scenario(fleet: &mut Fleet) -> Result<()> {
     write_corpus(&input, 3000)?;
     let (policy, signal) = policy(fleet, 2)?;
     fleet.add_worker(&["--slots", "1", "--policy", &policy])?;
-    let job = fleet.cli(&[
-        "submit",
-        "--model",
-        "tiny",
-        "--input",
-        &input.display().to_string(),
-        "--shard-size",
-        "5",
-        "--job",
-        "flap",
-    ])?;
+    let job = fleet.submit("tiny", &input, 5, "flap")?;
     fleet
         .wait_started(&job, 0, Duration::from_secs(60), |_| true)
         .await?;
@@ -190,17 +159,7 @@ async fn quiet_mode_rests_in_proportion_to_work() -> Result<()> {
         let policy = fleet.dir.path().join("quiet.toml");
         std::fs::write(&policy, "max_duty_cycle = 0.5\n")?;
         fleet.add_worker(&["--slots", "1", "--policy", &policy.display().to_string()])?;
-        let job = fleet.cli(&[
-            "submit",
-            "--model",
-            "slow",
-            "--input",
-            &input.display().to_string(),
-            "--shard-size",
-            "50",
-            "--job",
-            "quiet",
-        ])?;
+        let job = fleet.submit("slow", &input, 50, "quiet")?;
         assert_eq!(
             fleet.wait_job(&job, Duration::from_secs(300))?["state"],
             "done"

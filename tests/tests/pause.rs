@@ -21,17 +21,7 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
     fleet.add_watchdog(&[])?;
     fleet.add_worker(&["--slots", "1"])?;
     fleet.add_worker(&["--slots", "1"])?;
-    let job = fleet.cli(&[
-        "submit",
-        "--model",
-        "tiny",
-        "--input",
-        &input.display().to_string(),
-        "--shard-size",
-        "20",
-        "--job",
-        "pause",
-    ])?;
+    let job = fleet.submit("tiny", &input, 20, "pause")?;
     fleet
         .wait_started(&job, 0, Duration::from_secs(60), |_| true)
         .await?;

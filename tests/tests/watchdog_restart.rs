@@ -19,17 +19,7 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
     write_corpus(&input, 500)?;
     fleet.add_watchdog(&[])?;
     fleet.add_worker(&["--slots", "1"])?;
-    let job = fleet.cli(&[
-        "submit",
-        "--model",
-        "slow",
-        "--input",
-        &input.display().to_string(),
-        "--shard-size",
-        "500",
-        "--job",
-        "wdr",
-    ])?;
+    let job = fleet.submit("slow", &input, 500, "wdr")?;
     fleet
         .wait_started(&job, 0, Duration::from_secs(60), |w| w.starts_with("w1-"))
         .await?;

@@ -34,13 +34,7 @@ pub struct WatchdogArgs {
 impl WatchdogArgs {
     /// The configuration these flags describe.
     pub fn into_config(self) -> WatchdogConfig {
-        let host: String = std::fs::read_to_string("/etc/hostname")
-            .unwrap_or_default()
-            .trim()
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-            .take(40)
-            .collect();
+        use minions_schemas::endpoints::host;
         WatchdogConfig {
             nats_url: self.nats,
             store_url: self
@@ -49,7 +43,7 @@ impl WatchdogArgs {
             missed_beats: self.missed_beats,
             sweep_every: Duration::from_millis(100),
             name: self.name.unwrap_or_else(|| {
-                format!("watchdog-{}", if host.is_empty() { "host" } else { &host })
+                format!("watchdog-{}", host::id_prefix(&host::host_name(), "host"))
             }),
         }
     }

@@ -53,18 +53,6 @@ pub struct Registry {
     forget_after: Duration,
 }
 
-fn live_state(beat: &Heartbeat) -> WorkerState {
-    if beat.leaving {
-        WorkerState::Left
-    } else if beat.draining {
-        WorkerState::Draining
-    } else if beat.in_flight.is_empty() {
-        WorkerState::Idle
-    } else {
-        WorkerState::Busy
-    }
-}
-
 impl Registry {
     /// An empty registry that declares a worker dead after `missed_beats`
     /// silent heartbeat intervals (suspect after half of that).
@@ -79,7 +67,7 @@ impl Registry {
     /// Records a heartbeat received at `now`.
     pub fn beat(&mut self, beat: Heartbeat, now: Instant) -> Observation {
         let id = beat.worker.clone();
-        let to = live_state(&beat);
+        let to = beat.state();
         match self.workers.get_mut(&id) {
             Some(t) if t.state == WorkerState::Dead => Observation::Fenced(id),
             Some(t) => {

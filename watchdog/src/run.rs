@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull::OrderedConfig};
 use futures::StreamExt;
-use minions_schemas::endpoints::{nats, store};
+use minions_schemas::endpoints::{nats, snapshot, store};
 use minions_schemas::messages::{Heartbeat, ShardEvent, WorkerState};
 use minions_schemas::{WorkerId, decode, limits, streams, subjects};
 use tokio_util::sync::CancellationToken;
@@ -54,40 +54,11 @@ pub struct WatchdogConfig {
     pub name: String,
 }
 
-fn follow_err(what: &'static str) -> impl Fn(String) -> WatchdogError {
-    move |reason| WatchdogError::Follow { what, reason }
-}
-
-/// Reads the last heartbeat of every worker from the heartbeat stream.
-async fn last_beats(js: &jetstream::Context) -> Result<Vec<Heartbeat>, String> {
-    let stream = js
-        .get_stream(streams::HEARTBEATS_STREAM)
-        .await
-        .map_err(|e| e.to_string())?;
-    let consumer = stream
-        .create_consumer(OrderedConfig {
-            filter_subject: subjects::HEARTBEAT_ALL.to_owned(),
-            deliver_policy: DeliverPolicy::LastPerSubject,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut out = Vec::new();
-    if consumer.cached_info().num_pending == 0 {
-        return Ok(out);
+fn follow_err<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> WatchdogError {
+    move |e| WatchdogError::Follow {
+        what,
+        reason: e.to_string(),
     }
-    let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
-    while let Some(m) = messages.next().await {
-        let m = m.map_err(|e| e.to_string())?;
-        let pending = m.info().map(|i| i.pending).unwrap_or(0);
-        if let Ok(hb) = decode::<Heartbeat>("heartbeat", &m.payload, limits::MAX_HEARTBEAT_BYTES) {
-            out.push(hb);
-        }
-        if pending == 0 {
-            break;
-        }
-    }
-    Ok(out)
 }
 
 /// Runs until `shutdown` is cancelled.
@@ -104,17 +75,14 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
     let work = js
         .get_stream(streams::WORK_STREAM)
         .await
-        .map_err(|e| WatchdogError::Follow {
-            what: "the work stream",
-            reason: e.to_string(),
-        })?;
+        .map_err(follow_err("the work stream"))?;
     let me = WorkerId::new(config.name.clone())
         .unwrap_or_else(|_| WorkerId::new("watchdog").unwrap_or_else(|_| unreachable!()));
 
     // Rebuild the view from NATS alone: last beats, and who is already dead.
     let mut registry = Registry::new(config.missed_beats);
     let now = Instant::now();
-    let seeded = last_beats(&js)
+    let seeded = snapshot::last_heartbeats(&js)
         .await
         .map_err(follow_err("the heartbeat stream"))?;
     for hb in &seeded {
@@ -130,28 +98,19 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
     let mut beats = client
         .subscribe(subjects::HEARTBEAT_ALL)
         .await
-        .map_err(|e| WatchdogError::Follow {
-            what: "heartbeats",
-            reason: e.to_string(),
-        })?;
+        .map_err(follow_err("heartbeats"))?;
     let mut advisories = client
         .subscribe(dead_letters::advisory_subject())
         .await
-        .map_err(|e| WatchdogError::Follow {
-            what: "advisories",
-            reason: e.to_string(),
-        })?;
+        .map_err(follow_err("advisories"))?;
 
     // Events go to the job tracker in its own task, so a slow store never
     // delays heartbeat handling.
     let (tx, mut rx) = tokio::sync::mpsc::channel::<ShardEvent>(4096);
-    let events_stream =
-        js.get_stream(streams::EVENTS_STREAM)
-            .await
-            .map_err(|e| WatchdogError::Follow {
-                what: "the events stream",
-                reason: e.to_string(),
-            })?;
+    let events_stream = js
+        .get_stream(streams::EVENTS_STREAM)
+        .await
+        .map_err(follow_err("the events stream"))?;
     let events = events_stream
         .create_consumer(OrderedConfig {
             filter_subject: subjects::EVENT_SUBJECTS.to_owned(),
@@ -159,14 +118,11 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
             ..Default::default()
         })
         .await
-        .map_err(|e| WatchdogError::Follow {
-            what: "the events stream",
-            reason: e.to_string(),
-        })?;
-    let mut events = events.messages().await.map_err(|e| WatchdogError::Follow {
-        what: "the events stream",
-        reason: e.to_string(),
-    })?;
+        .map_err(follow_err("the events stream"))?;
+    let mut events = events
+        .messages()
+        .await
+        .map_err(follow_err("the events stream"))?;
     let stop_events = shutdown.child_token();
     let reader = {
         let stop = stop_events.clone();

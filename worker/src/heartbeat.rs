@@ -27,8 +27,14 @@ pub(crate) fn memory_mb() -> (u64, u64) {
     (field("MemTotal:"), field("MemAvailable:"))
 }
 
-pub(crate) fn beat(ctx: &Ctx, interval: Duration, started_ms: u64, leaving: bool) -> Heartbeat {
-    let (mem_total_mb, mem_avail_mb) = memory_mb();
+/// Builds a beat; `mem` is (total, available) MB as last read.
+pub(crate) fn beat(
+    ctx: &Ctx,
+    interval: Duration,
+    started_ms: u64,
+    leaving: bool,
+    (mem_total_mb, mem_avail_mb): (u64, u64),
+) -> Heartbeat {
     Heartbeat {
         v: SCHEMA_VERSION,
         worker: ctx.worker_id(),
@@ -49,9 +55,15 @@ pub(crate) fn beat(ctx: &Ctx, interval: Duration, started_ms: u64, leaving: bool
     }
 }
 
-/// Publishes one heartbeat.
-pub(crate) async fn send(ctx: &Ctx, interval: Duration, started_ms: u64, leaving: bool) {
-    let hb = beat(ctx, interval, started_ms, leaving);
+/// Publishes one heartbeat with memory figures `mem` (see [`beat`]).
+pub(crate) async fn send(
+    ctx: &Ctx,
+    interval: Duration,
+    started_ms: u64,
+    leaving: bool,
+    mem: (u64, u64),
+) {
+    let hb = beat(ctx, interval, started_ms, leaving, mem);
     let subject = subjects::heartbeat(&hb.worker);
     match encode("heartbeat", &hb) {
         Ok(bytes) => {
@@ -77,12 +89,15 @@ pub(crate) async fn run(
 ) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut mem = memory_mb();
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
-            _ = tick.tick() => {}
+            // Memory is read on the periodic beat only: beats on shard
+            // starts sit on the hot path and reuse the last reading.
+            _ = tick.tick() => mem = memory_mb(),
             _ = ctx.beat_now.notified() => tick.reset(),
         }
-        send(&ctx, interval, started_ms, false).await;
+        send(&ctx, interval, started_ms, false, mem).await;
     }
 }

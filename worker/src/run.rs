@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use async_nats::jetstream::{self, consumer::PullConsumer};
 use futures::StreamExt;
-use minions_schemas::endpoints::{nats, store};
+use minions_schemas::endpoints::{host, nats, store};
 use minions_schemas::time::now_ms;
 use minions_schemas::{WorkerId, streams};
 use tokio::sync::{Semaphore, watch};
@@ -48,31 +48,11 @@ pub struct RunSummary {
     pub handed_back: Vec<String>,
 }
 
-/// A host name reduced to the id alphabet.
-pub fn host_name() -> String {
-    let raw = std::fs::read_to_string("/etc/hostname")
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .or_else(|| std::env::var("COMPUTERNAME").ok())
-        .unwrap_or_else(|| "host".to_owned());
-    raw.trim().to_owned()
-}
-
 /// A fresh worker id: the (sanitised) prefix and a random suffix. A worker
 /// gets a new one on every start and whenever it rejoins after being
 /// declared dead.
 pub(crate) fn new_worker_id(prefix: &str) -> WorkerId {
-    let mut base: String = prefix
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-        .collect::<String>()
-        .trim_matches('-')
-        .chars()
-        .take(40)
-        .collect();
-    if base.is_empty() {
-        base = "worker".to_owned();
-    }
+    let base = host::id_prefix(prefix, "worker");
     let suffix = ulid::Ulid::new().to_string().to_lowercase();
     let id = format!("{base}-{}", &suffix[suffix.len() - 8..]);
     WorkerId::new(id)
@@ -125,7 +105,7 @@ pub async fn run(
     config: WorkerConfig,
     shutdown: CancellationToken,
 ) -> Result<RunSummary, WorkerError> {
-    let host = host_name();
+    let host = host::host_name();
     let name = config.name.clone().unwrap_or_else(|| host.clone());
     let worker = new_worker_id(&name);
     let device = select_device(config.device)?;
@@ -238,7 +218,14 @@ pub async fn run(
     if let Some(owner) = owner {
         let _ = owner.await;
     }
-    heartbeat::send(&ctx, config.heartbeat_interval, started_ms, true).await;
+    heartbeat::send(
+        &ctx,
+        config.heartbeat_interval,
+        started_ms,
+        true,
+        heartbeat::memory_mb(),
+    )
+    .await;
     if let Err(e) = client.flush().await {
         tracing::warn!(error = %e, "final flush to NATS failed");
     }

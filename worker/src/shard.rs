@@ -2,8 +2,8 @@
 //!
 //! Order of effects (the shard lifecycle): decode the task (undecodable →
 //! terminate), publish `started`, keep the delivery alive with in-progress
-//! acks, skip the work if the output already exists, fetch model and input,
-//! compute, write the output create-only ("already exists" = an earlier
+//! acks, on a redelivery skip the work if the output already exists, fetch
+//! model and input, compute, write the output create-only ("already exists" = an earlier
 //! delivery finished it: verify and ack), publish `done` and wait for the
 //! stream to store it, then ack and wait for the server to confirm.
 
@@ -80,7 +80,7 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) -> u64 {
     let keepalive = tokio::spawn(keep_alive(ctx.clone(), reply, progress.clone()));
     let started = Instant::now();
     let result = tokio::select! {
-        r = run(ctx, &task) => r,
+        r = run(ctx, &task, attempt) => r,
         _ = hand_back.cancelled() => Err(ShardError::Stopping),
         _ = cancel.cancelled() => Err(ShardError::Cancelled),
     };
@@ -115,15 +115,20 @@ async fn keep_alive(ctx: Arc<Ctx>, reply: String, stop: CancellationToken) {
     }
 }
 
-async fn run(ctx: &Ctx, task: &ShardTask) -> Result<Done, ShardError> {
+async fn run(ctx: &Ctx, task: &ShardTask, attempt: u64) -> Result<Done, ShardError> {
     if ctx.is_cancelled(task.job.as_str()) {
         return Err(ShardError::Cancelled);
     }
     let out_key = StorePath::from(keys::shard_output(&task.job, task.shard));
-    match ctx.store.head(&out_key).await {
-        Ok(_) => return verify_existing(ctx, task, &out_key).await,
-        Err(object_store::Error::NotFound { .. }) => {}
-        Err(e) => return Err(e.into()),
+    // Only a redelivery is likely to find its output written already; a
+    // first delivery skips the lookup (the create-only write still catches a
+    // duplicate) so the common path pays no extra store round-trip.
+    if attempt > 1 {
+        match ctx.store.head(&out_key).await {
+            Ok(_) => return verify_existing(ctx, task, &out_key).await,
+            Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
     }
     let model = ctx.cache.get(&task.model_hash, task.family).await?;
     let input = read_input(ctx.store.as_ref(), task).await?;

@@ -20,7 +20,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions};
 use sha2::{Digest, Sha256};
 
 use crate::cli::{Endpoints, SubmitArgs};
-use crate::jsonl::{JsonlReader, ReadError};
+use crate::jsonl::{JsonlReader, ReadError, Record};
 use crate::store_io::{get_doc, model_record};
 
 /// Uploads in flight at once.
@@ -97,11 +97,8 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
     // Pass: read, cut, upload. Nothing is published yet.
     let started = Instant::now();
     let mut uploads = FuturesUnordered::new();
-    let mut shard: u32 = 0;
-    let mut records: u64 = 0;
+    let mut cutter = Cutter::new(&job, args.shard_size, args.id_field.is_some());
     let mut skipped: u64 = 0;
-    let mut texts: Vec<String> = Vec::new();
-    let mut ids: Vec<String> = Vec::new();
     let mut last_report = Instant::now();
     loop {
         let rec = match reader.next_record() {
@@ -119,24 +116,8 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
             }
             Err(ReadError::Io(e)) => bail!("{source}: cannot read: {e}"),
         };
-        records += 1;
-        texts.push(rec.text);
-        if let Some(id) = rec.id {
-            ids.push(id);
-        }
-        if texts.len() == args.shard_size as usize {
-            let input = shard_input(
-                &job,
-                shard,
-                records - texts.len() as u64,
-                &mut texts,
-                &mut ids,
-                args.id_field.is_some(),
-            );
+        if let Some(input) = cutter.push(rec)? {
             uploads.push(upload(store.clone(), input));
-            shard = shard
-                .checked_add(1)
-                .context("more than 2^32 shards; raise --shard-size")?;
             while uploads.len() >= UPLOAD_WINDOW {
                 if let Some(r) = uploads.next().await {
                     r?;
@@ -146,25 +127,17 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
         if last_report.elapsed().as_secs() >= 2 {
             last_report = Instant::now();
             tracing::info!(
-                records,
-                shards = shard,
+                records = cutter.records,
+                shards = cutter.shard,
                 mb_read = reader.bytes_read / 1_000_000,
                 "reading input"
             );
         }
     }
-    if !texts.is_empty() {
-        let input = shard_input(
-            &job,
-            shard,
-            records - texts.len() as u64,
-            &mut texts,
-            &mut ids,
-            args.id_field.is_some(),
-        );
+    if let Some(input) = cutter.finish()? {
         uploads.push(upload(store.clone(), input));
-        shard += 1;
     }
+    let (records, shard) = (cutter.records, cutter.shard);
     while let Some(r) = uploads.next().await {
         r?;
     }
@@ -271,21 +244,67 @@ fn count(
     Ok(())
 }
 
-fn shard_input(
-    job: &JobId,
-    shard: u32,
-    first_row: u64,
-    texts: &mut Vec<String>,
-    ids: &mut Vec<String>,
+/// Cuts records into shard inputs of `shard_size`, numbering them in order.
+struct Cutter {
+    job: JobId,
+    shard_size: usize,
     with_ids: bool,
-) -> ShardInput {
-    ShardInput {
-        v: SCHEMA_VERSION,
-        job: job.clone(),
-        shard,
-        first_row,
-        ids: with_ids.then(|| std::mem::take(ids)),
-        texts: std::mem::take(texts),
+    /// Shards cut so far (the next shard's number).
+    shard: u32,
+    /// Records taken so far.
+    records: u64,
+    texts: Vec<String>,
+    ids: Vec<String>,
+}
+
+impl Cutter {
+    fn new(job: &JobId, shard_size: u32, with_ids: bool) -> Self {
+        Self {
+            job: job.clone(),
+            shard_size: shard_size as usize,
+            with_ids,
+            shard: 0,
+            records: 0,
+            texts: Vec::new(),
+            ids: Vec::new(),
+        }
+    }
+
+    /// Takes a record; returns a shard input when one is full.
+    fn push(&mut self, rec: Record) -> anyhow::Result<Option<ShardInput>> {
+        self.records += 1;
+        self.texts.push(rec.text);
+        if let Some(id) = rec.id {
+            self.ids.push(id);
+        }
+        if self.texts.len() == self.shard_size {
+            return self.cut().map(Some);
+        }
+        Ok(None)
+    }
+
+    /// The last, partly filled shard input, if any.
+    fn finish(&mut self) -> anyhow::Result<Option<ShardInput>> {
+        if self.texts.is_empty() {
+            return Ok(None);
+        }
+        self.cut().map(Some)
+    }
+
+    fn cut(&mut self) -> anyhow::Result<ShardInput> {
+        let input = ShardInput {
+            v: SCHEMA_VERSION,
+            job: self.job.clone(),
+            shard: self.shard,
+            first_row: self.records - self.texts.len() as u64,
+            ids: self.with_ids.then(|| std::mem::take(&mut self.ids)),
+            texts: std::mem::take(&mut self.texts),
+        };
+        self.shard = self
+            .shard
+            .checked_add(1)
+            .context("more than 2^32 shards; raise --shard-size")?;
+        Ok(input)
     }
 }
 
@@ -339,5 +358,34 @@ async fn write_spec(store: &dyn ObjectStore, spec: &JobSpec) -> anyhow::Result<b
             Ok(true)
         }
         Err(e) => Err(e).with_context(|| format!("writing {key}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuts_records_into_numbered_shards() -> anyhow::Result<()> {
+        let job = JobId::new("j")?;
+        let mut c = Cutter::new(&job, 2, true);
+        let mut cut = Vec::new();
+        for i in 0..5 {
+            let rec = Record {
+                id: Some(i.to_string()),
+                text: format!("t{i}"),
+            };
+            cut.extend(c.push(rec)?);
+        }
+        cut.extend(c.finish()?);
+        let shape: Vec<(u32, u64, usize)> = cut
+            .iter()
+            .map(|s| (s.shard, s.first_row, s.texts.len()))
+            .collect();
+        assert_eq!(shape, vec![(0, 0, 2), (1, 2, 2), (2, 4, 1)]);
+        assert_eq!(cut[2].ids, Some(vec!["4".to_owned()]));
+        assert_eq!((c.records, c.shard), (5, 3));
+        assert!(c.finish()?.is_none());
+        Ok(())
     }
 }

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull::OrderedConfig};
-use futures::StreamExt;
-use minions_schemas::messages::{Control, ControlCommand, ControlReply, Heartbeat, WorkerRecord};
+use async_nats::jetstream;
+use minions_schemas::endpoints::snapshot;
+use minions_schemas::messages::{Control, ControlCommand, ControlReply, WorkerRecord};
 use minions_schemas::time::now_ms;
 use minions_schemas::{SCHEMA_VERSION, WorkerId, decode, encode, limits, streams, subjects};
 use serde::Serialize;
@@ -50,67 +50,35 @@ async fn connect(
 pub async fn list(endpoints: &Endpoints, json: bool) -> anyhow::Result<String> {
     let (_client, js) = connect(endpoints, "minions worker list").await?;
     let kv = streams::workers_kv(&js).await?;
-    let Ok(stream) = js.get_stream(streams::HEARTBEATS_STREAM).await else {
-        return Ok(if json {
-            "[]".to_owned()
-        } else {
-            "no worker has ever sent a heartbeat to this server".to_owned()
-        });
-    };
-    let consumer = stream
-        .create_consumer(OrderedConfig {
-            filter_subject: subjects::HEARTBEAT_ALL.to_owned(),
-            deliver_policy: DeliverPolicy::LastPerSubject,
-            ..Default::default()
-        })
-        .await?;
+    let beats = snapshot::last_heartbeats(&js).await?;
     let mut rows = BTreeMap::new();
-    if consumer.cached_info().num_pending > 0 {
-        let mut messages = consumer.messages().await?;
-        while let Some(m) = messages.next().await {
-            let m = m?;
-            let pending = m.info().map(|i| i.pending).unwrap_or(0);
-            if let Ok(hb) =
-                decode::<Heartbeat>("heartbeat", &m.payload, limits::MAX_HEARTBEAT_BYTES)
-            {
-                let age = now_ms().saturating_sub(hb.at_ms);
-                let live = if hb.leaving {
-                    "left"
-                } else if age > 3 * hb.interval_ms.max(1) {
-                    "silent"
-                } else if hb.draining {
-                    "draining"
-                } else if hb.in_flight.is_empty() {
-                    "idle"
-                } else {
-                    "busy"
-                };
-                let mut state = live.to_owned();
-                if let Ok(Some(bytes)) = kv.get(hb.worker.as_str()).await
-                    && let Ok(rec) =
-                        decode::<WorkerRecord>("worker record", &bytes, limits::MAX_EVENT_BYTES)
-                    && rec.state.is_final()
-                {
-                    state = rec.state.as_str().to_owned();
-                }
-                rows.insert(
-                    hb.worker.to_string(),
-                    WorkerRow {
-                        worker: hb.worker.to_string(),
-                        host: hb.host.clone(),
-                        device: hb.device.clone(),
-                        state,
-                        owner: hb.owner.clone(),
-                        running: hb.in_flight.len(),
-                        done: hb.done,
-                        last_beat_ms: age,
-                    },
-                );
-            }
-            if pending == 0 {
-                break;
-            }
+    for hb in beats {
+        let age = now_ms().saturating_sub(hb.at_ms);
+        let mut state = if age > 3 * hb.interval_ms.max(1) && !hb.leaving {
+            "silent".to_owned()
+        } else {
+            hb.state().as_str().to_owned()
+        };
+        if let Ok(Some(bytes)) = kv.get(hb.worker.as_str()).await
+            && let Ok(rec) =
+                decode::<WorkerRecord>("worker record", &bytes, limits::MAX_EVENT_BYTES)
+            && rec.state.is_final()
+        {
+            state = rec.state.as_str().to_owned();
         }
+        rows.insert(
+            hb.worker.to_string(),
+            WorkerRow {
+                worker: hb.worker.to_string(),
+                host: hb.host.clone(),
+                device: hb.device.clone(),
+                state,
+                owner: hb.owner.clone(),
+                running: hb.in_flight.len(),
+                done: hb.done,
+                last_beat_ms: age,
+            },
+        );
     }
     let rows: Vec<WorkerRow> = rows.into_values().collect();
     if json {

@@ -2,7 +2,9 @@
 //! signals that ask it to stop.
 
 pub mod exit;
+pub mod host;
 pub mod logging;
 pub mod nats;
 pub mod signals;
+pub mod snapshot;
 pub mod store;

@@ -1,6 +1,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{JobId, WorkerId};
+use crate::messages::WorkerState;
 
 /// A shard a worker is running, as its heartbeat reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,4 +54,20 @@ pub struct Heartbeat {
     pub started_ms: u64,
     /// When this beat was sent (ms since the epoch).
     pub at_ms: u64,
+}
+
+impl Heartbeat {
+    /// The state this beat shows: left, draining, busy or idle. (Silence,
+    /// suspicion and death are for the watchdog to judge.)
+    pub fn state(&self) -> WorkerState {
+        if self.leaving {
+            WorkerState::Left
+        } else if self.draining {
+            WorkerState::Draining
+        } else if self.in_flight.is_empty() {
+            WorkerState::Idle
+        } else {
+            WorkerState::Busy
+        }
+    }
 }
