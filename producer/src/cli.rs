@@ -15,6 +15,7 @@ use minions_schemas::endpoints::nats::DEFAULT_NATS_URL;
 ///   minions dev --workers 2 &                      # nats-server, watchdog, 2 workers
 ///   minions model push ./all-MiniLM-L6-v2 --name minilm
 ///   JOB=$(minions submit --model minilm --input docs.jsonl)
+///   minions watch $JOB                             # live progress bar until done
 ///   minions status $JOB
 ///   minions collect $JOB --output vectors.npy
 #[derive(Debug, Parser)]
@@ -57,6 +58,9 @@ pub enum Command {
     Submit(SubmitArgs),
     /// Show a job's progress once: pending / running / done / failed, rate, ETA.
     Status(StatusArgs),
+    /// Follow a job live until it ends: a progress bar with rate and ETA.
+    /// Exits 0 when every shard is done, 1 when some failed or it was cancelled.
+    Watch(WatchArgs),
     /// Merge a finished job's outputs into one file, in input order.
     Collect(CollectArgs),
     /// Manage models in the store.
@@ -153,6 +157,19 @@ pub struct StatusArgs {
     pub json: bool,
 }
 
+/// Flags of `minions watch`.
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    /// The job id.
+    pub job: String,
+    /// Print one JSON object per update (the fields of `status --json`).
+    #[arg(long)]
+    pub json: bool,
+    /// How often the display updates, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub interval_ms: u64,
+}
+
 /// Flags of `minions collect`.
 #[derive(Debug, Args)]
 pub struct CollectArgs {
@@ -207,4 +224,8 @@ pub struct DevArgs {
     /// Slots per worker.
     #[arg(long, default_value_t = 2)]
     pub slots: u16,
+    /// Where the watchdog serves its live dashboard and /metrics
+    /// (HOST:PORT, or `off`).
+    #[arg(long, default_value = "127.0.0.1:9464")]
+    pub dashboard: String,
 }

@@ -7,6 +7,7 @@ use clap::Parser;
 use minions::cli::{Cli, Command, ModelCommand, WorkerCommand};
 use minions::commands;
 use minions_schemas::messages::ControlCommand;
+use minions_schemas::progress::JobState;
 use tokio_util::sync::CancellationToken;
 
 fn out(text: &str) -> anyhow::Result<()> {
@@ -27,6 +28,38 @@ async fn run() -> anyhow::Result<()> {
     match cli.command {
         Command::Submit(args) => out(commands::submit::run(ep, args).await?.job.as_str()),
         Command::Status(args) => out(&commands::status::run(ep, &args).await?.1),
+        Command::Watch(args) => {
+            let shutdown = CancellationToken::new();
+            tokio::spawn(minions_schemas::endpoints::signals::cancel_on_signal(
+                shutdown.clone(),
+            ));
+            let w = commands::watch::run(ep, &args, shutdown).await?;
+            let p = &w.progress;
+            if !w.ended {
+                anyhow::bail!("interrupted; job {} is still {}", p.job, p.state.as_str());
+            }
+            match p.state {
+                JobState::Done => {
+                    if !args.json {
+                        out(&p.render())?;
+                    }
+                    Ok(())
+                }
+                _ => {
+                    if !args.json {
+                        out(&p.render())?;
+                    }
+                    anyhow::bail!(
+                        "job {} ended {}: {} of {} shards done, {} failed",
+                        p.job,
+                        p.state.as_str(),
+                        p.done,
+                        p.shards,
+                        p.failed
+                    )
+                }
+            }
+        }
         Command::Collect(args) => {
             let r = commands::collect::run(ep, &args).await?;
             out(&format!(

@@ -25,6 +25,7 @@ pub mod ids;
 pub mod keys;
 pub mod limits;
 pub mod messages;
+pub mod progress;
 pub mod streams;
 pub mod subjects;
 pub mod time;

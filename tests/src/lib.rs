@@ -7,6 +7,8 @@
 //! `MINIONS_TEST_MODEL_DIR`), falling back to the `.tools/` folder that
 //! script fills, then to `PATH`.
 
+pub mod web;
+
 use std::io::Write;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -456,6 +458,9 @@ pub struct Fleet {
     pub workers: Vec<Proc>,
     /// Watchdogs started with [`Fleet::add_watchdog`].
     pub watchdogs: Vec<Proc>,
+    /// Each watchdog's dashboard base URL (`http://127.0.0.1:PORT`), in
+    /// start order.
+    pub dashboards: Vec<String>,
     spawned: usize,
 }
 
@@ -471,6 +476,7 @@ impl Fleet {
             env: Vec::new(),
             workers: Vec::new(),
             watchdogs: Vec::new(),
+            dashboards: Vec::new(),
             spawned: 0,
         })
     }
@@ -485,6 +491,7 @@ impl Fleet {
             env: s3.env(),
             workers: Vec::new(),
             watchdogs: Vec::new(),
+            dashboards: Vec::new(),
             spawned: 0,
         })
     }
@@ -500,6 +507,7 @@ impl Fleet {
     /// Starts a watchdog; `extra` flags are appended.
     pub fn add_watchdog(&mut self, extra: &[&str]) -> Result<()> {
         let i = self.watchdogs.len() + 1;
+        let port = free_port()?;
         let mut args: Vec<String> = vec![
             "--nats".into(),
             self.nats.url(),
@@ -507,7 +515,10 @@ impl Fleet {
             self.store_url.clone(),
             "--name".into(),
             format!("watchdog{i}"),
+            "--listen".into(),
+            format!("127.0.0.1:{port}"),
         ];
+        self.dashboards.push(format!("http://127.0.0.1:{port}"));
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         let mut env = self.env.clone();
         env.push(("RUST_LOG".into(), "info".into()));

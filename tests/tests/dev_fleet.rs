@@ -1,5 +1,5 @@
-//! `minions dev` runs a whole local fleet (nats-server, watchdog, workers)
-//! that takes a job to the end, and SIGTERM (what Ctrl-C's process group
+//! `minions dev` runs a whole local fleet (nats-server, watchdog with its
+//! dashboard, workers) that takes a job to the end, and SIGTERM (what Ctrl-C's process group
 //! gets, too) stops every process cleanly.
 
 use std::time::{Duration, Instant};
@@ -13,6 +13,7 @@ use minions_tests::{
 fn dev_runs_a_fleet_and_stops_cleanly() -> Result<()> {
     let dir = scratch("minions-dev-")?;
     let port = free_port()?;
+    let dash = free_port()?;
     let store = format!("file://{}", dir.path().join("store").display());
     let nats_bin = tool("NATS_SERVER_BIN", "nats-server")?;
     let env = vec![
@@ -35,6 +36,8 @@ fn dev_runs_a_fleet_and_stops_cleanly() -> Result<()> {
             port.to_string(),
             "--data-dir".into(),
             dir.path().join("dev").display().to_string(),
+            "--dashboard".into(),
+            format!("127.0.0.1:{dash}"),
         ],
         &env,
         dir.path(),
@@ -86,6 +89,11 @@ fn dev_runs_a_fleet_and_stops_cleanly() -> Result<()> {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+
+    // The dev fleet's watchdog serves its dashboard where asked.
+    let (code, page) = minions_tests::web::get(&format!("http://127.0.0.1:{dash}/"))?;
+    assert_eq!(code, 200, "{page}");
+    assert!(page.contains(&job), "the dashboard does not show job {job}");
 
     dev.signal(nix::sys::signal::Signal::SIGTERM)?;
     let status = dev.wait_timeout(Duration::from_secs(60))?;

@@ -83,6 +83,26 @@ async fn yield_scenario(fleet: &mut Fleet) -> Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The hand-back is an event: the job and the watchdog's metrics count it.
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let status: serde_json::Value =
+            serde_json::from_str(&fleet.cli(&["status", &job, "--json"])?)?;
+        let (_, metrics) = minions_tests::web::get(&format!("{}/metrics", fleet.dashboards[0]))?;
+        if status["handed_back"] == 1
+            && metrics
+                .lines()
+                .any(|l| l == "minions_owner_handbacks_total 1")
+        {
+            eprintln!("hand-back counted: status handed_back=1, minions_owner_handbacks_total 1");
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "hand-back not counted: {status}\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     // While the owner is active the worker pulls nothing.
     let job2 = fleet.submit("tiny", &input, 5, "meanwhile")?;

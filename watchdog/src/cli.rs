@@ -29,7 +29,17 @@ pub struct WatchdogArgs {
     /// A name for this watchdog (default: watchdog-<host>).
     #[arg(long)]
     pub name: Option<String>,
+    /// Where to serve the live dashboard (/), job pages (/jobs/ID), JSON
+    /// (/api/fleet), Prometheus metrics (/metrics) and /healthz, as
+    /// HOST:PORT; `off` serves nothing. Loopback by default: the pages show
+    /// host names and job ids, so expose them beyond this machine only
+    /// behind an authenticating proxy.
+    #[arg(long, env = "MINIONS_WATCHDOG_LISTEN", default_value = DEFAULT_LISTEN)]
+    pub listen: String,
 }
+
+/// The dashboard's default address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
 
 impl WatchdogArgs {
     /// The configuration these flags describe.
@@ -42,6 +52,8 @@ impl WatchdogArgs {
                 .unwrap_or_else(minions_schemas::endpoints::store::default_store_url),
             missed_beats: self.missed_beats,
             sweep_every: Duration::from_millis(100),
+            listen: (self.listen != "off").then_some(self.listen),
+            queue_poll: Duration::from_secs(1),
             name: self.name.unwrap_or_else(|| {
                 format!("watchdog-{}", host::id_prefix(&host::host_name(), "host"))
             }),

@@ -3,12 +3,13 @@
 //! of a job is done or failed. Both writes are idempotent (message ids, a
 //! check of what is already there, create-or-compare puts), so several
 //! watchdogs, or one that restarts and replays the events, write each once.
+//! It also folds every event into the shared [`View`] for the dashboard.
 
 use std::collections::{BTreeMap, HashMap};
 
 use async_nats::jetstream;
 use minions_schemas::messages::{
-    DeadLetter, EventKind, JobManifest, JobSpec, ManifestShard, ShardEvent,
+    DeadLetter, EventKind, JobManifest, JobSpec, ManifestShard, ModelManifest, ShardEvent,
 };
 use minions_schemas::time::now_ms;
 use minions_schemas::{
@@ -16,6 +17,8 @@ use minions_schemas::{
 };
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions};
+
+use crate::view::View;
 
 #[derive(Debug, Default, Clone)]
 struct ShardTrack {
@@ -38,21 +41,37 @@ pub struct Tracker {
     jobs: HashMap<JobId, JobTrack>,
     js: jetstream::Context,
     store: std::sync::Arc<dyn ObjectStore>,
+    view: std::sync::Arc<View>,
 }
 
 impl Tracker {
-    /// A tracker that writes records through `js` and manifests to `store`.
-    pub fn new(js: jetstream::Context, store: std::sync::Arc<dyn ObjectStore>) -> Self {
+    /// A tracker that writes records through `js` and manifests to `store`,
+    /// and keeps every job's progress in `view`.
+    pub fn new(
+        js: jetstream::Context,
+        store: std::sync::Arc<dyn ObjectStore>,
+        view: std::sync::Arc<View>,
+    ) -> Self {
         Self {
             jobs: HashMap::new(),
             js,
             store,
+            view,
         }
+    }
+
+    /// Marks a job cancelled in the view.
+    pub fn cancelled(&self, job: &JobId) {
+        self.view.jobs().cancel(job);
     }
 
     /// Applies one event; writes what it completes.
     pub async fn apply(&mut self, e: ShardEvent) {
         let job = e.job.clone();
+        self.show(&e).await;
+        if matches!(e.kind, EventKind::Submitted { .. }) {
+            return;
+        }
         let track = self.jobs.entry(job.clone()).or_default();
         let s = track.shards.entry(e.shard).or_default();
         s.attempts = s.attempts.max(e.attempt);
@@ -72,6 +91,7 @@ impl Tracker {
                 s.failed = None;
             }
             EventKind::Requeued => s.failed = None,
+            EventKind::HandedBack { .. } | EventKind::Submitted { .. } => {}
             EventKind::Failed { reason, permanent } => {
                 if *permanent && s.done.is_none() && s.failed.is_none() {
                     s.failed = Some(reason.clone());
@@ -95,6 +115,34 @@ impl Tracker {
             .await;
         }
         self.maybe_complete(&job).await;
+    }
+
+    /// Folds the event into the view, adding its job first when new.
+    async fn show(&mut self, e: &ShardEvent) {
+        let known = self.view.jobs().knows(&e.job);
+        if !known {
+            let Some(spec) = self.spec(&e.job).await else {
+                return;
+            };
+            let model_mb = self.model_mb(&spec).await;
+            let marker = StorePath::from(keys::job_cancelled(&e.job));
+            let cancelled = self.store.head(&marker).await.is_ok();
+            self.view.jobs().add(spec, model_mb, cancelled);
+        }
+        self.view.jobs().apply(e);
+    }
+
+    /// The size of a job's model files, MB (rounded up).
+    async fn model_mb(&self, spec: &JobSpec) -> Option<u64> {
+        let key = StorePath::from(keys::model_manifest(&spec.model_hash));
+        let got = self.store.get(&key).await.ok()?;
+        if got.meta.size > limits::MAX_MANIFEST_BYTES as u64 {
+            return None;
+        }
+        let bytes = got.bytes().await.ok()?;
+        let m: ModelManifest = decode("model manifest", &bytes, limits::MAX_MANIFEST_BYTES).ok()?;
+        let total: u64 = m.files.iter().map(|f| f.bytes).sum();
+        Some(total.div_ceil(1024 * 1024))
     }
 
     async fn spec(&mut self, job: &JobId) -> Option<JobSpec> {

@@ -9,14 +9,23 @@
 //! - [`registry`] — the live view of workers and their state transitions.
 //! - [`fleet`] — recording transitions (KV, compare-and-set) and hand-backs.
 //! - [`dead_letters`] — max-deliveries advisories.
-//! - [`jobs`] — the job tracker: dead-letter records and manifests.
+//! - [`jobs`] — the job tracker: dead-letter records and manifests, and the
+//!   live progress of every job.
+//! - [`view`] — what the watchdog knows, shared with its web pages.
+//! - [`queue`] — the work queue as JetStream reports it.
+//! - [`explain`] — why a job's shards wait.
+//! - [`http`] — dashboard, JSON, `/metrics`, `/healthz`.
 //! - [`run`] — the loop.
 
 pub mod cli;
 pub mod dead_letters;
+pub mod explain;
 pub mod fleet;
+pub mod http;
 pub mod jobs;
+pub mod queue;
 pub mod registry;
 pub mod run;
+pub mod view;
 
 pub use run::{WatchdogConfig, WatchdogError, run};

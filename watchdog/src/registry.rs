@@ -162,6 +162,11 @@ impl Registry {
         out
     }
 
+    /// Every worker's entry.
+    pub fn iter(&self) -> impl Iterator<Item = (&WorkerId, &Tracked)> {
+        self.workers.iter()
+    }
+
     /// A worker's entry.
     pub fn get(&self, id: &WorkerId) -> Option<&Tracked> {
         self.workers.get(id)
@@ -193,6 +198,7 @@ mod tests {
             owner: "available".into(),
             mem_total_mb: 0,
             mem_avail_mb: 0,
+            mem_budget_mb: 0,
             in_flight: if busy {
                 vec![InFlight {
                     job: minions_schemas::JobId::new("j")?,

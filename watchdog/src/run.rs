@@ -3,19 +3,22 @@
 //! up on, and track jobs to completion.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull::OrderedConfig};
 use futures::StreamExt;
 use minions_schemas::endpoints::{nats, snapshot, store};
 use minions_schemas::messages::{Heartbeat, ShardEvent, WorkerState};
-use minions_schemas::{WorkerId, decode, limits, streams, subjects};
+use minions_schemas::{JobId, WorkerId, decode, limits, streams, subjects};
 use tokio_util::sync::CancellationToken;
 
 use crate::dead_letters;
 use crate::fleet;
 use crate::jobs::Tracker;
+use crate::queue;
 use crate::registry::{Observation, Registry, Transition};
+use crate::view::View;
 
 /// Why the watchdog could not run.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +32,9 @@ pub enum WatchdogError {
     /// The streams could not be set up.
     #[error(transparent)]
     Streams(#[from] streams::EnsureError),
+    /// The dashboard could not start.
+    #[error(transparent)]
+    Http(#[from] crate::http::HttpError),
     /// A subscription or stream read failed.
     #[error("cannot follow {what}: {reason}")]
     Follow {
@@ -52,6 +58,10 @@ pub struct WatchdogConfig {
     pub sweep_every: Duration,
     /// A name for this watchdog (logs, registry records).
     pub name: String,
+    /// Where to serve the dashboard and `/metrics` (None: not at all).
+    pub listen: Option<String>,
+    /// How often the work queue's figures are read.
+    pub queue_poll: Duration,
 }
 
 fn follow_err<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> WatchdogError {
@@ -94,6 +104,33 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
             registry.mark_dead(&id);
         }
     }
+    let view = Arc::new(View::new(config.name.clone(), registry));
+    let stop_side = shutdown.child_token();
+    let poller = tokio::spawn(queue::poll(
+        js.clone(),
+        view.clone(),
+        config.queue_poll,
+        stop_side.clone(),
+    ));
+    let server = match &config.listen {
+        Some(addr) => {
+            let (local, task) = crate::http::serve(
+                addr,
+                view.clone(),
+                js.clone(),
+                client.clone(),
+                stop_side.clone(),
+            )
+            .await?;
+            tracing::info!(url = %format!("http://{local}/"), "dashboard listening");
+            Some(task)
+        }
+        None => None,
+    };
+    let mut cancels = client
+        .subscribe(subjects::CANCEL_ALL)
+        .await
+        .map_err(follow_err("cancellations"))?;
 
     let mut beats = client
         .subscribe(subjects::HEARTBEAT_ALL)
@@ -146,7 +183,7 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
         })
     };
     let tracker = {
-        let mut tracker = Tracker::new(js.clone(), store.clone());
+        let mut tracker = Tracker::new(js.clone(), store.clone(), view.clone());
         tokio::spawn(async move {
             while let Some(e) = rx.recv().await {
                 tracker.apply(e).await;
@@ -158,7 +195,7 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut rejoin_told: HashMap<WorkerId, Instant> = HashMap::new();
     tracing::info!(name = %config.name, nats = %config.nats_url, missed_beats = config.missed_beats,
-        workers = registry.alive(), "watchdog started");
+        workers = view.registry().alive(), "watchdog started");
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -175,9 +212,11 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
                         continue;
                     }
                 };
-                match registry.beat(hb.clone(), Instant::now()) {
+                view.count_heartbeat();
+                let seen = view.registry().beat(hb.clone(), Instant::now());
+                match seen {
                     Observation::Same => {}
-                    Observation::Changed(t) => on_transition(&client, &kv, &t, &hb, &config.name, &registry).await,
+                    Observation::Changed(t) => on_transition(&client, &kv, &t, &hb, &config.name, &view).await,
                     Observation::Fenced(id) => {
                         let due = rejoin_told.get(&id).is_none_or(|t| t.elapsed() > Duration::from_secs(2));
                         if due {
@@ -194,11 +233,26 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
                     tracing::warn!(error = %e, "max-deliveries advisory not handled");
                 }
             }
+            c = cancels.next() => {
+                let Some(c) = c else { break };
+                if let Some(job) = c.subject.as_str().rsplit('.').next().and_then(|j| JobId::new(j).ok()) {
+                    view.jobs().cancel(&job);
+                }
+            }
             _ = sweep.tick() => {
-                for t in registry.sweep(Instant::now()) {
-                    let beat = registry.get(&t.worker).map(|e| e.beat.clone());
+                let swept: Vec<(Transition, Option<Heartbeat>)> = {
+                    let mut reg = view.registry();
+                    let ts = reg.sweep(Instant::now());
+                    ts.into_iter()
+                        .map(|t| {
+                            let beat = reg.get(&t.worker).map(|e| e.beat.clone());
+                            (t, beat)
+                        })
+                        .collect()
+                };
+                for (t, beat) in swept {
                     if let Some(beat) = beat {
-                        on_transition(&client, &kv, &t, &beat, &config.name, &registry).await;
+                        on_transition(&client, &kv, &t, &beat, &config.name, &view).await;
                     }
                 }
                 rejoin_told.retain(|_, t| t.elapsed() < Duration::from_secs(60));
@@ -206,8 +260,13 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
         }
     }
     stop_events.cancel();
+    stop_side.cancel();
     let _ = reader.await;
     let _ = tracker.await;
+    let _ = poller.await;
+    if let Some(server) = server {
+        let _ = server.await;
+    }
     tracing::info!("watchdog stopped");
     Ok(())
 }
@@ -218,8 +277,9 @@ async fn on_transition(
     t: &Transition,
     beat: &Heartbeat,
     name: &str,
-    registry: &Registry,
+    view: &View,
 ) {
+    let alive = view.registry().alive();
     match t.to {
         WorkerState::Dead => {
             let n = u32::try_from(beat.in_flight.len()).unwrap_or(u32::MAX);
@@ -227,7 +287,7 @@ async fn on_transition(
                 Ok(true) => {
                     let handed = fleet::hand_back(client, beat).await;
                     tracing::warn!(worker = %t.worker, host = %beat.host, reason = %t.reason, handed_back = handed,
-                        workers = registry.alive(), "worker declared dead");
+                        workers = alive, "worker declared dead");
                 }
                 Ok(false) => {
                     tracing::info!(worker = %t.worker, "worker already declared dead by another watchdog")
@@ -240,10 +300,10 @@ async fn on_transition(
         _ => {
             match t.to {
                 WorkerState::Joining => {
-                    tracing::info!(worker = %t.worker, host = %beat.host, device = %beat.device, workers = registry.alive(), "worker joined")
+                    tracing::info!(worker = %t.worker, host = %beat.host, device = %beat.device, workers = alive, "worker joined")
                 }
                 WorkerState::Left => {
-                    tracing::info!(worker = %t.worker, workers = registry.alive(), "worker left")
+                    tracing::info!(worker = %t.worker, workers = alive, "worker left")
                 }
                 WorkerState::Suspect => {
                     tracing::warn!(worker = %t.worker, reason = %t.reason, "worker suspect")

@@ -57,6 +57,8 @@ pub(crate) struct Ctx {
     pub(crate) owner_hold: Mutex<Option<String>>,
     /// Mean shard wall time so far, ms (0 before the first).
     pub(crate) mean_shard_ms: AtomicU64,
+    /// The most memory models may use here, MB (0 = no cap).
+    pub(crate) mem_budget_mb: u64,
     /// Quiet mode: the largest share of time the device may work, (0, 1].
     pub(crate) duty_cycle: f64,
     /// Wakes the heartbeat loop to beat now (a shard started: the watchdog
@@ -113,6 +115,17 @@ impl Ctx {
         }
     }
 
+    /// Why running shards are being handed back, for their events.
+    pub(crate) fn hand_back_reason(&self) -> String {
+        if let Some(reason) = &*lock(&self.owner_hold) {
+            format!("owner: {reason}")
+        } else if *lock(&self.operator_hold) {
+            "evicted by an operator".to_owned()
+        } else {
+            "worker stopping".to_owned()
+        }
+    }
+
     /// Records a finished shard's wall time into the running mean.
     pub(crate) fn record_duration(&self, ms: u64) {
         let old = self.mean_shard_ms.load(Ordering::Relaxed);
@@ -161,6 +174,8 @@ impl Ctx {
 
     pub(crate) fn untrack(&self, job: &str, shard: u32) {
         lock(&self.running).remove(&(job.to_owned(), shard));
+        // The fleet's view shows the slot free at once, not an interval later.
+        self.beat_now.notify_one();
     }
 
     pub(crate) fn in_flight(&self) -> Vec<InFlight> {

@@ -20,6 +20,7 @@ fn all_sources(config: &WorkerConfig) -> Vec<Source> {
             "assertions",
             "thermal",
             "screen-lock",
+            "low-power",
         ] {
             v.push(Source::MacOs(s));
         }
@@ -87,6 +88,9 @@ pub async fn report(config: &WorkerConfig) -> String {
                 }
                 if let Some(v) = o.too_hot {
                     parts.push(format!("too hot: {v}"));
+                }
+                if let Some(v) = o.low_power {
+                    parts.push(format!("low-power mode: {v}"));
                 }
                 let _ = writeln!(out, "signal       ok: {s}: {}", parts.join(", "));
             }

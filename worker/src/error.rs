@@ -26,6 +26,11 @@ pub enum ShardError {
     /// A passing failure (store, network, device); retry later.
     #[error("{0}")]
     Transient(String),
+    /// This machine cannot run the shard (its model is larger than the memory
+    /// the machine lends); another machine may. Retried like a transient
+    /// failure, and the slot rests so a larger machine's pull comes first.
+    #[error("{0}")]
+    WrongMachine(String),
     /// The worker is stopping or yielding; the shard goes back to the queue.
     #[error("worker is stopping; shard handed back")]
     Stopping,
@@ -40,7 +45,7 @@ impl ShardError {
     pub fn settle(&self, attempt: u64) -> Settle {
         match self {
             Self::Permanent(_) | Self::Cancelled => Settle::Term,
-            Self::Transient(_) => Settle::Nak(backoff(attempt)),
+            Self::Transient(_) | Self::WrongMachine(_) => Settle::Nak(backoff(attempt)),
             Self::Stopping => Settle::HandBack,
         }
     }
@@ -56,6 +61,8 @@ impl From<ModelError> for ShardError {
     fn from(e: ModelError) -> Self {
         if e.is_permanent() {
             Self::Permanent(e.to_string())
+        } else if matches!(e, ModelError::TooLarge { .. }) {
+            Self::WrongMachine(e.to_string())
         } else {
             Self::Transient(e.to_string())
         }
@@ -76,6 +83,15 @@ mod tests {
     fn kinds_settle() {
         assert_eq!(ShardError::Permanent("x".into()).settle(1), Settle::Term);
         assert_eq!(ShardError::Stopping.settle(3), Settle::HandBack);
+        assert_eq!(
+            ShardError::WrongMachine("x".into()).settle(2),
+            Settle::Nak(Duration::from_secs(2))
+        );
+        let too_large = ShardError::from(ModelError::TooLarge {
+            needs_mb: 10,
+            budget_mb: 1,
+        });
+        assert!(matches!(too_large, ShardError::WrongMachine(_)));
         assert_eq!(
             ShardError::Transient("x".into()).settle(1),
             Settle::Nak(Duration::from_secs(1))

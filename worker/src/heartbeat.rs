@@ -46,6 +46,7 @@ pub(crate) fn beat(
         owner: ctx.owner_state(),
         mem_total_mb,
         mem_avail_mb,
+        mem_budget_mb: ctx.mem_budget_mb,
         in_flight: if leaving { Vec::new() } else { ctx.in_flight() },
         done: ctx.done.load(Ordering::Relaxed),
         failed: ctx.failed.load(Ordering::Relaxed),

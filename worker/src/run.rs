@@ -122,12 +122,14 @@ pub async fn run(
         nats = %config.nats_url, store = %config.store_url, ack_wait_ms = ack_wait.as_millis() as u64,
         max_deliver, "worker started");
 
+    let mem_budget_mb = memory_budget_mb(&config, &device_name).await;
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         js,
         store: store.clone(),
         cache: ModelCache::new(store, config.cache_dir.clone(), device, config.keep_warm)
-            .with_budget_mb(memory_budget_mb(&config, &device_name).await),
+            .with_budget_mb(mem_budget_mb),
+        mem_budget_mb: mem_budget_mb.unwrap_or(0),
         compute: Semaphore::new(1),
         worker: RwLock::new(worker.clone()),
         name,

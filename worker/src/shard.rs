@@ -298,11 +298,12 @@ async fn settle(
             }
             match settle {
                 Settle::Term => {
-                    let reason = if matches!(err, ShardError::Transient(_)) {
-                        format!("gave up after {attempt} deliveries: {reason}")
-                    } else {
-                        reason
-                    };
+                    let reason =
+                        if matches!(err, ShardError::Transient(_) | ShardError::WrongMachine(_)) {
+                            format!("gave up after {attempt} deliveries: {reason}")
+                        } else {
+                            reason
+                        };
                     let stored = publish_event(
                         ctx,
                         task,
@@ -341,12 +342,28 @@ async fn settle(
                     if let Err(e) = msg.ack_with(AckKind::Nak(Some(delay))).await {
                         tracing::warn!(error = %e, "nak not sent; the shard returns after the ack wait");
                     }
+                    if matches!(err, ShardError::WrongMachine(_)) {
+                        // The shard is at the head of the queue: pulling again
+                        // at once would take it back. Let another machine's
+                        // waiting pull be served first.
+                        tokio::time::sleep(delay.min(std::time::Duration::from_secs(2))).await;
+                    }
                 }
                 Settle::HandBack => {
-                    tracing::info!(job = %task.job, shard = task.shard, "shard handed back");
+                    let why = ctx.hand_back_reason();
+                    tracing::info!(job = %task.job, shard = task.shard, why = %why, "shard handed back");
                     if let Err(e) = msg.ack_with(AckKind::Nak(None)).await {
                         tracing::warn!(error = %e, "hand-back not sent; the shard returns after the ack wait");
                     }
+                    // After the nak: the next worker must not wait on this.
+                    publish_event(
+                        ctx,
+                        task,
+                        attempt,
+                        EventKind::HandedBack { reason: why },
+                        false,
+                    )
+                    .await;
                 }
             }
         }

@@ -155,28 +155,39 @@ pub async fn run(
     let store = endpoints.store_url();
     let nats_url = format!("nats://127.0.0.1:{}", args.port);
 
-    let nats = spawn(
-        "nats",
-        &nats_bin,
-        &[
-            "-js".into(),
-            "-a".into(),
-            "127.0.0.1".into(),
-            "-p".into(),
-            args.port.to_string(),
-            "-sd".into(),
-            data_dir.join("jetstream").display().to_string(),
-            "--server_name".into(),
-            "minions-dev".into(),
-        ],
-    )?;
+    let mut nats_args: Vec<String> = vec![
+        "-js".into(),
+        "-a".into(),
+        "127.0.0.1".into(),
+        "-p".into(),
+        args.port.to_string(),
+        "-sd".into(),
+        data_dir.join("jetstream").display().to_string(),
+        "--server_name".into(),
+        "minions-dev".into(),
+    ];
+    // nats-server's monitoring endpoints (/varz, /jsz) on port + 4000 where free.
+    let monitor = args.port.checked_add(4000);
+    if let Some(m) = monitor
+        && tokio::net::TcpStream::connect(("127.0.0.1", m))
+            .await
+            .is_err()
+    {
+        nats_args.extend(["-m".into(), m.to_string()]);
+    }
+    let nats = spawn("nats", &nats_bin, &nats_args)?;
     if !wait_for_port(args.port, Duration::from_secs(15)).await {
         stop(nats, Duration::from_secs(2)).await;
         bail!("nats-server did not start listening on port {}", args.port);
     }
     let common = vec!["--nats".to_owned(), nats_url.clone()];
     let mut wd_args = common.clone();
-    wd_args.extend(["--store".to_owned(), store.clone()]);
+    wd_args.extend([
+        "--store".to_owned(),
+        store.clone(),
+        "--listen".to_owned(),
+        args.dashboard.clone(),
+    ]);
     let watchdog = spawn("watchdog", &watchdog_bin, &wd_args)?;
     let mut workers = Vec::new();
     for i in 1..=args.workers {
@@ -191,7 +202,13 @@ pub async fn run(
         ]);
         workers.push(spawn(&format!("worker-{i}"), &worker_bin, &a)?);
     }
+    let dashboard = if args.dashboard == "off" {
+        "off".to_owned()
+    } else {
+        format!("http://{}/", args.dashboard)
+    };
     tracing::info!(nats = %nats_url, store = %store, workers = args.workers, data = %data_dir.display(),
+        dashboard = %dashboard,
         "local fleet running; in another terminal: MINIONS_NATS_URL={nats_url} minions submit ... (Ctrl-C stops the fleet)");
 
     // Wait for Ctrl-C or for any process to die.

@@ -6,4 +6,5 @@ pub mod jobs;
 pub mod model;
 pub mod status;
 pub mod submit;
+pub mod watch;
 pub mod worker;

@@ -12,7 +12,7 @@ use anyhow::{Context, bail};
 use async_nats::jetstream;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use minions_schemas::messages::{InputDescription, JobSpec, ShardInput};
+use minions_schemas::messages::{EventKind, InputDescription, JobSpec, ShardInput};
 use minions_schemas::time::now_ms;
 use minions_schemas::{JobId, ModelName, SCHEMA_VERSION, encode, keys, subjects};
 use object_store::path::Path as StorePath;
@@ -170,6 +170,8 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
         created_ms: now_ms(),
     };
     let resubmit = write_spec(store.as_ref(), &spec).await?;
+    // Dashboards learn of the job now, before any shard starts.
+    crate::publish::event(&js, &spec.job, 0, EventKind::Submitted { shards }).await?;
 
     // Publish.
     let mut published = 0u64;

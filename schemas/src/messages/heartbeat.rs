@@ -42,6 +42,10 @@ pub struct Heartbeat {
     pub mem_total_mb: u64,
     /// Available memory of the machine, MB (0 when unknown).
     pub mem_avail_mb: u64,
+    /// The most memory the owner lets models use, MB (0 when unlimited or
+    /// unknown). A model larger than this is handed to another machine.
+    #[serde(default)]
+    pub mem_budget_mb: u64,
     /// Shards running now.
     pub in_flight: Vec<InFlight>,
     /// Shards finished since start.

@@ -6,6 +6,12 @@ use crate::ids::{JobId, WorkerId};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum EventKind {
+    /// The job was submitted (or submitted again); a job-level event, sent
+    /// with shard 0, so that watchers learn of a job before any shard runs.
+    Submitted {
+        /// Shards in the job.
+        shards: u32,
+    },
     /// A worker started running the shard.
     Started,
     /// The shard's output is in the store.
@@ -25,6 +31,12 @@ pub enum EventKind {
     },
     /// The shard was queued again by `minions retry` after it had failed.
     Requeued,
+    /// The worker gave the shard back unfinished (its owner returned, it was
+    /// evicted or it stopped); another worker takes it at once.
+    HandedBack {
+        /// Why, e.g. `owner: input 0 s ago`.
+        reason: String,
+    },
     /// The shard failed on this delivery.
     Failed {
         /// Why, in words a person can act on.

@@ -17,6 +17,7 @@
 //! allowed_hours = [0, 24]     # local hours [from, to); [19, 8] lends from 19:00 to 08:00
 //! max_memory_pct = 100        # models may take at most this share of the device's memory
 //! yield_to_displays = true    # yield while another app keeps the display awake (video, calls)
+//! yield_in_low_power_mode = true  # yield while the owner has turned on low-power mode (macOS)
 //! ```
 
 use std::time::{Duration, Instant};
@@ -63,6 +64,9 @@ pub struct Policy {
     pub max_memory_pct: f64,
     /// Yield while another app keeps the display awake (video, calls).
     pub yield_to_displays: bool,
+    /// Yield while the owner has turned on low-power mode (macOS `low-power`
+    /// signal): they asked the machine to save energy, not to lend it.
+    pub yield_in_low_power_mode: bool,
 }
 
 impl Default for Policy {
@@ -80,6 +84,7 @@ impl Default for Policy {
             allowed_hours: [0, 24],
             max_memory_pct: 100.0,
             yield_to_displays: true,
+            yield_in_low_power_mode: true,
         }
     }
 }
@@ -154,6 +159,9 @@ impl Policy {
         }
         if o.too_hot == Some(true) {
             return Err("thermal pressure".into());
+        }
+        if self.yield_in_low_power_mode && o.low_power == Some(true) {
+            return Err("low-power mode is on".into());
         }
         if let Some(hour) = o.local_hour
             && !self.hour_allowed(hour)
@@ -291,6 +299,30 @@ mod tests {
             ..ok
         };
         assert_eq!(p.check(&battery), Err("on battery".to_owned()));
+    }
+
+    #[test]
+    fn low_power_mode_blocks_unless_allowed() {
+        let low = Observation {
+            input_idle_secs: Some(600.0),
+            low_power: Some(true),
+            ..Default::default()
+        };
+        let p = Policy::default();
+        assert!(p.yield_in_low_power_mode, "on by default");
+        assert_eq!(p.check(&low), Err("low-power mode is on".to_owned()));
+        let off = Observation {
+            low_power: Some(false),
+            ..low.clone()
+        };
+        assert!(p.check(&off).is_ok());
+        let lenient = Policy::from_toml("yield_in_low_power_mode = false").unwrap_or_default();
+        assert!(!lenient.yield_in_low_power_mode);
+        assert!(lenient.check(&low).is_ok());
+        let e = Policy::from_toml("yield_in_low_power = false")
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("unknown field"), "{e}");
     }
 
     #[test]

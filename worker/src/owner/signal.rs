@@ -9,6 +9,8 @@
 //! - `loadavg` — the 1-minute load average per core (Linux `/proc/loadavg`).
 //! - `logind` — the session's idle hint and idle time (Linux `loginctl`).
 //! - `nvidia-smi` — NVIDIA GPU utilisation, where the tool is present.
+//! - `hid-idle`, `gpu-util`, `power`, `assertions`, `thermal`,
+//!   `screen-lock`, `low-power` — macOS sources (see [`super::macos`]).
 
 use std::time::Duration;
 
@@ -31,6 +33,8 @@ pub struct Observation {
     pub display_held: Option<bool>,
     /// Whether the screen is locked (the owner is away).
     pub screen_locked: Option<bool>,
+    /// Whether the owner has turned on low-power mode (macOS).
+    pub low_power: Option<bool>,
 }
 
 impl Observation {
@@ -44,6 +48,7 @@ impl Observation {
         self.local_hour = self.local_hour.or(other.local_hour);
         self.display_held = self.display_held.or(other.display_held);
         self.screen_locked = self.screen_locked.or(other.screen_locked);
+        self.low_power = self.low_power.or(other.low_power);
     }
 }
 
@@ -71,7 +76,7 @@ pub enum Source {
     /// `nvidia-smi`.
     NvidiaSmi,
     /// A macOS source (`hid-idle`, `gpu-util`, `power`, `assertions`,
-    /// `thermal`; see [`super::macos`]).
+    /// `thermal`, `screen-lock`, `low-power`; see [`super::macos`]).
     MacOs(&'static str),
 }
 
@@ -94,9 +99,10 @@ impl std::str::FromStr for Source {
             "assertions" => Ok(Self::MacOs("assertions")),
             "thermal" => Ok(Self::MacOs("thermal")),
             "screen-lock" => Ok(Self::MacOs("screen-lock")),
+            "low-power" => Ok(Self::MacOs("low-power")),
             _ => Err(format!(
                 "unknown owner signal {s:?}; use file:PATH, command:CMD, loadavg, logind, nvidia-smi, \
-                 or on macOS hid-idle, gpu-util, power, assertions, thermal, screen-lock"
+                 or on macOS hid-idle, gpu-util, power, assertions, thermal, screen-lock, low-power"
             )),
         }
     }
@@ -119,7 +125,8 @@ impl std::fmt::Display for Source {
 const MAX_SIGNAL_BYTES: usize = 64 * 1024;
 
 /// Parses `key=value` lines: `input_idle_secs`, `gpu_busy_pct`,
-/// `load_per_core` (numbers), `on_battery`, `too_hot` (true/false). The
+/// `load_per_core` (numbers), `on_battery`, `too_hot`, `low_power`
+/// (true/false). The
 /// single word `active` means input idle 0 s; `idle` means idle for ever.
 /// Blank lines and `#` comments are skipped; anything else is an error.
 pub fn parse_kv(text: &str) -> Result<Observation, String> {
@@ -162,6 +169,7 @@ pub fn parse_kv(text: &str) -> Result<Observation, String> {
             "load_per_core" => o.load_per_core = Some(num()?),
             "on_battery" => o.on_battery = Some(flag()?),
             "too_hot" => o.too_hot = Some(flag()?),
+            "low_power" => o.low_power = Some(flag()?),
             _ => return Err(format!("line {}: unknown key {k:?}", i + 1)),
         }
     }
@@ -336,6 +344,10 @@ mod tests {
         assert_eq!(o.gpu_busy_pct, Some(80.0));
         assert_eq!(o.on_battery, Some(true));
         assert_eq!(parse_kv("active").map(|o| o.input_idle_secs), Ok(Some(0.0)));
+        assert_eq!(
+            parse_kv("low_power=yes").map(|o| o.low_power),
+            Ok(Some(true))
+        );
         assert!(parse_kv("idle").is_ok_and(|o| o.input_idle_secs == Some(f64::INFINITY)));
         let e = parse_kv("x=1").err().unwrap_or_default();
         assert!(e.contains("unknown key \"x\""), "{e}");
@@ -362,6 +374,8 @@ mod tests {
     fn sources_parse() {
         assert_eq!("file:/tmp/x".parse(), Ok(Source::File("/tmp/x".into())));
         assert_eq!("loadavg".parse(), Ok(Source::LoadAvg));
+        assert_eq!("low-power".parse(), Ok(Source::MacOs("low-power")));
+        assert_eq!(Source::MacOs("low-power").to_string(), "low-power");
         assert!("bogus".parse::<Source>().is_err());
     }
 }

@@ -1,0 +1,184 @@
+//! `minions watch`: a job's progress live until it ends: a progress bar with
+//! rate and ETA on a terminal, a line per change otherwise, or JSON lines
+//! with `--json`. Folds the job's events as they arrive (one ordered
+//! consumer), so a large job costs the same per second as a small one.
+
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull::OrderedConfig};
+use futures::StreamExt;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use minions_schemas::messages::ShardEvent;
+use minions_schemas::progress::{JobFold, JobState, Progress, human_secs};
+use minions_schemas::{JobId, decode, keys, limits, streams, subjects};
+use object_store::ObjectStoreExt;
+use object_store::path::Path as StorePath;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::{Endpoints, WatchArgs};
+use crate::store_io::job_spec;
+
+/// How the job ended, or that the watch was interrupted.
+#[derive(Debug)]
+pub struct Watched {
+    /// The last progress seen.
+    pub progress: Progress,
+    /// False when interrupted before the job ended.
+    pub ended: bool,
+}
+
+fn summary(p: &Progress) -> String {
+    let eta = match p.eta_secs {
+        Some(e) if !p.state.is_final() => format!(", ETA {}", human_secs(e)),
+        _ => String::new(),
+    };
+    format!(
+        "{:.1} records/s{eta} · {} running, {} pending, {} failed",
+        p.rate, p.running, p.pending, p.failed
+    )
+}
+
+enum Display {
+    Bar(ProgressBar),
+    Lines {
+        last: Option<(u32, u32, u32, u32)>,
+        at: Instant,
+    },
+    Json,
+}
+
+impl Display {
+    fn new(json: bool, shards: u32) -> Self {
+        if json {
+            return Self::Json;
+        }
+        if std::io::stderr().is_terminal() {
+            let bar = ProgressBar::with_draw_target(
+                Some(u64::from(shards)),
+                ProgressDrawTarget::stderr_with_hz(4),
+            );
+            let style = ProgressStyle::with_template(
+                "{prefix} [{bar:40.green/white}] {pos}/{len} shards {percent:>3}% · {msg}",
+            )
+            .map(|s| s.progress_chars("=> "));
+            if let Ok(style) = style {
+                bar.set_style(style);
+            }
+            Self::Bar(bar)
+        } else {
+            Self::Lines {
+                last: None,
+                at: Instant::now(),
+            }
+        }
+    }
+
+    fn show(&mut self, p: &Progress) -> anyhow::Result<()> {
+        match self {
+            Self::Bar(bar) => {
+                bar.set_prefix(p.job.clone());
+                bar.set_position(u64::from(p.done));
+                bar.set_message(summary(p));
+            }
+            Self::Lines { last, at } => {
+                let now = (p.done, p.running, p.failed, p.pending);
+                let due = at.elapsed() >= Duration::from_secs(2) || p.state.is_final();
+                if *last != Some(now) && due {
+                    let mut out = std::io::stdout().lock();
+                    writeln!(
+                        out,
+                        "job {}: {}/{} shards done ({:.1}%) · {}",
+                        p.job,
+                        p.done,
+                        p.shards,
+                        100.0 * p.fraction_done(),
+                        summary(p)
+                    )?;
+                    *last = Some(now);
+                    *at = Instant::now();
+                }
+            }
+            Self::Json => {
+                let mut out = std::io::stdout().lock();
+                writeln!(out, "{}", serde_json::to_string(p)?)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(&self) {
+        if let Self::Bar(bar) = self {
+            bar.finish();
+        }
+    }
+}
+
+/// Watches `args.job` until it ends or `stop` fires.
+pub async fn run(
+    endpoints: &Endpoints,
+    args: &WatchArgs,
+    stop: CancellationToken,
+) -> anyhow::Result<Watched> {
+    let job = JobId::new(&args.job).context("job id")?;
+    let store = minions_schemas::endpoints::store::open(&endpoints.store_url())?;
+    let client =
+        minions_schemas::endpoints::nats::connect(&endpoints.nats, "minions watch").await?;
+    let js = jetstream::new(client);
+    let spec = job_spec(store.as_ref(), &job).await?;
+    let mut fold = JobFold::new(spec.clone());
+    let consumer = js
+        .get_stream(streams::EVENTS_STREAM)
+        .await
+        .context("the events stream")?
+        .create_consumer(OrderedConfig {
+            filter_subject: subjects::job_events(&job),
+            deliver_policy: DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .context("following the job's events")?;
+    let mut events = consumer
+        .messages()
+        .await
+        .context("following the job's events")?;
+    let marker = StorePath::from(keys::job_cancelled(&job));
+    let mut display = Display::new(args.json, spec.shards);
+    let mut tick = tokio::time::interval(Duration::from_millis(args.interval_ms.max(100)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_marker_check = Instant::now() - Duration::from_secs(60);
+    let mut cancelled = false;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => {
+                display.finish();
+                let progress = fold.progress(minions_schemas::time::now_ms());
+                return Ok(Watched { progress, ended: false });
+            }
+            m = events.next() => match m {
+                Some(Ok(m)) => match decode::<ShardEvent>("shard event", &m.payload, limits::MAX_EVENT_BYTES) {
+                    Ok(e) => fold.apply(&e),
+                    Err(e) => tracing::warn!(subject = %m.subject, error = %e, "ignoring an event that does not decode"),
+                },
+                Some(Err(e)) => tracing::warn!(error = %e, "reading the job's events; retrying"),
+                None => anyhow::bail!("the events stream ended"),
+            },
+            _ = tick.tick() => {
+                if last_marker_check.elapsed() >= Duration::from_secs(2) {
+                    cancelled = store.head(&marker).await.is_ok();
+                    last_marker_check = Instant::now();
+                }
+                let mut p = fold.progress(minions_schemas::time::now_ms());
+                if cancelled && p.state != JobState::Done {
+                    p.state = JobState::Cancelled;
+                }
+                display.show(&p)?;
+                if p.state.is_final() {
+                    display.finish();
+                    return Ok(Watched { progress: p, ended: true });
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,602 @@
+//! A job's progress, folded from its spec and its shard events. One fold
+//! serves `minions status`, `minions watch` and the watchdog's dashboard, so
+//! they always agree.
+//!
+//! Invariants: events are applied in stream order; a shard once done stays
+//! done (a late duplicate delivery does not undo it); counts always add up to
+//! the job's shard count.
+
+use serde::{Deserialize, Serialize};
+
+use crate::messages::{EventKind, JobSpec, ShardEvent};
+
+/// Where a job stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// No shard has started.
+    Pending,
+    /// Some shards have started or finished, some have not.
+    Running,
+    /// Every shard is done.
+    Done,
+    /// Every shard is settled and some failed for good.
+    Failed,
+    /// The job was cancelled.
+    Cancelled,
+}
+
+impl JobState {
+    /// The state as a word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Running => "running",
+            Self::Done => "done",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    /// Whether the job has ended (nothing more will run).
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Done | Self::Failed | Self::Cancelled)
+    }
+}
+
+/// A shard that failed for good.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailedShard {
+    /// The shard.
+    pub shard: u32,
+    /// Why.
+    pub reason: String,
+    /// Deliveries it had.
+    pub attempts: u64,
+}
+
+/// A job's progress at one moment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    /// The job.
+    pub job: String,
+    /// Overall state.
+    pub state: JobState,
+    /// Model name.
+    pub model: String,
+    /// Records in the job.
+    pub records: u64,
+    /// Shards in the job.
+    pub shards: u32,
+    /// Shards done.
+    pub done: u32,
+    /// Shards running now.
+    pub running: u32,
+    /// Shards waiting.
+    pub pending: u32,
+    /// Shards failed for good.
+    pub failed: u32,
+    /// Records done.
+    pub records_done: u64,
+    /// Deliveries beyond the first, over all shards.
+    pub redeliveries: u64,
+    /// Shards handed back by their worker (owner returned, eviction, stop).
+    #[serde(default)]
+    pub handed_back: u64,
+    /// Records per second since the first shard started.
+    pub rate: f64,
+    /// Seconds to finish at that rate (None before any is done).
+    pub eta_secs: Option<f64>,
+    /// When the job was submitted (ms since the epoch).
+    #[serde(default)]
+    pub created_ms: u64,
+    /// Failed shards with reasons.
+    pub failed_shards: Vec<FailedShard>,
+}
+
+impl Progress {
+    /// Share of shards done, 0..=1.
+    pub fn fraction_done(&self) -> f64 {
+        if self.shards == 0 {
+            0.0
+        } else {
+            f64::from(self.done) / f64::from(self.shards)
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+struct ShardState {
+    done: bool,
+    running: bool,
+    failed: Option<String>,
+    attempts: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Done,
+    Failed,
+    Running,
+    Pending,
+}
+
+impl ShardState {
+    fn class(&self) -> Class {
+        if self.done {
+            Class::Done
+        } else if self.failed.is_some() {
+            Class::Failed
+        } else if self.running {
+            Class::Running
+        } else {
+            Class::Pending
+        }
+    }
+}
+
+/// Running totals, kept as events are applied so that reading progress
+/// costs nothing per shard.
+#[derive(Debug, Default, Clone)]
+struct Totals {
+    done: u32,
+    failed: u32,
+    running: u32,
+    records_done: u64,
+    redeliveries: u64,
+}
+
+/// A job's events folded so far; apply events one by one, read
+/// [`JobFold::progress`] at any time (its cost does not grow with the
+/// job's size, only with its failed shards).
+#[derive(Debug, Clone)]
+pub struct JobFold {
+    spec: JobSpec,
+    shards: Vec<ShardState>,
+    totals: Totals,
+    failed: std::collections::BTreeMap<u32, (String, u64)>,
+    first_start: Option<u64>,
+    last_done: Option<u64>,
+    handed_back: u64,
+}
+
+impl JobFold {
+    /// An empty fold for the job `spec` describes.
+    pub fn new(spec: JobSpec) -> Self {
+        let n = usize::try_from(spec.shards).unwrap_or(0);
+        Self {
+            spec,
+            shards: vec![ShardState::default(); n],
+            totals: Totals::default(),
+            failed: std::collections::BTreeMap::new(),
+            first_start: None,
+            last_done: None,
+            handed_back: 0,
+        }
+    }
+
+    /// The job's spec.
+    pub fn spec(&self) -> &JobSpec {
+        &self.spec
+    }
+
+    /// Applies one event (events of other jobs and out-of-range shards are
+    /// ignored).
+    pub fn apply(&mut self, e: &ShardEvent) {
+        if e.job != self.spec.job {
+            return;
+        }
+        let Some(s) = usize::try_from(e.shard)
+            .ok()
+            .and_then(|i| self.shards.get_mut(i))
+        else {
+            return;
+        };
+        if matches!(e.kind, EventKind::Submitted { .. }) {
+            return;
+        }
+        let before = (s.class(), s.attempts);
+        s.attempts = s.attempts.max(e.attempt);
+        match &e.kind {
+            EventKind::Started => {
+                self.first_start = Some(self.first_start.map_or(e.at_ms, |t| t.min(e.at_ms)));
+                if !s.done {
+                    s.running = true;
+                }
+            }
+            EventKind::Done { .. } => {
+                s.done = true;
+                s.running = false;
+                s.failed = None;
+                self.last_done = Some(self.last_done.map_or(e.at_ms, |t| t.max(e.at_ms)));
+            }
+            EventKind::Submitted { .. } => {}
+            EventKind::Requeued => {
+                s.failed = None;
+                s.running = false;
+            }
+            EventKind::HandedBack { .. } => {
+                s.running = false;
+                self.handed_back += 1;
+            }
+            EventKind::Failed { reason, permanent } => {
+                s.running = false;
+                if *permanent && !s.done {
+                    s.failed = Some(reason.clone());
+                }
+            }
+        }
+        let after = s.class();
+        let t = &mut self.totals;
+        t.redeliveries += s.attempts.saturating_sub(1) - before.1.saturating_sub(1);
+        if after == Class::Failed {
+            let reason = s.failed.clone().unwrap_or_default();
+            self.failed.insert(e.shard, (reason, s.attempts));
+        } else if before.0 == Class::Failed {
+            self.failed.remove(&e.shard);
+        }
+        if before.0 != after {
+            let rows = self.spec.shard_rows(e.shard);
+            match before.0 {
+                Class::Done => {
+                    t.done -= 1;
+                    t.records_done -= rows;
+                }
+                Class::Failed => t.failed -= 1,
+                Class::Running => t.running -= 1,
+                Class::Pending => {}
+            }
+            match after {
+                Class::Done => {
+                    t.done += 1;
+                    t.records_done += rows;
+                }
+                Class::Failed => t.failed += 1,
+                Class::Running => t.running += 1,
+                Class::Pending => {}
+            }
+        }
+    }
+
+    /// Whether `shard` is done.
+    pub fn is_done(&self, shard: u32) -> bool {
+        usize::try_from(shard)
+            .ok()
+            .and_then(|i| self.shards.get(i))
+            .is_some_and(|s| s.done)
+    }
+
+    /// Whether `shard` failed for good (and is not done).
+    pub fn is_failed(&self, shard: u32) -> bool {
+        usize::try_from(shard)
+            .ok()
+            .and_then(|i| self.shards.get(i))
+            .is_some_and(|s| !s.done && s.failed.is_some())
+    }
+
+    /// The progress now; `now_ms` is the clock.
+    pub fn progress(&self, now_ms: u64) -> Progress {
+        let spec = &self.spec;
+        let mut p = Progress {
+            job: spec.job.to_string(),
+            state: JobState::Pending,
+            model: spec.model_name.to_string(),
+            records: spec.records,
+            shards: spec.shards,
+            done: self.totals.done,
+            running: self.totals.running,
+            pending: 0,
+            failed: self.totals.failed,
+            records_done: self.totals.records_done,
+            redeliveries: self.totals.redeliveries,
+            handed_back: self.handed_back,
+            rate: 0.0,
+            eta_secs: None,
+            created_ms: spec.created_ms,
+            failed_shards: self
+                .failed
+                .iter()
+                .map(|(&shard, (reason, attempts))| FailedShard {
+                    shard,
+                    reason: reason.clone(),
+                    attempts: *attempts,
+                })
+                .collect(),
+        };
+        p.pending = spec.shards - p.done - p.failed - p.running;
+        p.state = if p.done == spec.shards {
+            JobState::Done
+        } else if p.done + p.failed == spec.shards {
+            JobState::Failed
+        } else if p.done + p.running + p.failed > 0 {
+            JobState::Running
+        } else {
+            JobState::Pending
+        };
+        if let Some(start) = self.first_start {
+            let end = if p.state == JobState::Done {
+                self.last_done.unwrap_or(now_ms)
+            } else {
+                now_ms
+            };
+            let secs = (end.saturating_sub(start) as f64 / 1000.0).max(0.001);
+            p.rate = p.records_done as f64 / secs;
+            if p.rate > 0.0 {
+                let left = spec.records.saturating_sub(p.records_done) as f64;
+                p.eta_secs = Some(left / p.rate);
+            }
+        }
+        p
+    }
+}
+
+/// Folds events (in stream order) into progress; `now_ms` is the clock.
+pub fn fold(spec: &JobSpec, events: &[ShardEvent], now_ms: u64) -> Progress {
+    let mut f = JobFold::new(spec.clone());
+    for e in events {
+        f.apply(e);
+    }
+    f.progress(now_ms)
+}
+
+/// Seconds as a short human duration: `42s`, `3m 05s`, `2h 10m`.
+pub fn human_secs(s: f64) -> String {
+    let s = s.max(0.0).round() as u64;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m {:02}s", s / 60, s % 60),
+        _ => format!("{}h {:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+impl Progress {
+    /// The human-readable report.
+    pub fn render(&self) -> String {
+        let pct = 100.0 * self.fraction_done();
+        let state = match self.state {
+            JobState::Failed => format!("completed with {} failed", self.failed),
+            s => s.as_str().to_owned(),
+        };
+        let mut out = format!(
+            "job {}: {state}\n  model    {}\n  records  {} in {} shards\n  shards   {} done, {} running, {} pending, {} failed ({pct:.1}% done)\n",
+            self.job,
+            self.model,
+            self.records,
+            self.shards,
+            self.done,
+            self.running,
+            self.pending,
+            self.failed
+        );
+        if self.rate > 0.0 {
+            let eta = match (self.state, self.eta_secs) {
+                (JobState::Running | JobState::Pending, Some(e)) => {
+                    format!(", ETA {}", human_secs(e))
+                }
+                _ => String::new(),
+            };
+            out.push_str(&format!("  rate     {:.1} records/s{eta}\n", self.rate));
+        }
+        if self.redeliveries > 0 || self.handed_back > 0 {
+            out.push_str(&format!(
+                "  retries  {} redeliveries, {} handed back\n",
+                self.redeliveries, self.handed_back
+            ));
+        }
+        if !self.failed_shards.is_empty() {
+            out.push_str("  failed shards:\n");
+            for f in self.failed_shards.iter().take(20) {
+                out.push_str(&format!(
+                    "    shard {} after {} deliveries: {}\n",
+                    f.shard, f.attempts, f.reason
+                ));
+            }
+            if self.failed_shards.len() > 20 {
+                out.push_str(&format!(
+                    "    ... and {} more (--json lists all)\n",
+                    self.failed_shards.len() - 20
+                ));
+            }
+        }
+        out.trim_end().to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::messages::{InputDescription, ModelFamily};
+    use crate::{IdError, JobId, ModelHash, ModelName, SCHEMA_VERSION, WorkerId};
+
+    fn spec() -> Result<JobSpec, IdError> {
+        Ok(JobSpec {
+            v: SCHEMA_VERSION,
+            job: JobId::new("j")?,
+            model_name: ModelName::new("m")?,
+            model_hash: ModelHash::new("a".repeat(64))?,
+            family: ModelFamily::BertEmbedding,
+            input: InputDescription {
+                source: "x".into(),
+                sha256: String::new(),
+                bytes: 0,
+                text_field: "text".into(),
+                id_field: None,
+            },
+            shard_size: 10,
+            max_batch: 0,
+            shards: 4,
+            records: 35,
+            skipped: 0,
+            created_ms: 0,
+        })
+    }
+
+    fn ev(shard: u32, attempt: u64, at_ms: u64, kind: EventKind) -> Result<ShardEvent, IdError> {
+        Ok(ShardEvent {
+            v: SCHEMA_VERSION,
+            job: JobId::new("j")?,
+            shard,
+            worker: WorkerId::new("w")?,
+            host: "h".into(),
+            attempt,
+            at_ms,
+            kind,
+        })
+    }
+
+    fn done() -> EventKind {
+        EventKind::Done {
+            rows: 10,
+            output_bytes: 1,
+            duration_ms: 1,
+            compute_ms: 1,
+            already_done: false,
+            sha256: String::new(),
+        }
+    }
+
+    #[test]
+    fn folds_events() -> Result<(), IdError> {
+        let spec = spec()?;
+        let events = vec![
+            ev(0, 1, 1000, EventKind::Started)?,
+            ev(0, 1, 2000, done())?,
+            ev(1, 1, 1000, EventKind::Started)?,
+            ev(
+                1,
+                1,
+                1500,
+                EventKind::Failed {
+                    reason: "net".into(),
+                    permanent: false,
+                },
+            )?,
+            ev(1, 2, 1600, EventKind::Started)?,
+            ev(
+                2,
+                3,
+                1700,
+                EventKind::Failed {
+                    reason: "bad input".into(),
+                    permanent: true,
+                },
+            )?,
+        ];
+        let p = fold(&spec, &events, 3000);
+        assert_eq!((p.done, p.running, p.pending, p.failed), (1, 1, 1, 1));
+        assert_eq!(p.state, JobState::Running);
+        assert_eq!(p.records_done, 10);
+        assert_eq!(p.redeliveries, 1 + 2);
+        assert!((p.rate - 5.0).abs() < 1e-9, "{}", p.rate);
+        assert_eq!(p.failed_shards[0].reason, "bad input");
+        assert!(p.render().contains("1 failed"));
+        Ok(())
+    }
+
+    #[test]
+    fn a_done_shard_stays_done_after_a_late_duplicate() -> Result<(), IdError> {
+        let spec = spec()?;
+        let mut events = Vec::new();
+        for s in 0..4 {
+            events.push(ev(s, 1, 1000, done())?);
+        }
+        events.push(ev(2, 2, 1100, EventKind::Started)?);
+        let p = fold(&spec, &events, 5000);
+        assert_eq!(p.state, JobState::Done);
+        assert_eq!(p.records_done, 35);
+        let failed = fold(
+            &spec,
+            &[
+                ev(
+                    0,
+                    5,
+                    1,
+                    EventKind::Failed {
+                        reason: "x".into(),
+                        permanent: true,
+                    },
+                )?,
+                ev(1, 1, 1, done())?,
+                ev(2, 1, 1, done())?,
+                ev(3, 1, 1, done())?,
+            ],
+            10,
+        );
+        assert_eq!(failed.state, JobState::Failed);
+        assert!(failed.render().contains("completed with 1 failed"));
+        Ok(())
+    }
+
+    #[test]
+    fn a_handed_back_shard_is_pending_again() -> Result<(), IdError> {
+        let spec = spec()?;
+        let events = vec![
+            ev(0, 1, 1000, EventKind::Started)?,
+            ev(
+                0,
+                1,
+                1100,
+                EventKind::HandedBack {
+                    reason: "owner: input 0 s ago".into(),
+                },
+            )?,
+        ];
+        let p = fold(&spec, &events, 2000);
+        assert_eq!((p.running, p.pending, p.handed_back), (0, 4, 1));
+        assert!(p.render().contains("1 handed back"));
+        Ok(())
+    }
+
+    #[test]
+    fn running_totals_match_a_recount_after_any_sequence() -> Result<(), IdError> {
+        let spec = spec()?;
+        let mut f = JobFold::new(spec.clone());
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for step in 0..5000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let shard = (x % 5) as u32;
+            let attempt = 1 + (x >> 8) % 4;
+            let kind = match (x >> 16) % 6 {
+                0 => EventKind::Started,
+                1 => done(),
+                2 => EventKind::Requeued,
+                3 => EventKind::HandedBack {
+                    reason: "owner".into(),
+                },
+                4 => EventKind::Failed {
+                    reason: "t".into(),
+                    permanent: false,
+                },
+                _ => EventKind::Failed {
+                    reason: format!("p{step}"),
+                    permanent: true,
+                },
+            };
+            f.apply(&ev(shard, attempt, step, kind)?);
+            let p = f.progress(step);
+            let (mut done, mut failed, mut running, mut records, mut redel) = (0, 0, 0, 0, 0);
+            for (i, s) in (0u32..).zip(&f.shards) {
+                redel += s.attempts.saturating_sub(1);
+                match s.class() {
+                    Class::Done => {
+                        done += 1;
+                        records += spec.shard_rows(i);
+                    }
+                    Class::Failed => failed += 1,
+                    Class::Running => running += 1,
+                    Class::Pending => {}
+                }
+            }
+            assert_eq!(
+                (p.done, p.failed, p.running, p.records_done, p.redeliveries),
+                (done, failed, running, records, redel),
+                "after step {step}"
+            );
+            assert_eq!(p.failed_shards.len() as u32, failed);
+            assert_eq!(p.done + p.failed + p.running + p.pending, spec.shards);
+        }
+        Ok(())
+    }
+}

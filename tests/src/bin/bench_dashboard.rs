@@ -1,0 +1,340 @@
+//! Benchmark: the watchdog with a large simulated fleet. One process plays N
+//! workers (a heartbeat each per second, one shard in flight each, the
+//! shard events of a fleet that finishes N/10 shards a second) against a
+//! real nats-server and a real `minions-watchdog`; it measures the
+//! watchdog's CPU use and how fast its dashboard loads, with a real headless
+//! Chromium open on the page throughout, for each fleet size side by side.
+//!
+//!   cargo build --release -p minions-watchdog
+//!   cargo run -p minions-tests --bin bench_dashboard -- --workers 10,1000 --secs 20
+//!
+//! Prints a Markdown table (for BENCHMARKS.md).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use minions_schemas::messages::{
+    EventKind, Heartbeat, InFlight, InputDescription, JobSpec, ModelFamily, ShardEvent,
+};
+use minions_schemas::time::now_ms;
+use minions_schemas::{JobId, ModelHash, ModelName, SCHEMA_VERSION, WorkerId, encode, subjects};
+use minions_tests::web::{Browser, get};
+use minions_tests::{NatsServer, Proc, Result, bin, free_port, scratch, workspace_root};
+
+const SHARDS: u32 = 1_000_000;
+
+/// Results go to stdout (the table is the point of the program).
+macro_rules! out {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+/// CPU seconds (user + system) the process has used.
+fn cpu_secs(pid: i32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rsplit(')').next().ok_or("bad /proc stat")?;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // Fields after the name: state is [0]; utime [11], stime [12] (in ticks).
+    let utime: f64 = f.get(11).ok_or("no utime")?.parse()?;
+    let stime: f64 = f.get(12).ok_or("no stime")?.parse()?;
+    let tck = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)?.map_or(100.0, |v| v as f64);
+    Ok((utime + stime) / tck)
+}
+
+fn rss_mb(pid: i32) -> Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .ok_or("no VmRSS")?
+        .parse()?;
+    Ok(kb / 1024.0)
+}
+
+fn spec(job: &JobId) -> Result<JobSpec> {
+    Ok(JobSpec {
+        v: SCHEMA_VERSION,
+        job: job.clone(),
+        model_name: ModelName::new("bench")?,
+        model_hash: ModelHash::new("b".repeat(64))?,
+        family: ModelFamily::BertEmbedding,
+        input: InputDescription {
+            source: "bench".into(),
+            sha256: String::new(),
+            bytes: 0,
+            text_field: "text".into(),
+            id_field: None,
+        },
+        shard_size: 256,
+        max_batch: 0,
+        shards: SHARDS,
+        records: u64::from(SHARDS) * 256,
+        skipped: 0,
+        created_ms: now_ms(),
+    })
+}
+
+/// Plays `n` workers until `stop`: beats spread over each second, and
+/// `n / 10` shards finished (and as many started) per second.
+async fn simulate(
+    client: async_nats::Client,
+    job: JobId,
+    n: usize,
+    first_shard: u32,
+    stop: Arc<AtomicBool>,
+) -> Result<()> {
+    let js = async_nats::jetstream::new(client.clone());
+    let started_ms = now_ms();
+    let ids: Vec<WorkerId> = (0..n)
+        .map(|i| WorkerId::new(format!("sim{n}-{i:05}")))
+        .collect::<std::result::Result<_, _>>()?;
+    let mut shard = first_shard;
+    let mut running: Vec<u32> = (0..n as u32).map(|i| first_shard + i).collect();
+    shard += n as u32;
+    let ticks_per_sec = 10;
+    let mut tick = tokio::time::interval(Duration::from_millis(1000 / ticks_per_sec));
+    let mut t: u64 = 0;
+    while !stop.load(Ordering::Relaxed) {
+        tick.tick().await;
+        // This tenth of the fleet beats.
+        for (i, id) in ids.iter().enumerate() {
+            if (i as u64) % ticks_per_sec != t % ticks_per_sec {
+                continue;
+            }
+            let hb = Heartbeat {
+                v: SCHEMA_VERSION,
+                worker: id.clone(),
+                host: format!("mac-{i:04}"),
+                device: "metal:0".into(),
+                slots: 1,
+                draining: false,
+                leaving: false,
+                owner: if i % 7 == 0 {
+                    "yielded: input 12 s ago".into()
+                } else {
+                    "available".into()
+                },
+                mem_total_mb: 32_768,
+                mem_avail_mb: 20_000,
+                mem_budget_mb: 16_384,
+                in_flight: vec![InFlight {
+                    job: job.clone(),
+                    shard: running[i],
+                    reply: format!(
+                        "$JS.ACK.MINIONS_WORK.minions-workers.1.{}.1.0.0",
+                        running[i]
+                    ),
+                    started_ms: now_ms(),
+                }],
+                done: t,
+                failed: 0,
+                interval_ms: 1000,
+                started_ms,
+                at_ms: now_ms(),
+            };
+            client
+                .publish(subjects::heartbeat(id), encode("heartbeat", &hb)?.into())
+                .await?;
+        }
+        // A tenth of a second's worth of finished shards: n / 100 per tick.
+        let finishing = (n / 100).max(1);
+        for k in 0..finishing {
+            let i = ((t as usize) * finishing + k) % n;
+            let done = running[i];
+            let worker = ids[i].clone();
+            let at = now_ms();
+            for (s, kind) in [
+                (
+                    done,
+                    EventKind::Done {
+                        rows: 256,
+                        output_bytes: 256 * 384 * 4,
+                        duration_ms: 9_000 + (k as u64 * 37) % 2_000,
+                        compute_ms: 8_000,
+                        already_done: false,
+                        sha256: "0".repeat(64),
+                    },
+                ),
+                (shard, EventKind::Started),
+            ] {
+                let e = ShardEvent {
+                    v: SCHEMA_VERSION,
+                    job: job.clone(),
+                    shard: s,
+                    worker: worker.clone(),
+                    host: format!("mac-{i:04}"),
+                    attempt: 1,
+                    at_ms: at,
+                    kind,
+                };
+                js.publish(subjects::event(&job, s), encode("shard event", &e)?.into())
+                    .await?;
+            }
+            running[i] = shard;
+            shard += 1;
+        }
+        t += 1;
+    }
+    Ok(())
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let sizes: Vec<usize> = arg("--workers")
+        .unwrap_or_else(|| "10,1000".into())
+        .split(',')
+        .map(str::parse)
+        .collect::<std::result::Result<_, _>>()?;
+    let secs: u64 = arg("--secs").unwrap_or_else(|| "20".into()).parse()?;
+    let release = workspace_root().join("target/release/minions-watchdog");
+    let watchdog_bin = match arg("--watchdog") {
+        Some(p) => p.into(),
+        None if release.is_file() => release,
+        None => bin("minions-watchdog")?,
+    };
+    let dir = scratch("minions-bench-")?;
+    let nats = NatsServer::start()?;
+    let store = dir.path().join("store");
+    let store_url = format!("file://{}", store.display());
+    let client = async_nats::connect(nats.url()).await?;
+    let js = async_nats::jetstream::new(client.clone());
+    minions_schemas::streams::ensure(&js, &Default::default()).await?;
+
+    out!(
+        "watchdog binary: {}  ·  {} s per fleet size  ·  {} cores",
+        watchdog_bin.display(),
+        secs,
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    out!("");
+    out!(
+        "| workers | heartbeats/s | events/s | watchdog CPU (cores) | RSS MB | GET / median (max) ms | page KB | GET /metrics median ms | Chromium load median (max) ms | workers on page |"
+    );
+    out!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut first_shard = 0;
+    for (round, &n) in sizes.iter().enumerate() {
+        let job = JobId::new(format!("bench{round}"))?;
+        let key = store.join(minions_schemas::keys::job_spec(&job));
+        if let Some(parent) = key.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&key, encode("job spec", &spec(&job)?)?)?;
+        // A fresh watchdog per size, seeing only this size's workers.
+        js.get_stream(minions_schemas::streams::HEARTBEATS_STREAM)
+            .await?
+            .purge()
+            .await?;
+        let port = free_port()?;
+        let mut wd = Proc::spawn(
+            &format!("watchdog-{n}"),
+            &watchdog_bin,
+            &[
+                "--nats".into(),
+                nats.url(),
+                "--store".into(),
+                store_url.clone(),
+                "--listen".into(),
+                format!("127.0.0.1:{port}"),
+            ],
+            &[("RUST_LOG".into(), "warn".into())],
+            dir.path(),
+        )?;
+        let base = format!("http://127.0.0.1:{port}");
+        let stop = Arc::new(AtomicBool::new(false));
+        let sim = tokio::spawn(simulate(
+            client.clone(),
+            job.clone(),
+            n,
+            first_shard,
+            stop.clone(),
+        ));
+        first_shard += 1_000_000 / sizes.len() as u32;
+        // Warm up: every simulated worker has beaten.
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok((200, body)) = get(&format!("{base}/api/fleet"))
+                && body.matches("\"id\":\"sim").count() >= n
+            {
+                break;
+            }
+            if Instant::now() > until {
+                return Err(format!("the watchdog never showed {n} workers").into());
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let browser = Browser::start(dir.path())?;
+        browser.open(&format!("{base}/"))?;
+
+        let pid = wd.pid();
+        let cpu0 = cpu_secs(pid)?;
+        let t0 = Instant::now();
+        let mut page_ms = Vec::new();
+        let mut metrics_ms = Vec::new();
+        let mut page_kb = 0.0;
+        let mut shown = 0;
+        while t0.elapsed() < Duration::from_secs(secs) {
+            let base2 = base.clone();
+            let (p, m, kb, rows) = tokio::task::spawn_blocking(move || -> Result<_> {
+                let a = Instant::now();
+                let (_, body) = get(&format!("{base2}/"))?;
+                let p = a.elapsed().as_secs_f64() * 1000.0;
+                let a = Instant::now();
+                get(&format!("{base2}/metrics"))?;
+                let m = a.elapsed().as_secs_f64() * 1000.0;
+                Ok((
+                    p,
+                    m,
+                    body.len() as f64 / 1024.0,
+                    body.matches("<tr class=\"worker\"").count(),
+                ))
+            })
+            .await??;
+            page_ms.push(p);
+            metrics_ms.push(m);
+            page_kb = kb;
+            shown = rows;
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+        }
+        let cores = (cpu_secs(pid)? - cpu0) / t0.elapsed().as_secs_f64();
+        let rss = rss_mb(pid)?;
+        // Full loads in the browser: navigation start to load end.
+        let mut load_ms = Vec::new();
+        for _ in 0..5 {
+            browser.open(&format!("{base}/"))?;
+            let v = browser.eval(
+                "var e = performance.getEntriesByType('navigation')[0]; return e.loadEventEnd - e.startTime;",
+            )?;
+            load_ms.push(v.as_f64().unwrap_or(f64::NAN));
+        }
+        drop(browser);
+        stop.store(true, Ordering::Relaxed);
+        sim.await??;
+        wd.kill();
+        let page_max = page_ms.iter().copied().fold(0.0, f64::max);
+        let load_max = load_ms.iter().copied().fold(0.0, f64::max);
+        let events = 2 * (n / 100).max(1) * 10;
+        out!(
+            "| {n} | {n} | {events} | {cores:.3} | {rss:.0} | {:.1} ({page_max:.1}) | {page_kb:.0} | {:.1} | {:.0} ({load_max:.0}) | {shown} |",
+            median(&mut page_ms),
+            median(&mut metrics_ms),
+            median(&mut load_ms),
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,245 @@
+//! The watchdog's dashboard and metrics, looked at as an operator and as
+//! Prometheus would: a job submitted before any worker exists is explained
+//! ("no worker is connected"); a real headless Chromium shows both workers
+//! and the job going to 100% without a reload; `/metrics`, read by a Prometheus
+//! text-format parser, counts exactly the job's shards and records; the job
+//! page says why nothing waits; `minions watch` follows the job to its end;
+//! every metric the shipped Grafana dashboard queries exists.
+//!
+//! `MINIONS_UPDATE_SCREENSHOT=1` also writes the screenshot taken midway to
+//! docs/dashboard.png.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use minions_tests::web::{Browser, get};
+use minions_tests::{Fleet, Result, SLOW, bin, workspace_root, write_corpus};
+use prometheus_parse::{Scrape, Value};
+
+const RECORDS: usize = 1200;
+const SHARD: u32 = 30;
+const SHARDS: u32 = 40;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dashboard_shows_two_workers_and_a_job_reaching_100_percent() -> Result<()> {
+    let mut fleet = Fleet::local()?;
+    let r = scenario(&mut fleet).await;
+    fleet.explain(r)
+}
+
+fn wait_until<T>(
+    what: &str,
+    within: Duration,
+    mut f: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    let until = Instant::now() + within;
+    loop {
+        match f() {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) if Instant::now() >= until => return Err(e),
+            Err(_) => {}
+        }
+        if Instant::now() >= until {
+            return Err(format!("{what}: not within {within:?}").into());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+async fn scenario(fleet: &mut Fleet) -> Result<()> {
+    fleet.push_model("slow", SLOW)?;
+    let input = fleet.dir.path().join("in.jsonl");
+    write_corpus(&input, RECORDS)?;
+    fleet.add_watchdog(&[])?;
+    let base = fleet.dashboards[0].clone();
+    wait_until("healthz", Duration::from_secs(20), || {
+        Ok(get(&format!("{base}/healthz"))
+            .ok()
+            .filter(|(s, _)| *s == 200)
+            .map(|_| ()))
+    })?;
+
+    // Submitted before any worker exists: the job page says why it waits.
+    let job = fleet.submit("slow", &input, SHARD, "dash")?;
+    let why = wait_until(
+        "the job known to the watchdog",
+        Duration::from_secs(10),
+        || {
+            let (code, body) = get(&format!("{base}/api/jobs/{job}"))?;
+            if code != 200 {
+                return Ok(None);
+            }
+            let v: serde_json::Value = serde_json::from_str(&body)?;
+            Ok(Some(v["waiting_because"][0].clone()))
+        },
+    )?;
+    eprintln!("before any worker: {}", why["text"]);
+    assert_eq!(why["key"], "no_workers", "{why}");
+
+    let browser = Browser::start(fleet.dir.path())?;
+    browser.open(&format!("{base}/"))?;
+    // A marker that a reload would wipe: the page must update in place.
+    browser.eval("window.__minionsNoReload = 1; return 1;")?;
+    fleet.add_worker(&["--slots", "1"])?;
+    fleet.add_worker(&["--slots", "1"])?;
+    let workers = wait_until("2 workers on the page", Duration::from_secs(30), || {
+        let n = browser
+            .eval("return document.querySelectorAll('#workers tr.worker').length;")?
+            .as_u64()
+            .unwrap_or(0);
+        Ok((n == 2).then_some(n))
+    })?;
+    eprintln!("dashboard shows {workers} workers");
+
+    let watch = std::process::Command::new(bin("minions")?)
+        .args(["watch", &job, "--json", "--interval-ms", "250"])
+        .envs(fleet.cli_env())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+
+    let row = format!(
+        "var r = document.querySelector('#jobs tr.job[data-job=\"{job}\"]'); return r ? r.getAttribute('data-pct') : null;"
+    );
+    let mut seen: Vec<f64> = Vec::new();
+    let mut midway = None;
+    let started = Instant::now();
+    wait_until("job at 100% on the page", Duration::from_secs(240), || {
+        if let Some(p) = browser
+            .eval(&row)?
+            .as_str()
+            .and_then(|s| s.parse::<f64>().ok())
+            && seen.last() != Some(&p)
+        {
+            seen.push(p);
+            if midway.is_none() && (50.0..100.0).contains(&p) {
+                midway = Some(browser.screenshot(&fleet.dir.path().join("dashboard-midway.png"))?);
+            }
+        }
+        Ok((seen.last() == Some(&100.0)).then_some(()))
+    })?;
+    eprintln!(
+        "page showed the job at {seen:?} % over {:.1} s without a reload",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        seen.iter().any(|p| *p < 100.0),
+        "the page never showed the job unfinished: {seen:?}"
+    );
+    let marker = browser.eval("return window.__minionsNoReload || 0;")?;
+    assert_eq!(marker, 1, "the page was reloaded");
+    let workers = browser.eval("return document.querySelectorAll('#workers tr.worker').length;")?;
+    assert_eq!(workers, 2);
+    let done_shot = browser.screenshot(&fleet.dir.path().join("dashboard.png"))?;
+    let shot = midway.unwrap_or(done_shot);
+    if std::env::var_os("MINIONS_UPDATE_SCREENSHOT").is_some() {
+        let docs = workspace_root().join("docs");
+        std::fs::create_dir_all(&docs)?;
+        std::fs::copy(&shot, docs.join("dashboard.png"))?;
+        eprintln!("screenshot written to docs/dashboard.png");
+    }
+
+    // The job page: nothing waits, and it says so.
+    browser.open(&format!("{base}/jobs/{job}"))?;
+    let reason = browser.eval(
+        "var li = document.querySelector('#explain li'); return li ? li.getAttribute('data-reason') : null;",
+    )?;
+    assert_eq!(reason, "ended");
+
+    // `minions watch` ended with the job, exit 0, last line done.
+    let out = watch.wait_with_output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "watch failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<std::result::Result<_, _>>()?;
+    let last = lines.last().ok_or("watch printed nothing")?;
+    assert_eq!(last["state"], "done", "{last}");
+    assert_eq!(last["done"], SHARDS);
+    eprintln!(
+        "minions watch printed {} updates, the last: done",
+        lines.len()
+    );
+
+    // /metrics as Prometheus reads it.
+    let status = fleet.wait_job(&job, Duration::from_secs(30))?;
+    let (code, text) = get(&format!("{base}/metrics"))?;
+    assert_eq!(code, 200);
+    let scrape = Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))?;
+    let value = |name: &str, label: Option<(&str, &str)>| -> Option<f64> {
+        scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == name && label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
+            .and_then(|s| match &s.value {
+                Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => Some(*v),
+                Value::Histogram(b) => b
+                    .iter()
+                    .find(|c| c.less_than.is_infinite())
+                    .map(|c| c.count),
+                Value::Summary(_) => None,
+            })
+    };
+    let done = value("minions_shards_total", Some(("outcome", "done")));
+    let failed = value("minions_shards_total", Some(("outcome", "failed")));
+    let records = value("minions_records_total", None);
+    let durations = value("minions_shard_duration_seconds", None);
+    let ratio = value("minions_job_progress_ratio", Some(("job", &job)));
+    let idle = value("minions_workers", Some(("state", "idle"))).unwrap_or(0.0)
+        + value("minions_workers", Some(("state", "busy"))).unwrap_or(0.0);
+    eprintln!(
+        "metrics: done={done:?} failed={failed:?} records={records:?} duration_count={durations:?} progress={ratio:?} live workers={idle}; status: {} done, {} records",
+        status["done"], status["records_done"]
+    );
+    assert_eq!(done, Some(f64::from(SHARDS)));
+    assert_eq!(status["done"], SHARDS);
+    assert_eq!(failed, Some(0.0));
+    assert_eq!(records, Some(RECORDS as f64));
+    assert_eq!(status["records_done"], RECORDS);
+    assert_eq!(durations, Some(f64::from(SHARDS)));
+    assert_eq!(ratio, Some(1.0));
+    assert_eq!(idle, 2.0);
+    assert!(value("minions_heartbeats_total", None).unwrap_or(0.0) > 0.0);
+    // The queue empties once the last ack is read (polled every second).
+    wait_until("queue depth 0 in /metrics", Duration::from_secs(10), || {
+        let (_, t) = get(&format!("{base}/metrics"))?;
+        Ok(t.lines()
+            .any(|l| l == "minions_queue_depth 0")
+            .then_some(()))
+    })?;
+
+    // Every metric the Grafana dashboard queries is exported.
+    let exported: BTreeSet<String> = scrape.docs.keys().cloned().collect();
+    let dashboard =
+        std::fs::read_to_string(workspace_root().join("deploy/grafana/minions-dashboard.json"))?;
+    let _: serde_json::Value = serde_json::from_str(&dashboard)?;
+    let mut queried: HashMap<String, usize> = HashMap::new();
+    for (i, _) in dashboard.match_indices("minions_") {
+        let name: String = dashboard[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        let base_name = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(&name)
+            .to_owned();
+        *queried.entry(base_name).or_default() += 1;
+    }
+    let missing: Vec<&String> = queried.keys().filter(|n| !exported.contains(*n)).collect();
+    assert!(
+        missing.is_empty(),
+        "the Grafana dashboard queries metrics the watchdog does not export: {missing:?}"
+    );
+    eprintln!(
+        "Grafana dashboard queries {} metrics, all exported",
+        queried.len()
+    );
+    Ok(())
+}

@@ -1,0 +1,317 @@
+//! The dashboard's HTML: a page shell with inline style and script (works
+//! offline), and the live fragments its script swaps in every second.
+//! Every value from outside (hosts, reasons, job ids) is escaped.
+
+use std::fmt::Write;
+
+use minions_schemas::progress::{Progress, human_secs};
+
+use crate::explain::Reason;
+use crate::view::{Snapshot, WorkerRow};
+
+const CSS: &str = include_str!("dashboard.css");
+const JS: &str = include_str!("dashboard.js");
+
+/// Escapes text for HTML content and attribute values.
+pub fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A whole page around a live fragment served at `fragment_url`.
+pub fn page(title: &str, watchdog: &str, fragment_url: &str, fragment: &str) -> String {
+    format!(
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">\
+<title>{title}</title><style>{CSS}</style></head><body>\
+<header><h1><a href=\"/\">Minions</a></h1><span class=\"meta\">watchdog {w} · live, updated every second · \
+<a href=\"/metrics\">metrics</a> · <a href=\"/api/fleet\">json</a></span></header>\
+<div id=\"offline\">The watchdog does not answer; showing the last view.</div>\
+<main id=\"live\" data-fragment=\"{u}\">{fragment}</main><script>{JS}</script></body></html>\n",
+        title = esc(title),
+        w = esc(watchdog),
+        u = esc(fragment_url),
+    )
+}
+
+fn state(word: &str) -> String {
+    format!("<span class=\"state {w}\">{w}</span>", w = esc(word))
+}
+
+fn bar(p: &Progress) -> String {
+    let done = 100.0 * p.fraction_done();
+    let failed = if p.shards == 0 {
+        0.0
+    } else {
+        100.0 * f64::from(p.failed) / f64::from(p.shards)
+    };
+    format!(
+        "<span class=\"bar\" title=\"{done:.1}% done\"><i class=\"done\" style=\"width:{done:.2}%\"></i>\
+<i class=\"failed\" style=\"left:{done:.2}%;width:{failed:.2}%\"></i></span> <b class=\"pct\">{done:.1}%</b>"
+    )
+}
+
+fn eta(p: &Progress) -> String {
+    match p.eta_secs {
+        Some(e) if !p.state.is_final() => human_secs(e),
+        _ => "–".to_owned(),
+    }
+}
+
+fn mb(v: u64) -> String {
+    if v == 0 {
+        "–".to_owned()
+    } else if v >= 10_240 {
+        format!("{:.0} GB", v as f64 / 1024.0)
+    } else {
+        format!("{v} MB")
+    }
+}
+
+/// A bar chart of records per minute, oldest first, as inline SVG.
+pub fn chart(history: &[u64]) -> String {
+    let max = history.iter().copied().max().unwrap_or(0).max(1);
+    let n = history.len().max(1);
+    let w = 1000.0 / n as f64;
+    let mut s = format!(
+        "<svg class=\"chart\" viewBox=\"0 0 1000 100\" preserveAspectRatio=\"none\" role=\"img\" aria-label=\"records per minute, last {n} minutes\">"
+    );
+    for (i, v) in history.iter().enumerate() {
+        let h = 100.0 * *v as f64 / max as f64;
+        let _ = write!(
+            s,
+            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{h:.1}\"><title>{v} records</title></rect>",
+            i as f64 * w,
+            100.0 - h,
+            (w - 1.0).max(0.5)
+        );
+    }
+    s.push_str("</svg>");
+    s
+}
+
+fn jobs_table(jobs: &[Progress]) -> String {
+    if jobs.is_empty() {
+        return "<p class=\"muted\">No jobs yet. Submit one with <code>minions submit --model NAME --input FILE.jsonl</code>.</p>".to_owned();
+    }
+    let mut s = String::from(
+        "<table id=\"jobs\"><tr><th>job</th><th>state</th><th>progress</th><th class=\"num\">done</th><th class=\"num\">running</th>\
+<th class=\"num\">pending</th><th class=\"num\">failed</th><th class=\"num\">redeliveries</th><th class=\"num\">records/s</th><th class=\"num\">ETA</th></tr>",
+    );
+    for p in jobs {
+        let _ = write!(
+            s,
+            "<tr class=\"job\" data-job=\"{id}\" data-state=\"{st}\" data-pct=\"{pct:.1}\"><td><a href=\"/jobs/{id}\">{id}</a><br><span class=\"muted\">{model}, {records} records</span></td>\
+<td>{state}</td><td>{bar}</td><td class=\"num\">{done}/{shards}</td><td class=\"num\">{running}</td><td class=\"num\">{pending}</td>\
+<td class=\"num\">{failed}</td><td class=\"num\">{redel}</td><td class=\"num\">{rate:.1}</td><td class=\"num\">{eta}</td></tr>",
+            id = esc(&p.job),
+            st = p.state.as_str(),
+            pct = 100.0 * p.fraction_done(),
+            model = esc(&p.model),
+            records = p.records,
+            state = state(p.state.as_str()),
+            bar = bar(p),
+            done = p.done,
+            shards = p.shards,
+            running = p.running,
+            pending = p.pending,
+            failed = p.failed,
+            redel = p.redeliveries,
+            rate = p.rate,
+            eta = eta(p),
+        );
+    }
+    s.push_str("</table>");
+    s
+}
+
+fn workers_table(workers: &[WorkerRow]) -> String {
+    if workers.is_empty() {
+        return "<p class=\"muted\">No workers have reported. Start <code>minions-worker</code> on a machine, or <code>minions dev</code> here.</p>".to_owned();
+    }
+    let mut s = String::from(
+        "<table id=\"workers\"><tr><th>worker</th><th>device</th><th>state</th><th>owner</th><th>running</th>\
+<th class=\"num\">done</th><th class=\"num\">records/s</th><th class=\"num\">memory free / lent</th><th class=\"num\">last beat</th></tr>",
+    );
+    for w in workers {
+        let owner_class = if w.lending() {
+            ""
+        } else {
+            " class=\"owner-away\""
+        };
+        let running = if w.running.is_empty() {
+            format!("<span class=\"muted\">0 of {}</span>", w.slots)
+        } else {
+            format!(
+                "{} of {}: {}",
+                w.running.len(),
+                w.slots,
+                esc(&w.running.join(", "))
+            )
+        };
+        let _ = write!(
+            s,
+            "<tr class=\"worker\" data-state=\"{st}\"><td>{host}<br><span class=\"muted\">{id}</span></td><td>{device}</td><td>{state}</td>\
+<td{owner_class}>{owner}</td><td>{running}</td><td class=\"num\">{done}</td><td class=\"num\">{rate:.1}</td>\
+<td class=\"num\">{avail} / {budget}</td><td class=\"num\">{beat:.1} s ago</td></tr>",
+            st = w.state.as_str(),
+            host = esc(&w.host),
+            id = esc(&w.id),
+            device = esc(&w.device),
+            state = state(w.state.as_str()),
+            owner = esc(&w.owner),
+            done = w.done,
+            rate = w.rate,
+            avail = mb(w.mem_avail_mb),
+            budget = if w.mem_budget_mb == 0 {
+                "all".to_owned()
+            } else {
+                mb(w.mem_budget_mb)
+            },
+            beat = w.last_beat_secs,
+        );
+    }
+    s.push_str("</table>");
+    s
+}
+
+fn card(value: &str, label: &str) -> String {
+    format!("<div class=\"card\"><b>{value}</b><span>{label}</span></div>")
+}
+
+/// The fleet page's live part: counts, queue, throughput, jobs, workers.
+pub fn fleet(s: &Snapshot) -> String {
+    let n = |k: &str| s.states.get(k).copied().unwrap_or(0);
+    let alive = n("joining") + n("idle") + n("busy") + n("draining");
+    let last_min = s.history.last().copied().unwrap_or(0);
+    let q = &s.queue;
+    let ack = if q.max_ack_pending > 0 {
+        format!("{} / {}", q.ack_pending, q.max_ack_pending)
+    } else {
+        q.ack_pending.to_string()
+    };
+    let mut out = String::new();
+    out.push_str("<section><h2>Fleet</h2><div class=\"cards\">");
+    out.push_str(&card(&alive.to_string(), "workers alive"));
+    for k in ["idle", "busy", "draining", "suspect", "dead"] {
+        out.push_str(&card(&n(k).to_string(), k));
+    }
+    out.push_str(&card(&s.owner_active.to_string(), "owner using it"));
+    out.push_str("</div></section>");
+
+    out.push_str("<section><h2>Queue</h2><div class=\"cards\">");
+    if !q.ok {
+        let _ = write!(
+            out,
+            "<p class=\"owner-away\">The work queue cannot be read: {}</p>",
+            esc(q.error.as_deref().unwrap_or("not read yet"))
+        );
+    }
+    out.push_str(&card(&q.depth.to_string(), "shards queued or running"));
+    out.push_str(&card(&q.pending.to_string(), "not yet delivered"));
+    out.push_str(&card(&ack, "unacked / limit"));
+    out.push_str(&card(&q.waiting.to_string(), "idle slots asking"));
+    out.push_str(&card(&s.counters.redeliveries.to_string(), "redeliveries"));
+    out.push_str(&card(&s.counters.failed.to_string(), "dead letters"));
+    out.push_str(&card(
+        &s.counters.owner_handbacks.to_string(),
+        "owner hand-backs",
+    ));
+    out.push_str("</div>");
+    let _ = write!(
+        out,
+        "<h2 style=\"margin-top:12px\">Throughput: {last_min} records this minute</h2>{}<div class=\"muted\">records per minute, last hour</div></section>",
+        chart(&s.history)
+    );
+
+    let _ = write!(
+        out,
+        "<section><h2>Jobs</h2>{}</section><section><h2>Workers</h2>{}</section>",
+        jobs_table(&s.jobs),
+        workers_table(&s.workers)
+    );
+    out
+}
+
+/// A job page's live part: its progress, why waiting shards wait, and its
+/// failed shards with reasons.
+pub fn job(p: &Progress, reasons: &[Reason]) -> String {
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "<section><h2>Job {id} {state}</h2><p>{bar}</p><div class=\"cards\">{c1}{c2}{c3}{c4}{c5}{c6}{c7}</div></section>",
+        id = esc(&p.job),
+        state = state(p.state.as_str()),
+        bar = bar(p),
+        c1 = card(&format!("{}/{}", p.done, p.shards), "shards done"),
+        c2 = card(&p.running.to_string(), "running"),
+        c3 = card(&p.pending.to_string(), "pending"),
+        c4 = card(&p.failed.to_string(), "failed"),
+        c5 = card(&p.redeliveries.to_string(), "redeliveries"),
+        c6 = card(&format!("{:.1}", p.rate), "records/s"),
+        c7 = card(&eta(p), "ETA"),
+    );
+    out.push_str("<section id=\"explain\"><h2>Why are shards waiting?</h2><ul class=\"reasons\">");
+    for r in reasons {
+        let _ = write!(out, "<li data-reason=\"{}\">{}</li>", r.key, esc(&r.text));
+    }
+    out.push_str("</ul></section>");
+    if !p.failed_shards.is_empty() {
+        out.push_str("<section><h2>Failed shards</h2><table><tr><th class=\"num\">shard</th><th class=\"num\">deliveries</th><th>reason</th></tr>");
+        for f in p.failed_shards.iter().take(200) {
+            let _ = write!(
+                out,
+                "<tr><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td></tr>",
+                f.shard,
+                f.attempts,
+                esc(&f.reason)
+            );
+        }
+        out.push_str("</table>");
+        if p.failed_shards.len() > 200 {
+            let _ = write!(
+                out,
+                "<p class=\"muted\">and {} more: <code>minions status {} --json</code> lists all</p>",
+                p.failed_shards.len() - 200,
+                esc(&p.job)
+            );
+        }
+        let _ = write!(
+            out,
+            "<p>After fixing the cause, <code>minions retry {}</code> runs them again.</p></section>",
+            esc(&p.job)
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_markup() {
+        assert_eq!(
+            esc("<a href=\"x\">&'"),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
+        );
+    }
+
+    #[test]
+    fn chart_scales_to_the_busiest_minute() {
+        let svg = chart(&[0, 5, 10]);
+        assert_eq!(svg.matches("<rect").count(), 3);
+        assert!(svg.contains("height=\"100.0\""), "{svg}");
+        assert!(svg.contains("height=\"50.0\""), "{svg}");
+    }
+}

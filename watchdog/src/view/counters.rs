@@ -1,0 +1,114 @@
+//! Fleet-wide counters for `/metrics`, kept as events are folded. Counts
+//! shard outcomes once per shard (a duplicate delivery's second `done` is
+//! not a second shard), so they match the jobs' own totals.
+
+use serde::Serialize;
+
+/// Upper bounds (seconds) of the shard-duration histogram's buckets.
+pub const DURATION_BOUNDS: [f64; 13] = [
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+];
+
+/// A histogram with fixed bounds; `counts[i]` counts observations in bucket
+/// `i` alone (not cumulative), the last slot holds those above every bound.
+#[derive(Debug, Clone, Serialize)]
+pub struct Histogram {
+    /// Upper bounds, ascending.
+    pub bounds: &'static [f64],
+    /// Per-bucket counts; one more than `bounds` (the +Inf bucket).
+    pub counts: Vec<u64>,
+    /// Sum of all observations.
+    pub sum: f64,
+    /// Number of observations.
+    pub count: u64,
+}
+
+impl Histogram {
+    /// An empty histogram over `bounds`.
+    pub fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            counts: vec![0; bounds.len() + 1],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
+    /// Records one observation.
+    pub fn observe(&mut self, v: f64) {
+        let i = self
+            .bounds
+            .iter()
+            .position(|&b| v <= b)
+            .unwrap_or(self.bounds.len());
+        if let Some(c) = self.counts.get_mut(i) {
+            *c += 1;
+        }
+        self.sum += v;
+        self.count += 1;
+    }
+
+    /// Cumulative counts per bound, then +Inf (the Prometheus form).
+    pub fn cumulative(&self) -> Vec<u64> {
+        self.counts
+            .iter()
+            .scan(0u64, |acc, c| {
+                *acc += c;
+                Some(*acc)
+            })
+            .collect()
+    }
+}
+
+/// What the fleet has done, as the events tell it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Counters {
+    /// Shards done (each once).
+    pub done: u64,
+    /// Shards failed for good (each once); each has a dead-letter record.
+    pub failed: u64,
+    /// Deliveries that failed and will be retried.
+    pub retried: u64,
+    /// Deliveries handed back unfinished, for any reason.
+    pub handed_back: u64,
+    /// Hand-backs because a machine's owner came back.
+    pub owner_handbacks: u64,
+    /// Records embedded (of shards done).
+    pub records: u64,
+    /// Deliveries beyond a shard's first.
+    pub redeliveries: u64,
+    /// Wall time of shards done, seconds.
+    pub durations: Histogram,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Self {
+            done: 0,
+            failed: 0,
+            retried: 0,
+            handed_back: 0,
+            owner_handbacks: 0,
+            records: 0,
+            redeliveries: 0,
+            durations: Histogram::new(&DURATION_BOUNDS),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative_and_end_in_inf() {
+        let mut h = Histogram::new(&[1.0, 2.0]);
+        for v in [0.5, 1.0, 1.5, 9.0] {
+            h.observe(v);
+        }
+        assert_eq!(h.counts, vec![2, 1, 1]);
+        assert_eq!(h.cumulative(), vec![2, 3, 4]);
+        assert_eq!(h.count, 4);
+        assert!((h.sum - 12.0).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,309 @@
+//! Every job's progress, folded live from the events stream, with the
+//! fleet's counters, a per-minute throughput history and each worker's
+//! recent throughput.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use minions_schemas::messages::{EventKind, JobSpec, ShardEvent};
+use minions_schemas::progress::{JobFold, JobState, Progress};
+use minions_schemas::{JobId, WorkerId};
+
+use super::counters::Counters;
+
+/// Minutes of throughput history kept.
+pub const HISTORY_MINUTES: u64 = 60;
+/// The window of a worker's recent throughput.
+pub const WORKER_WINDOW_MS: u64 = 60_000;
+
+/// One job as the dashboard shows it.
+#[derive(Debug, Clone)]
+pub struct JobEntry {
+    /// The fold of its events.
+    pub fold: JobFold,
+    /// Whether it was cancelled.
+    pub cancelled: bool,
+    /// The size of its model's files, MB (None when unknown).
+    pub model_mb: Option<u64>,
+    /// The last failure that will be retried: shard and reason.
+    pub last_retry: Option<(u32, String)>,
+}
+
+impl JobEntry {
+    /// Its progress at `now_ms`, with the cancellation applied.
+    pub fn progress(&self, now_ms: u64) -> Progress {
+        let mut p = self.fold.progress(now_ms);
+        if self.cancelled && p.state != JobState::Done {
+            p.state = JobState::Cancelled;
+        }
+        p
+    }
+}
+
+/// All jobs, the counters and the histories.
+#[derive(Debug, Default)]
+pub struct JobsView {
+    jobs: BTreeMap<JobId, JobEntry>,
+    /// Fleet-wide counters.
+    pub counters: Counters,
+    /// (minute since the epoch, records done in it), oldest first.
+    minutes: VecDeque<(u64, u64)>,
+    /// Per worker: (ms, records) of recent shards done.
+    recent: HashMap<WorkerId, VecDeque<(u64, u64)>>,
+}
+
+impl JobsView {
+    /// Whether `job` is known.
+    pub fn knows(&self, job: &JobId) -> bool {
+        self.jobs.contains_key(job)
+    }
+
+    /// Adds a job (its events may follow).
+    pub fn add(&mut self, spec: JobSpec, model_mb: Option<u64>, cancelled: bool) {
+        let job = spec.job.clone();
+        self.jobs.entry(job).or_insert_with(|| JobEntry {
+            fold: JobFold::new(spec),
+            cancelled,
+            model_mb,
+            last_retry: None,
+        });
+    }
+
+    /// Marks a job cancelled.
+    pub fn cancel(&mut self, job: &JobId) {
+        if let Some(j) = self.jobs.get_mut(job) {
+            j.cancelled = true;
+        }
+    }
+
+    /// One job.
+    pub fn get(&self, job: &JobId) -> Option<&JobEntry> {
+        self.jobs.get(job)
+    }
+
+    /// Every job, oldest id first.
+    pub fn iter(&self) -> impl Iterator<Item = &JobEntry> {
+        self.jobs.values()
+    }
+
+    /// Applies an event of a known job; counts what it changes.
+    pub fn apply(&mut self, e: &ShardEvent) {
+        let Some(j) = self.jobs.get_mut(&e.job) else {
+            return;
+        };
+        let was_done = j.fold.is_done(e.shard);
+        let was_failed = j.fold.is_failed(e.shard);
+        j.fold.apply(e);
+        let c = &mut self.counters;
+        match &e.kind {
+            EventKind::Started if e.attempt > 1 => c.redeliveries += 1,
+            EventKind::Submitted { .. } | EventKind::Started | EventKind::Requeued => {}
+            EventKind::Done { duration_ms, .. } => {
+                if !was_done && j.fold.is_done(e.shard) {
+                    let rows = j.fold.spec().shard_rows(e.shard);
+                    c.done += 1;
+                    c.records += rows;
+                    c.durations.observe(*duration_ms as f64 / 1000.0);
+                    record_minute(&mut self.minutes, e.at_ms, rows);
+                    let w = self.recent.entry(e.worker.clone()).or_default();
+                    w.push_back((e.at_ms, rows));
+                    trim_recent(w, e.at_ms);
+                }
+            }
+            EventKind::HandedBack { reason } => {
+                c.handed_back += 1;
+                if reason.starts_with("owner") {
+                    c.owner_handbacks += 1;
+                }
+            }
+            EventKind::Failed { reason, permanent } => {
+                if *permanent {
+                    if !was_failed && j.fold.is_failed(e.shard) {
+                        c.failed += 1;
+                    }
+                } else {
+                    c.retried += 1;
+                    j.last_retry = Some((e.shard, reason.clone()));
+                }
+            }
+        }
+    }
+
+    /// Records per minute over the last [`HISTORY_MINUTES`] minutes ending
+    /// at `now_ms`, oldest first (always that many entries).
+    pub fn history(&self, now_ms: u64) -> Vec<u64> {
+        let now_min = now_ms / 60_000;
+        (0..HISTORY_MINUTES)
+            .rev()
+            .map(|ago| {
+                now_min.checked_sub(ago).map_or(0, |m| {
+                    self.minutes
+                        .iter()
+                        .find(|(k, _)| *k == m)
+                        .map_or(0, |(_, n)| *n)
+                })
+            })
+            .collect()
+    }
+
+    /// A worker's records per second over the last minute.
+    pub fn worker_rate(&self, worker: &WorkerId, now_ms: u64) -> f64 {
+        self.recent.get(worker).map_or(0.0, |w| {
+            let since = now_ms.saturating_sub(WORKER_WINDOW_MS);
+            let n: u64 = w.iter().filter(|(t, _)| *t >= since).map(|(_, r)| r).sum();
+            n as f64 / (WORKER_WINDOW_MS as f64 / 1000.0)
+        })
+    }
+
+    /// Forgets recent throughput of workers that no longer exist.
+    pub fn retain_workers(&mut self, keep: impl Fn(&WorkerId) -> bool) {
+        self.recent.retain(|w, _| keep(w));
+    }
+}
+
+fn record_minute(minutes: &mut VecDeque<(u64, u64)>, at_ms: u64, rows: u64) {
+    let m = at_ms / 60_000;
+    match minutes.iter_mut().find(|(k, _)| *k == m) {
+        Some((_, n)) => *n += rows,
+        None => {
+            minutes.push_back((m, rows));
+            minutes.make_contiguous().sort_by_key(|(k, _)| *k);
+        }
+    }
+    let newest = minutes.back().map_or(m, |(k, _)| *k);
+    while minutes
+        .front()
+        .is_some_and(|(k, _)| *k + HISTORY_MINUTES <= newest)
+    {
+        minutes.pop_front();
+    }
+}
+
+fn trim_recent(w: &mut VecDeque<(u64, u64)>, now_ms: u64) {
+    let since = now_ms.saturating_sub(WORKER_WINDOW_MS);
+    while w.front().is_some_and(|(t, _)| *t < since) {
+        w.pop_front();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use minions_schemas::messages::{InputDescription, ModelFamily};
+    use minions_schemas::{IdError, ModelHash, ModelName, SCHEMA_VERSION};
+
+    fn spec() -> Result<JobSpec, IdError> {
+        Ok(JobSpec {
+            v: SCHEMA_VERSION,
+            job: JobId::new("j")?,
+            model_name: ModelName::new("m")?,
+            model_hash: ModelHash::new("a".repeat(64))?,
+            family: ModelFamily::BertEmbedding,
+            input: InputDescription {
+                source: "x".into(),
+                sha256: String::new(),
+                bytes: 0,
+                text_field: "text".into(),
+                id_field: None,
+            },
+            shard_size: 10,
+            max_batch: 0,
+            shards: 3,
+            records: 25,
+            skipped: 0,
+            created_ms: 0,
+        })
+    }
+
+    fn ev(shard: u32, attempt: u64, at_ms: u64, kind: EventKind) -> Result<ShardEvent, IdError> {
+        Ok(ShardEvent {
+            v: SCHEMA_VERSION,
+            job: JobId::new("j")?,
+            shard,
+            worker: WorkerId::new("w")?,
+            host: "h".into(),
+            attempt,
+            at_ms,
+            kind,
+        })
+    }
+
+    fn done(ms: u64) -> EventKind {
+        EventKind::Done {
+            rows: 10,
+            output_bytes: 1,
+            duration_ms: ms,
+            compute_ms: ms,
+            already_done: false,
+            sha256: String::new(),
+        }
+    }
+
+    #[test]
+    fn counts_each_shard_once() -> Result<(), IdError> {
+        let mut v = JobsView::default();
+        v.add(spec()?, Some(1), false);
+        let t = 120_000;
+        for e in [
+            ev(0, 1, t, EventKind::Started)?,
+            ev(0, 1, t + 10, done(1500))?,
+            ev(0, 2, t + 20, EventKind::Started)?,
+            ev(0, 2, t + 30, done(10))?,
+            ev(
+                1,
+                1,
+                t,
+                EventKind::HandedBack {
+                    reason: "owner: input 0 s ago".into(),
+                },
+            )?,
+            ev(
+                1,
+                2,
+                t,
+                EventKind::Failed {
+                    reason: "net".into(),
+                    permanent: false,
+                },
+            )?,
+            ev(
+                2,
+                5,
+                t,
+                EventKind::Failed {
+                    reason: "bad".into(),
+                    permanent: true,
+                },
+            )?,
+            ev(
+                2,
+                5,
+                t,
+                EventKind::Failed {
+                    reason: "bad".into(),
+                    permanent: true,
+                },
+            )?,
+        ] {
+            v.apply(&e);
+        }
+        let c = &v.counters;
+        assert_eq!(
+            (
+                c.done,
+                c.failed,
+                c.retried,
+                c.handed_back,
+                c.owner_handbacks
+            ),
+            (1, 1, 1, 1, 1)
+        );
+        assert_eq!((c.records, c.redeliveries, c.durations.count), (10, 1, 1));
+        let h = v.history(t + 60_000);
+        assert_eq!(h.len() as u64, HISTORY_MINUTES);
+        assert_eq!(h[h.len() - 2], 10);
+        let w = WorkerId::new("w")?;
+        assert!((v.worker_rate(&w, t + 100) - 10.0 / 60.0).abs() < 1e-9);
+        assert_eq!(v.worker_rate(&w, t + 120_000), 0.0);
+        Ok(())
+    }
+}

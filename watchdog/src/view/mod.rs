@@ -1,0 +1,239 @@
+//! What the watchdog knows, shared between its loop (which writes it) and
+//! its web pages and `/metrics` (which read snapshots of it): the worker
+//! registry, every job's progress with the fleet's counters, and the work
+//! queue. Locks are held only to copy or update, never across an await.
+
+pub mod counters;
+pub mod jobs;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+use minions_schemas::messages::WorkerState;
+use minions_schemas::progress::Progress;
+use serde::Serialize;
+
+use crate::queue::QueueInfo;
+use crate::registry::Registry;
+use counters::Counters;
+use jobs::JobsView;
+
+/// How many ended jobs the dashboard and metrics keep showing.
+pub const ENDED_JOBS_SHOWN: usize = 20;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The shared view.
+#[derive(Debug)]
+pub struct View {
+    /// This watchdog's name.
+    pub name: String,
+    /// When it started (ms since the epoch).
+    pub started_ms: u64,
+    registry: Mutex<Registry>,
+    jobs: Mutex<JobsView>,
+    queue: Mutex<QueueInfo>,
+    heartbeats: AtomicU64,
+}
+
+/// One worker as the dashboard shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerRow {
+    /// Worker id.
+    pub id: String,
+    /// Host name.
+    pub host: String,
+    /// Compute device.
+    pub device: String,
+    /// Registry state.
+    pub state: WorkerState,
+    /// `available`, or why the owner holds the machine.
+    pub owner: String,
+    /// Concurrent shard slots.
+    pub slots: u32,
+    /// Shards running now, as `job/shard`.
+    pub running: Vec<String>,
+    /// Shards done since the worker started.
+    pub done: u64,
+    /// Deliveries failed since the worker started.
+    pub failed: u64,
+    /// Records per second over the last minute.
+    pub rate: f64,
+    /// Machine memory, MB (0 = unknown).
+    pub mem_total_mb: u64,
+    /// Available memory, MB (0 = unknown).
+    pub mem_avail_mb: u64,
+    /// Memory the owner lends to models, MB (0 = no cap).
+    pub mem_budget_mb: u64,
+    /// Seconds since its last heartbeat.
+    pub last_beat_secs: f64,
+}
+
+impl WorkerRow {
+    /// Alive: not dead, gone or silent.
+    pub fn alive(&self) -> bool {
+        !self.state.is_final() && self.state != WorkerState::Suspect
+    }
+
+    /// Whether its owner lets it work.
+    pub fn lending(&self) -> bool {
+        self.owner == "available"
+    }
+}
+
+/// Everything the pages and metrics show, copied at one moment.
+#[derive(Debug, Clone, Serialize)]
+pub struct Snapshot {
+    /// The watchdog's name.
+    pub watchdog: String,
+    /// When (ms since the epoch).
+    pub at_ms: u64,
+    /// Workers, by host then id.
+    pub workers: Vec<WorkerRow>,
+    /// Workers per state.
+    pub states: BTreeMap<&'static str, usize>,
+    /// Live workers whose owner holds the machine.
+    pub owner_active: usize,
+    /// Jobs not ended, then the last few ended ones; newest id first.
+    pub jobs: Vec<Progress>,
+    /// The work queue.
+    pub queue: QueueInfo,
+    /// Fleet counters.
+    pub counters: Counters,
+    /// Records done per minute over the last hour, oldest first.
+    pub history: Vec<u64>,
+    /// Heartbeats received.
+    pub heartbeats: u64,
+}
+
+impl View {
+    /// A view around `registry`.
+    pub fn new(name: String, registry: Registry) -> Self {
+        Self {
+            name,
+            started_ms: minions_schemas::time::now_ms(),
+            registry: Mutex::new(registry),
+            jobs: Mutex::new(JobsView::default()),
+            queue: Mutex::new(QueueInfo::default()),
+            heartbeats: AtomicU64::new(0),
+        }
+    }
+
+    /// The registry, locked (do not hold across an await).
+    pub fn registry(&self) -> MutexGuard<'_, Registry> {
+        lock(&self.registry)
+    }
+
+    /// The jobs, locked (do not hold across an await).
+    pub fn jobs(&self) -> MutexGuard<'_, JobsView> {
+        lock(&self.jobs)
+    }
+
+    /// Replaces the queue reading.
+    pub fn set_queue(&self, q: QueueInfo) {
+        *lock(&self.queue) = q;
+    }
+
+    /// The last queue reading.
+    pub fn queue(&self) -> QueueInfo {
+        lock(&self.queue).clone()
+    }
+
+    /// Counts a heartbeat received.
+    pub fn count_heartbeat(&self) {
+        self.heartbeats.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The workers as rows, by host then id.
+    pub fn workers(&self, now: Instant) -> Vec<WorkerRow> {
+        let now_ms = minions_schemas::time::now_ms();
+        let mut rows: Vec<WorkerRow> = {
+            let reg = self.registry();
+            reg.iter()
+                .map(|(id, t)| {
+                    let b = &t.beat;
+                    WorkerRow {
+                        id: id.to_string(),
+                        host: b.host.clone(),
+                        device: b.device.clone(),
+                        state: t.state,
+                        owner: b.owner.clone(),
+                        slots: b.slots,
+                        running: b
+                            .in_flight
+                            .iter()
+                            .map(|f| format!("{}/{}", f.job, f.shard))
+                            .collect(),
+                        done: b.done,
+                        failed: b.failed,
+                        rate: 0.0,
+                        mem_total_mb: b.mem_total_mb,
+                        mem_avail_mb: b.mem_avail_mb,
+                        mem_budget_mb: b.mem_budget_mb,
+                        last_beat_secs: now.saturating_duration_since(t.seen).as_secs_f64(),
+                    }
+                })
+                .collect()
+        };
+        {
+            let jobs = self.jobs();
+            for r in &mut rows {
+                if let Ok(id) = minions_schemas::WorkerId::new(r.id.clone()) {
+                    r.rate = jobs.worker_rate(&id, now_ms);
+                }
+            }
+        }
+        rows.sort_by(|a, b| (&a.host, &a.id).cmp(&(&b.host, &b.id)));
+        rows
+    }
+
+    /// Copies everything the pages show.
+    pub fn snapshot(&self) -> Snapshot {
+        let now_ms = minions_schemas::time::now_ms();
+        let workers = self.workers(Instant::now());
+        let mut states: BTreeMap<&'static str, usize> = BTreeMap::new();
+        for s in [
+            WorkerState::Joining,
+            WorkerState::Idle,
+            WorkerState::Busy,
+            WorkerState::Draining,
+            WorkerState::Suspect,
+            WorkerState::Dead,
+            WorkerState::Left,
+        ] {
+            states.insert(s.as_str(), 0);
+        }
+        for w in &workers {
+            *states.entry(w.state.as_str()).or_default() += 1;
+        }
+        let owner_active = workers.iter().filter(|w| w.alive() && !w.lending()).count();
+        let (jobs, counters, history) = {
+            let view = self.jobs();
+            let all: Vec<Progress> = view.iter().map(|j| j.progress(now_ms)).collect();
+            let (mut active, ended): (Vec<_>, Vec<_>) =
+                all.into_iter().partition(|p| !p.state.is_final());
+            let mut ended: Vec<Progress> = ended;
+            ended.sort_by_key(|p| std::cmp::Reverse(p.created_ms));
+            ended.truncate(ENDED_JOBS_SHOWN);
+            active.sort_by_key(|p| std::cmp::Reverse(p.created_ms));
+            active.extend(ended);
+            (active, view.counters.clone(), view.history(now_ms))
+        };
+        Snapshot {
+            watchdog: self.name.clone(),
+            at_ms: now_ms,
+            workers,
+            states,
+            owner_active,
+            jobs,
+            queue: self.queue(),
+            counters,
+            history,
+            heartbeats: self.heartbeats.load(Ordering::Relaxed),
+        }
+    }
+}
