@@ -39,6 +39,15 @@ impl JobEntry {
     }
 }
 
+/// A worker's recent work.
+#[derive(Debug, Default)]
+struct Recent {
+    /// Its first event seen (ms).
+    first_ms: u64,
+    /// (ms, records) of its shards done within the window.
+    done: VecDeque<(u64, u64)>,
+}
+
 /// All jobs, the counters and the histories.
 #[derive(Debug, Default)]
 pub struct JobsView {
@@ -47,8 +56,10 @@ pub struct JobsView {
     pub counters: Counters,
     /// (minute since the epoch, records done in it), oldest first.
     minutes: VecDeque<(u64, u64)>,
-    /// Per worker: (ms, records) of recent shards done.
-    recent: HashMap<WorkerId, VecDeque<(u64, u64)>>,
+    /// Per worker: recent shards done.
+    recent: HashMap<WorkerId, Recent>,
+    /// Shards done since stale workers were last forgotten.
+    since_purge: u64,
 }
 
 impl JobsView {
@@ -93,6 +104,14 @@ impl JobsView {
         let was_done = j.fold.is_done(e.shard);
         let was_failed = j.fold.is_failed(e.shard);
         j.fold.apply(e);
+        if e.worker.as_str() != "cli" {
+            self.recent
+                .entry(e.worker.clone())
+                .or_insert_with(|| Recent {
+                    first_ms: e.at_ms,
+                    done: VecDeque::new(),
+                });
+        }
         let c = &mut self.counters;
         match &e.kind {
             EventKind::Started if e.attempt > 1 => c.redeliveries += 1,
@@ -104,9 +123,18 @@ impl JobsView {
                     c.records += rows;
                     c.durations.observe(*duration_ms as f64 / 1000.0);
                     record_minute(&mut self.minutes, e.at_ms, rows);
-                    let w = self.recent.entry(e.worker.clone()).or_default();
-                    w.push_back((e.at_ms, rows));
-                    trim_recent(w, e.at_ms);
+                    if let Some(w) = self.recent.get_mut(&e.worker) {
+                        w.done.push_back((e.at_ms, rows));
+                        trim_recent(&mut w.done, e.at_ms);
+                    }
+                    self.since_purge += 1;
+                    if self.since_purge >= 1000 {
+                        // Forget workers with nothing done within the window.
+                        self.since_purge = 0;
+                        let since = e.at_ms.saturating_sub(WORKER_WINDOW_MS);
+                        self.recent
+                            .retain(|_, w| w.done.back().is_some_and(|(t, _)| *t >= since));
+                    }
                 }
             }
             EventKind::HandedBack { reason } => {
@@ -145,18 +173,22 @@ impl JobsView {
             .collect()
     }
 
-    /// A worker's records per second over the last minute.
+    /// A worker's records per second over the last minute, or since its
+    /// first event when that is more recent (at least 5 s).
     pub fn worker_rate(&self, worker: &WorkerId, now_ms: u64) -> f64 {
         self.recent.get(worker).map_or(0.0, |w| {
             let since = now_ms.saturating_sub(WORKER_WINDOW_MS);
-            let n: u64 = w.iter().filter(|(t, _)| *t >= since).map(|(_, r)| r).sum();
-            n as f64 / (WORKER_WINDOW_MS as f64 / 1000.0)
+            let n: u64 = w
+                .done
+                .iter()
+                .filter(|(t, _)| *t >= since)
+                .map(|(_, r)| r)
+                .sum();
+            let span_ms = now_ms
+                .saturating_sub(w.first_ms)
+                .clamp(5_000, WORKER_WINDOW_MS);
+            n as f64 / (span_ms as f64 / 1000.0)
         })
-    }
-
-    /// Forgets recent throughput of workers that no longer exist.
-    pub fn retain_workers(&mut self, keep: impl Fn(&WorkerId) -> bool) {
-        self.recent.retain(|w, _| keep(w));
     }
 }
 
@@ -302,7 +334,9 @@ mod tests {
         assert_eq!(h.len() as u64, HISTORY_MINUTES);
         assert_eq!(h[h.len() - 2], 10);
         let w = WorkerId::new("w")?;
-        assert!((v.worker_rate(&w, t + 100) - 10.0 / 60.0).abs() < 1e-9);
+        // First seen at t: 10 records over the 5 s floor, then over a minute.
+        assert!((v.worker_rate(&w, t + 100) - 10.0 / 5.0).abs() < 1e-9);
+        assert!((v.worker_rate(&w, t + 30_000) - 10.0 / 30.0).abs() < 1e-9);
         assert_eq!(v.worker_rate(&w, t + 120_000), 0.0);
         Ok(())
     }
