@@ -9,8 +9,10 @@ use crate::run::WatchdogConfig;
 
 /// Watch a Minions fleet: follow worker heartbeats, declare silent workers
 /// dead and hand their shards back at once, dead-letter shards that keep
-/// failing, write a manifest when a job completes. Run one per fleet (more
-/// is safe: each action is taken once).
+/// failing, write a manifest when a job completes, and serve a live
+/// dashboard (http://127.0.0.1:9464/ by default: workers, queue, jobs, and
+/// why a job's shards wait) with Prometheus metrics at /metrics. Run one per
+/// fleet (more is safe: each action is taken once).
 #[derive(Debug, Parser)]
 #[command(name = "minions-watchdog", version, about, long_about)]
 pub struct WatchdogArgs {

@@ -1,8 +1,9 @@
 //! The Minions watchdog: follows worker heartbeats, declares silent workers
 //! dead and hands their shards back at once (whatever the ack wait), turns
 //! shards JetStream gives up on into dead letters, and writes a manifest when
-//! a job completes. Several may run at once: every write is compare-and-set
-//! or deduplicated, so each action happens once.
+//! a job completes. It serves a live dashboard and Prometheus metrics.
+//! Several may run at once: every write is compare-and-set or deduplicated,
+//! so each action happens once.
 //!
 //! Layout:
 //! - [`cli`] — flags.
