@@ -7,6 +7,7 @@
 //! `MINIONS_TEST_MODEL_DIR`), falling back to the `.tools/` folder that
 //! script fills, then to `PATH`.
 
+pub mod fuzz;
 pub mod web;
 
 use std::io::Write;

@@ -1,0 +1,509 @@
+//! Fuzzing every decoder of untrusted bytes: for each message kind, a
+//! million inputs (`MINIONS_FUZZ_INPUTS` to change it) made by mutating
+//! valid encodings (bit flips, byte sets, inserts, deletes, truncations,
+//! splices, repeats, and wholly random bytes) go through [`decode`]. None may
+//! panic; every input that decodes must hold only valid ids and re-encode to
+//! bytes that decode to the same encoding; every refusal must be a typed
+//! error. The mutator is [`minions_tests::fuzz`].
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::time::Instant;
+
+use minions_schemas::messages::{
+    Control, ControlCommand, ControlReply, DeadLetter, EventKind, Heartbeat, InFlight,
+    InputDescription, JobManifest, JobSpec, ManifestShard, ModelFamily, ModelFile, ModelManifest,
+    ModelRecord, OutputPayload, ShardEvent, ShardInput, ShardOutput, ShardTask, WorkerRecord,
+    WorkerState,
+};
+use minions_schemas::{
+    CodecError, JobId, ModelHash, ModelName, SCHEMA_VERSION, WorkerId, decode, encode, limits,
+};
+use minions_tests::fuzz::{Rng, mutate};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// What one decoder's run saw.
+#[derive(Debug, Default)]
+struct Tally {
+    inputs: u64,
+    decoded: u64,
+    refused_size: u64,
+    refused_version: u64,
+    refused_shape: u64,
+}
+
+fn fuzz<T: Serialize + DeserializeOwned>(
+    what: &'static str,
+    limit: usize,
+    seeds: Vec<Vec<u8>>,
+    inputs: u64,
+    seed: u64,
+    check: fn(&T) -> bool,
+) -> R<Tally> {
+    let mut rng = Rng(seed);
+    let mut buf = Vec::new();
+    let mut t = Tally::default();
+    for n in 0..inputs {
+        mutate(&mut rng, &seeds, &mut buf);
+        if limit <= 1 << 20 && rng.below(1000) == 0 {
+            // Just over the limit: refused before a byte is looked at.
+            let over = limit + 1 + rng.below(16);
+            buf.resize(over, 0x90);
+        }
+        let r = catch_unwind(AssertUnwindSafe(|| decode::<T>(what, &buf, limit)));
+        let decoded = r.map_err(|_| {
+            format!("{what}: decode panicked on input {n} (seed {seed:#x}): {buf:02x?}")
+        })?;
+        t.inputs += 1;
+        match decoded {
+            Ok(v) => {
+                t.decoded += 1;
+                if !check(&v) {
+                    return Err(
+                        format!("{what}: input {n} decoded to invalid ids: {buf:02x?}").into(),
+                    );
+                }
+                let again = encode(what, &v)?;
+                let back: T = decode(what, &again, usize::MAX)?;
+                if encode(what, &back)? != again {
+                    return Err(format!("{what}: input {n} does not round-trip").into());
+                }
+            }
+            Err(CodecError::TooLarge { .. }) => t.refused_size += 1,
+            Err(CodecError::UnsupportedVersion { .. }) => t.refused_version += 1,
+            Err(CodecError::Malformed { .. }) => t.refused_shape += 1,
+            Err(e @ CodecError::Encode { .. }) => return Err(e.into()),
+        }
+    }
+    Ok(t)
+}
+
+fn ok_job(j: &JobId) -> bool {
+    JobId::new(j.to_string()).is_ok()
+}
+fn ok_worker(w: &WorkerId) -> bool {
+    WorkerId::new(w.to_string()).is_ok()
+}
+fn ok_hash(h: &ModelHash) -> bool {
+    ModelHash::new(h.to_string()).is_ok()
+}
+
+fn job() -> R<JobId> {
+    Ok(JobId::new("01JC3Y5M0Q-embed_docs")?)
+}
+fn worker() -> R<WorkerId> {
+    Ok(WorkerId::new("mac-17-01jc3y5m0q")?)
+}
+fn hash() -> R<ModelHash> {
+    Ok(ModelHash::new("3f".repeat(32))?)
+}
+
+fn spec() -> R<JobSpec> {
+    Ok(JobSpec {
+        v: SCHEMA_VERSION,
+        job: job()?,
+        model_name: ModelName::new("minilm")?,
+        model_hash: hash()?,
+        family: ModelFamily::BertEmbedding,
+        input: InputDescription {
+            source: "docs.jsonl".into(),
+            sha256: "ab".repeat(32),
+            bytes: 123_456,
+            text_field: "text".into(),
+            id_field: Some("id".into()),
+        },
+        shard_size: 256,
+        max_batch: 32,
+        shards: 40,
+        records: 10_000,
+        skipped: 2,
+        created_ms: 1_764_000_000_000,
+    })
+}
+
+fn event(kind: EventKind) -> R<ShardEvent> {
+    Ok(ShardEvent {
+        v: SCHEMA_VERSION,
+        job: job()?,
+        shard: 7,
+        worker: worker()?,
+        host: "mac-17".into(),
+        attempt: 2,
+        at_ms: 1_764_000_000_123,
+        kind,
+    })
+}
+
+fn heartbeat(in_flight: usize) -> R<Heartbeat> {
+    Ok(Heartbeat {
+        v: SCHEMA_VERSION,
+        worker: worker()?,
+        host: "mac-17".into(),
+        device: "metal:0".into(),
+        slots: 2,
+        draining: false,
+        leaving: false,
+        owner: "yielded: input 3 s ago".into(),
+        mem_total_mb: 32_768,
+        mem_avail_mb: 12_000,
+        mem_budget_mb: 16_384,
+        in_flight: (0..in_flight)
+            .map(|i| -> R<InFlight> {
+                Ok(InFlight {
+                    job: job()?,
+                    shard: i as u32,
+                    reply: format!("$JS.ACK.MINIONS_WORK.minions-workers.1.{i}.9.0.0"),
+                    started_ms: 1_764_000_000_000,
+                })
+            })
+            .collect::<R<_>>()?,
+        done: 12,
+        failed: 1,
+        interval_ms: 1000,
+        started_ms: 1_764_000_000_000,
+        at_ms: 1_764_000_000_500,
+    })
+}
+
+fn seeds<T: Serialize>(what: &'static str, values: &[T]) -> R<Vec<Vec<u8>>> {
+    Ok(values
+        .iter()
+        .map(|v| encode(what, v))
+        .collect::<Result<_, _>>()?)
+}
+
+type Run = Box<dyn FnOnce(u64) -> R<Tally> + Send>;
+
+fn runs() -> R<Vec<(&'static str, Run)>> {
+    let mut v: Vec<(&'static str, Run)> = Vec::new();
+    let s = seeds("job spec", &[spec()?])?;
+    v.push((
+        "job spec",
+        Box::new(move |n| {
+            fuzz::<JobSpec>("job spec", limits::MAX_SPEC_BYTES, s, n, 1, |x| {
+                ok_job(&x.job) && ok_hash(&x.model_hash)
+            })
+        }),
+    ));
+    let task = ShardTask {
+        v: SCHEMA_VERSION,
+        job: job()?,
+        shard: 3,
+        shards: 40,
+        rows: 256,
+        first_row: 768,
+        model_hash: hash()?,
+        family: ModelFamily::BertEmbedding,
+        max_batch: 0,
+    };
+    let s = seeds("shard task", &[task])?;
+    v.push((
+        "shard task",
+        Box::new(move |n| {
+            fuzz::<ShardTask>("shard task", limits::MAX_TASK_BYTES, s, n, 2, |x| {
+                ok_job(&x.job) && ok_hash(&x.model_hash)
+            })
+        }),
+    ));
+    let s = seeds(
+        "shard event",
+        &[
+            event(EventKind::Submitted { shards: 40 })?,
+            event(EventKind::Started)?,
+            event(EventKind::Done {
+                rows: 256,
+                output_bytes: 393_216,
+                duration_ms: 812,
+                compute_ms: 700,
+                already_done: false,
+                sha256: "cd".repeat(32),
+            })?,
+            event(EventKind::Requeued)?,
+            event(EventKind::HandedBack {
+                reason: "owner: input 0 s ago".into(),
+            })?,
+            event(EventKind::Failed {
+                reason: "bad input".into(),
+                permanent: true,
+            })?,
+        ],
+    )?;
+    v.push((
+        "shard event",
+        Box::new(move |n| {
+            fuzz::<ShardEvent>("shard event", limits::MAX_EVENT_BYTES, s, n, 3, |x| {
+                ok_job(&x.job) && ok_worker(&x.worker)
+            })
+        }),
+    ));
+    let s = seeds("heartbeat", &[heartbeat(0)?, heartbeat(3)?])?;
+    v.push((
+        "heartbeat",
+        Box::new(move |n| {
+            fuzz::<Heartbeat>("heartbeat", limits::MAX_HEARTBEAT_BYTES, s, n, 4, |x| {
+                ok_worker(&x.worker) && x.in_flight.iter().all(|f| ok_job(&f.job))
+            })
+        }),
+    ));
+    let s = seeds(
+        "control",
+        &[
+            Control {
+                v: SCHEMA_VERSION,
+                command: ControlCommand::Drain,
+                by: "ops".into(),
+            },
+            Control {
+                v: SCHEMA_VERSION,
+                command: ControlCommand::Rejoin,
+                by: "watchdog-1".into(),
+            },
+        ],
+    )?;
+    v.push((
+        "control",
+        Box::new(move |n| fuzz::<Control>("control", limits::MAX_CONTROL_BYTES, s, n, 5, |_| true)),
+    ));
+    let s = seeds(
+        "control reply",
+        &[ControlReply {
+            v: SCHEMA_VERSION,
+            worker: worker()?,
+            status: "evicted".into(),
+            handed_back: 2,
+        }],
+    )?;
+    v.push((
+        "control reply",
+        Box::new(move |n| {
+            fuzz::<ControlReply>("control reply", limits::MAX_CONTROL_BYTES, s, n, 6, |x| {
+                ok_worker(&x.worker)
+            })
+        }),
+    ));
+    let input = ShardInput {
+        v: SCHEMA_VERSION,
+        job: job()?,
+        shard: 3,
+        first_row: 768,
+        ids: Some(vec!["a1".into(), "a2".into()]),
+        texts: vec!["a man eats food".into(), "the girl rides a horse".into()],
+    };
+    let s = seeds("shard input", &[input])?;
+    v.push((
+        "shard input",
+        Box::new(move |n| {
+            fuzz::<ShardInput>("shard input", limits::MAX_SHARD_INPUT_BYTES, s, n, 7, |x| {
+                ok_job(&x.job)
+            })
+        }),
+    ));
+    let output = ShardOutput {
+        v: SCHEMA_VERSION,
+        job: job()?,
+        shard: 3,
+        first_row: 768,
+        rows: 2,
+        model_hash: hash()?,
+        worker: worker()?,
+        payload: OutputPayload::Embeddings {
+            dim: 4,
+            data: (0..32).collect(),
+        },
+    };
+    let s = seeds("shard output", &[output])?;
+    v.push((
+        "shard output",
+        Box::new(move |n| {
+            fuzz::<ShardOutput>(
+                "shard output",
+                limits::MAX_SHARD_OUTPUT_BYTES,
+                s,
+                n,
+                8,
+                |x| ok_job(&x.job) && ok_worker(&x.worker) && ok_hash(&x.model_hash),
+            )
+        }),
+    ));
+    let manifest = ModelManifest {
+        v: SCHEMA_VERSION,
+        family: ModelFamily::BertEmbedding,
+        files: ["config.json", "tokenizer.json", "model.safetensors"]
+            .iter()
+            .map(|f| ModelFile {
+                name: (*f).into(),
+                bytes: 1234,
+                sha256: "ef".repeat(32),
+            })
+            .collect(),
+    };
+    let s = seeds("model manifest", &[manifest])?;
+    v.push((
+        "model manifest",
+        Box::new(move |n| {
+            fuzz::<ModelManifest>(
+                "model manifest",
+                limits::MAX_MANIFEST_BYTES,
+                s,
+                n,
+                9,
+                |_| true,
+            )
+        }),
+    ));
+    let record = ModelRecord {
+        v: SCHEMA_VERSION,
+        name: ModelName::new("minilm")?,
+        hash: hash()?,
+        family: ModelFamily::BertEmbedding,
+        bytes: 90_000_000,
+        pushed_ms: 1_764_000_000_000,
+    };
+    let s = seeds("model record", &[record])?;
+    v.push((
+        "model record",
+        Box::new(move |n| {
+            fuzz::<ModelRecord>("model record", limits::MAX_MANIFEST_BYTES, s, n, 10, |x| {
+                ok_hash(&x.hash)
+            })
+        }),
+    ));
+    let wr = WorkerRecord {
+        v: SCHEMA_VERSION,
+        worker: worker()?,
+        host: "mac-17".into(),
+        device: "metal:0".into(),
+        state: WorkerState::Dead,
+        reason: "no heartbeat for 3100 ms".into(),
+        handed_back: 1,
+        changed_ms: 1_764_000_000_000,
+        by: "watchdog-1".into(),
+    };
+    let s = seeds("worker record", &[wr])?;
+    v.push((
+        "worker record",
+        Box::new(move |n| {
+            fuzz::<WorkerRecord>("worker record", limits::MAX_CONTROL_BYTES, s, n, 11, |x| {
+                ok_worker(&x.worker)
+            })
+        }),
+    ));
+    let dl = DeadLetter {
+        v: SCHEMA_VERSION,
+        job: job()?,
+        shard: 37,
+        payload: vec![0x93, 0x01, 0x02, 0x03],
+        reason: "gave up after 5 deliveries".into(),
+        cause: "max_deliveries".into(),
+        deliveries: 5,
+        hosts: vec!["mac-17".into(), "mac-3".into()],
+        stream_seq: 991,
+        at_ms: 1_764_000_000_000,
+    };
+    let s = seeds("dead letter", &[dl])?;
+    v.push((
+        "dead letter",
+        Box::new(move |n| {
+            fuzz::<DeadLetter>(
+                "dead letter",
+                limits::MAX_TASK_BYTES + limits::MAX_EVENT_BYTES,
+                s,
+                n,
+                12,
+                |x| ok_job(&x.job),
+            )
+        }),
+    ));
+    let jm = JobManifest {
+        v: SCHEMA_VERSION,
+        job: job()?,
+        model_hash: hash()?,
+        records: 512,
+        done: 1,
+        failed: 1,
+        shards: vec![
+            ManifestShard {
+                shard: 0,
+                outcome: "done".into(),
+                output_key: Some("jobs/x/outputs/00000000.msgpack".into()),
+                sha256: Some("12".repeat(32)),
+                worker: Some(worker()?),
+                attempts: 1,
+                duration_ms: 900,
+                reason: None,
+            },
+            ManifestShard {
+                shard: 1,
+                outcome: "failed".into(),
+                output_key: None,
+                sha256: None,
+                worker: None,
+                attempts: 5,
+                duration_ms: 0,
+                reason: Some("bad input".into()),
+            },
+        ],
+        completed_ms: 1_764_000_000_000,
+    };
+    let s = seeds("job manifest", &[jm])?;
+    v.push((
+        "job manifest",
+        Box::new(move |n| {
+            fuzz::<JobManifest>("job manifest", limits::MAX_SPEC_BYTES * 64, s, n, 13, |x| {
+                ok_job(&x.job)
+                    && ok_hash(&x.model_hash)
+                    && x.shards
+                        .iter()
+                        .all(|s| s.worker.as_ref().is_none_or(ok_worker))
+            })
+        }),
+    ));
+    Ok(v)
+}
+
+#[test]
+fn a_million_mutated_inputs_per_decoder_never_panic() -> R<()> {
+    let inputs = minions_tests::fuzz::inputs();
+    // Decoders run on every core; each prints its tally when done.
+    let all = runs()?;
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let queue = std::sync::Mutex::new(all);
+    let results = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..cores {
+            s.spawn(|| {
+                loop {
+                    let next = queue.lock().map(|mut q| q.pop()).unwrap_or(None);
+                    let Some((what, run)) = next else { break };
+                    let started = Instant::now();
+                    let r = run(inputs);
+                    if let Ok(mut out) = results.lock() {
+                        out.push((what, started.elapsed().as_secs_f64(), r));
+                    }
+                }
+            });
+        }
+    });
+    let results = results.into_inner().map_err(|_| "a fuzz thread panicked")?;
+    let mut failed = Vec::new();
+    for (what, secs, r) in &results {
+        match r {
+            Ok(t) => eprintln!(
+                "fuzz {what:>14}: {} inputs, 0 panics, {} decoded, refused: {} too large, {} wrong version, {} malformed ({secs:.1} s)",
+                t.inputs, t.decoded, t.refused_size, t.refused_version, t.refused_shape
+            ),
+            Err(e) => failed.push(format!("{what}: {e}")),
+        }
+    }
+    assert!(failed.is_empty(), "{failed:#?}");
+    assert_eq!(results.len(), 13, "every decoder was fuzzed");
+    for (_, _, r) in &results {
+        if let Ok(t) = r {
+            assert_eq!(t.inputs, inputs);
+            assert!(t.decoded > 0, "the mutator never produced a valid document");
+        }
+    }
+    Ok(())
+}
