@@ -40,6 +40,9 @@ pub struct Endpoints {
     /// Default: a per-user data dir.
     #[arg(long, global = true, env = "MINIONS_STORE")]
     pub store: Option<String>,
+    /// NATS credentials and TLS.
+    #[command(flatten)]
+    pub security: minions_schemas::endpoints::nats::NatsSecurity,
 }
 
 impl Endpoints {

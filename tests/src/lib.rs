@@ -198,21 +198,79 @@ pub struct NatsServer {
     pub proc: Proc,
     /// Its client port.
     pub port: u16,
+    /// With TLS required: the PEM file of the authority that signed the
+    /// server's certificate (clients trust it with `--nats-ca`).
+    pub ca: Option<PathBuf>,
     dir: tempfile::TempDir,
+}
+
+/// Writes a test certificate authority and a server certificate for
+/// `localhost` and 127.0.0.1 signed by it into `dir`; returns the paths of
+/// (CA, server certificate, server key).
+pub fn write_test_certs(dir: &Path) -> Result<(PathBuf, PathBuf, PathBuf)> {
+    let ca_key = rcgen::KeyPair::generate()?;
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "Minions test CA");
+    let ca = ca_params.self_signed(&ca_key)?;
+    let key = rcgen::KeyPair::generate()?;
+    let params = rcgen::CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()])?;
+    let cert = params.signed_by(&key, &ca, &ca_key)?;
+    let paths = (
+        dir.join("ca.pem"),
+        dir.join("server.pem"),
+        dir.join("server-key.pem"),
+    );
+    std::fs::write(&paths.0, ca.pem())?;
+    std::fs::write(&paths.1, cert.pem())?;
+    std::fs::write(&paths.2, key.serialize_pem())?;
+    Ok(paths)
 }
 
 impl NatsServer {
     /// Starts a server and waits until it accepts connections.
     pub fn start() -> Result<Self> {
-        let dir = tempfile::Builder::new().prefix("minions-nats-").tempdir()?;
-        let port = free_port()?;
-        let proc = Self::spawn(dir.path(), port)?;
-        Ok(Self { proc, port, dir })
+        Self::start_with(&[])
     }
 
-    fn spawn(dir: &Path, port: u16) -> Result<Proc> {
+    /// Starts a server with `extra` command-line flags (say, `--user bob
+    /// --pass secret`); it is not restarted with them.
+    pub fn start_with(extra: &[&str]) -> Result<Self> {
+        let dir = tempfile::Builder::new().prefix("minions-nats-").tempdir()?;
+        let port = free_port()?;
+        let proc = Self::spawn_with(dir.path(), port, false, extra)?;
+        Ok(Self {
+            proc,
+            port,
+            ca: None,
+            dir,
+        })
+    }
+
+    /// Starts a server that accepts TLS connections only, with a certificate
+    /// from a test authority written beside its store ([`NatsServer::ca`]).
+    pub fn start_tls() -> Result<Self> {
+        let dir = tempfile::Builder::new().prefix("minions-nats-").tempdir()?;
+        let port = free_port()?;
+        let (ca, _, _) = write_test_certs(dir.path())?;
+        let proc = Self::spawn(dir.path(), port, true)?;
+        Ok(Self {
+            proc,
+            port,
+            ca: Some(ca),
+            dir,
+        })
+    }
+
+    fn spawn(dir: &Path, port: u16, tls: bool) -> Result<Proc> {
+        Self::spawn_with(dir, port, tls, &[])
+    }
+
+    fn spawn_with(dir: &Path, port: u16, tls: bool, extra: &[&str]) -> Result<Proc> {
         let bin = tool("NATS_SERVER_BIN", "nats-server")?;
-        let args: Vec<String> = vec![
+        let mut args: Vec<String> = vec![
             "-js".into(),
             "-a".into(),
             "127.0.0.1".into(),
@@ -221,26 +279,42 @@ impl NatsServer {
             "-sd".into(),
             dir.join("js").display().to_string(),
         ];
+        if tls {
+            args.extend([
+                "--tls".into(),
+                "--tlscert".into(),
+                dir.join("server.pem").display().to_string(),
+                "--tlskey".into(),
+                dir.join("server-key.pem").display().to_string(),
+            ]);
+        }
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
         let proc = Proc::spawn("nats-server", &bin, &args, &[], dir)?;
         wait_for_port(port, Duration::from_secs(15))?;
         Ok(proc)
     }
 
-    /// The client URL.
+    /// The client URL (`tls://` when TLS is required).
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        let scheme = if self.ca.is_some() { "tls" } else { "nats" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// Kills the server and starts it again on the same port and store.
     pub fn restart(&mut self) -> Result<()> {
         self.proc.kill();
-        self.proc = Self::spawn(self.dir.path(), self.port)?;
+        self.proc = Self::spawn(self.dir.path(), self.port, self.ca.is_some())?;
         Ok(())
     }
 
     /// Connects a client.
     pub async fn client(&self) -> Result<async_nats::Client> {
-        Ok(async_nats::connect(self.url()).await?)
+        minions_schemas::endpoints::nats::init_tls();
+        let mut o = async_nats::ConnectOptions::new();
+        if let Some(ca) = &self.ca {
+            o = o.add_root_certificates(ca.clone()).require_tls(true);
+        }
+        Ok(o.connect(self.url()).await?)
     }
 }
 
@@ -480,6 +554,18 @@ impl Fleet {
             dashboards: Vec::new(),
             spawned: 0,
         })
+    }
+
+    /// A fleet with a local-directory store whose nats-server accepts TLS
+    /// connections only; every process trusts its test authority through
+    /// `MINIONS_NATS_CA`.
+    pub fn local_tls() -> Result<Self> {
+        let mut f = Self::local()?;
+        f.nats = NatsServer::start_tls()?;
+        let ca = f.nats.ca.clone().ok_or("no CA")?;
+        f.env
+            .push(("MINIONS_NATS_CA".into(), ca.display().to_string()));
+        Ok(f)
     }
 
     /// A fleet whose store is `s3://bucket` on `s3`.

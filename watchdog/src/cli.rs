@@ -23,6 +23,9 @@ pub struct WatchdogArgs {
     /// Default: a per-user data dir.
     #[arg(long, env = "MINIONS_STORE")]
     pub store: Option<String>,
+    /// NATS credentials and TLS.
+    #[command(flatten)]
+    pub security: minions_schemas::endpoints::nats::NatsSecurity,
     /// Heartbeat intervals a worker may miss before it is declared dead and
     /// its shards handed back. Lower moves work sooner and risks declaring a
     /// worker on a slow network dead (it then rejoins; nothing is lost).
@@ -49,6 +52,7 @@ impl WatchdogArgs {
         use minions_schemas::endpoints::host;
         WatchdogConfig {
             nats_url: self.nats,
+            nats_security: self.security,
             store_url: self
                 .store
                 .unwrap_or_else(minions_schemas::endpoints::store::default_store_url),

@@ -50,6 +50,8 @@ pub enum WatchdogError {
 pub struct WatchdogConfig {
     /// NATS server URL.
     pub nats_url: String,
+    /// NATS credentials and TLS.
+    pub nats_security: nats::NatsSecurity,
     /// Object store URL (job specs are read and manifests written there).
     pub store_url: String,
     /// Heartbeat intervals a worker may miss before it is declared dead.
@@ -76,6 +78,7 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
     let store = store::open(&config.store_url)?;
     let client = nats::connect(
         &config.nats_url,
+        &config.nats_security,
         &format!("minions-watchdog {}", config.name),
     )
     .await?;

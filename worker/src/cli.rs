@@ -28,6 +28,9 @@ pub struct WorkerArgs {
     /// Default: a per-user data dir.
     #[arg(long, global = true, env = "MINIONS_STORE")]
     pub store: Option<String>,
+    /// NATS credentials and TLS.
+    #[command(flatten)]
+    pub security: minions_schemas::endpoints::nats::NatsSecurity,
     /// Folder for cached model files. Default: a per-user cache dir.
     #[arg(long, env = "MINIONS_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
@@ -129,6 +132,7 @@ impl WorkerArgs {
             .store
             .unwrap_or_else(minions_schemas::endpoints::store::default_store_url);
         let mut c = WorkerConfig::new(self.nats, store);
+        c.nats_security = self.security;
         if let Some(dir) = self.cache_dir {
             c.cache_dir = dir;
         }

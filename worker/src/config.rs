@@ -12,6 +12,8 @@ use crate::model::DeviceChoice;
 pub struct WorkerConfig {
     /// NATS server URL.
     pub nats_url: String,
+    /// NATS credentials and TLS.
+    pub nats_security: minions_schemas::endpoints::nats::NatsSecurity,
     /// Object store URL (`file://…` or `s3://…`).
     pub store_url: String,
     /// Local folder for model files.
@@ -48,6 +50,7 @@ impl WorkerConfig {
     pub fn new(nats_url: impl Into<String>, store_url: impl Into<String>) -> Self {
         Self {
             nats_url: nats_url.into(),
+            nats_security: Default::default(),
             store_url: store_url.into(),
             cache_dir: default_cache_dir(),
             slots: 2,

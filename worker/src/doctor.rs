@@ -121,7 +121,11 @@ pub async fn report(config: &WorkerConfig) -> String {
     }
     let nats = tokio::time::timeout(
         Duration::from_secs(12),
-        minions_schemas::endpoints::nats::connect(&config.nats_url, "minions-worker doctor"),
+        minions_schemas::endpoints::nats::connect(
+            &config.nats_url,
+            &config.nats_security,
+            "minions-worker doctor",
+        ),
     )
     .await;
     match nats {

@@ -111,7 +111,12 @@ pub async fn run(
     let device = select_device(config.device)?;
     let device_name = describe_device(&device);
     let store = store::open(&config.store_url)?;
-    let client = nats::connect(&config.nats_url, &format!("minions-worker {worker}")).await?;
+    let client = nats::connect(
+        &config.nats_url,
+        &config.nats_security,
+        &format!("minions-worker {worker}"),
+    )
+    .await?;
     let js = jetstream::new(client.clone());
     let mut consumer: PullConsumer = streams::ensure(&js, &config.work).await?;
     let (ack_wait, max_deliver) = match consumer.info().await {

@@ -11,8 +11,12 @@ use crate::progress::{self, Progress};
 pub async fn run(endpoints: &Endpoints, args: &StatusArgs) -> anyhow::Result<(Progress, String)> {
     let job = JobId::new(&args.job).context("job id")?;
     let store = minions_schemas::endpoints::store::open(&endpoints.store_url())?;
-    let client =
-        minions_schemas::endpoints::nats::connect(&endpoints.nats, "minions status").await?;
+    let client = minions_schemas::endpoints::nats::connect(
+        &endpoints.nats,
+        &endpoints.security,
+        "minions status",
+    )
+    .await?;
     let js = jetstream::new(client);
     let p = progress::load(&js, store.as_ref(), &job).await?;
     let text = if args.json {

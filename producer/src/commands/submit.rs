@@ -73,8 +73,12 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
             ulid::Ulid::new().to_string().to_lowercase()
         ))?,
     };
-    let client =
-        minions_schemas::endpoints::nats::connect(&endpoints.nats, "minions submit").await?;
+    let client = minions_schemas::endpoints::nats::connect(
+        &endpoints.nats,
+        &endpoints.security,
+        "minions submit",
+    )
+    .await?;
     let js = jetstream::new(client.clone());
     minions_schemas::streams::ensure(&js, &Default::default()).await?;
 

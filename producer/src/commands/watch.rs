@@ -123,8 +123,12 @@ pub async fn run(
 ) -> anyhow::Result<Watched> {
     let job = JobId::new(&args.job).context("job id")?;
     let store = minions_schemas::endpoints::store::open(&endpoints.store_url())?;
-    let client =
-        minions_schemas::endpoints::nats::connect(&endpoints.nats, "minions watch").await?;
+    let client = minions_schemas::endpoints::nats::connect(
+        &endpoints.nats,
+        &endpoints.security,
+        "minions watch",
+    )
+    .await?;
     let js = jetstream::new(client);
     let spec = job_spec(store.as_ref(), &job).await?;
     let mut fold = JobFold::new(spec.clone());

@@ -1,5 +1,7 @@
-//! Connecting to NATS and checking the server is new enough.
+//! Connecting to NATS, with credentials and TLS, and checking the server is
+//! new enough.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::streams::check_server_version;
@@ -24,6 +26,22 @@ pub enum NatsConnectError {
     /// The server is too old or says something unreadable.
     #[error("{0}")]
     Version(String),
+    /// A credentials or TLS file named by a flag cannot be read.
+    #[error("{flag} {path}: {reason}")]
+    File {
+        /// The flag (or its environment variable) that names the file.
+        flag: &'static str,
+        /// The path given.
+        path: PathBuf,
+        /// Why it cannot be used.
+        reason: String,
+    },
+    /// The server refused the connection (TLS, credentials).
+    #[error("{0}")]
+    Refused(String),
+    /// The settings contradict each other.
+    #[error("{0}")]
+    Settings(String),
     /// The server runs without JetStream.
     #[error(
         "nats-server at {url} runs without JetStream; start it with -js (or `jetstream {{}}` in its config)"
@@ -34,15 +52,178 @@ pub enum NatsConnectError {
     },
 }
 
-/// Connects to `url` as `name` (shown in the server's connection list), waits
-/// for the server's greeting, and refuses servers older than
-/// [`crate::streams::MIN_SERVER_VERSION`] or without JetStream.
-pub async fn connect(url: &str, name: &str) -> Result<async_nats::Client, NatsConnectError> {
-    let client = async_nats::ConnectOptions::new()
+/// Who a program is to NATS and how it checks the server: credentials and
+/// TLS. Every binary takes these as flags or environment variables; all are
+/// optional (a development server needs none).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct NatsSecurity {
+    /// NATS credentials file (a user JWT and its nkey seed, as `nsc` writes
+    /// them) for servers in operator/JWT mode.
+    #[arg(long, global = true, env = "MINIONS_NATS_CREDS", value_name = "FILE")]
+    pub nats_creds: Option<PathBuf>,
+    /// File holding an nkey seed (`SU...`) for servers that list nkey users.
+    #[arg(long, global = true, env = "MINIONS_NATS_NKEY", value_name = "FILE")]
+    pub nats_nkey: Option<PathBuf>,
+    /// User name for servers that list users with passwords; the password is
+    /// read from MINIONS_NATS_PASSWORD (never a flag: flags show in `ps`).
+    #[arg(long, global = true, env = "MINIONS_NATS_USER", value_name = "NAME")]
+    pub nats_user: Option<String>,
+    /// The password of --nats-user.
+    #[arg(skip = std::env::var("MINIONS_NATS_PASSWORD").ok())]
+    pub nats_password: Option<String>,
+    /// PEM file of the certificate authorities to trust for the server's TLS
+    /// certificate (instead of the system's). Implies TLS.
+    #[arg(long, global = true, env = "MINIONS_NATS_CA", value_name = "FILE")]
+    pub nats_ca: Option<PathBuf>,
+    /// PEM client certificate, for servers that verify clients (mutual TLS);
+    /// needs --nats-key.
+    #[arg(
+        long,
+        global = true,
+        env = "MINIONS_NATS_CERT",
+        value_name = "FILE",
+        requires = "nats_key"
+    )]
+    pub nats_cert: Option<PathBuf>,
+    /// PEM private key of --nats-cert.
+    #[arg(
+        long,
+        global = true,
+        env = "MINIONS_NATS_KEY",
+        value_name = "FILE",
+        requires = "nats_cert"
+    )]
+    pub nats_key: Option<PathBuf>,
+    /// Require TLS even without --nats-ca (the system's authorities are
+    /// trusted). A `tls://` URL does the same.
+    #[arg(long, global = true, env = "MINIONS_NATS_TLS")]
+    pub nats_tls: bool,
+}
+
+fn readable(flag: &'static str, path: &Path) -> Result<(), NatsConnectError> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => Ok(()),
+        Ok(_) => Err(NatsConnectError::File {
+            flag,
+            path: path.to_owned(),
+            reason: "not a file".to_owned(),
+        }),
+        Err(e) => Err(NatsConnectError::File {
+            flag,
+            path: path.to_owned(),
+            reason: e.to_string(),
+        }),
+    }
+}
+
+/// Chooses rustls's `ring` backend (the one async-nats is built with) as the
+/// process default. Other crates in the build enable a second backend, and
+/// rustls then refuses to guess. Safe to call more than once.
+pub fn init_tls() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+impl NatsSecurity {
+    /// Whether TLS is required of the connection.
+    pub fn tls(&self, url: &str) -> bool {
+        self.nats_tls
+            || self.nats_ca.is_some()
+            || self.nats_cert.is_some()
+            || url.starts_with("tls://")
+    }
+
+    /// Connect options carrying these settings; every named file is checked
+    /// first, so a wrong path fails with the flag and path named.
+    pub async fn options(&self, url: &str) -> Result<async_nats::ConnectOptions, NatsConnectError> {
+        init_tls();
+        let ways = [
+            self.nats_creds.is_some(),
+            self.nats_nkey.is_some(),
+            self.nats_user.is_some(),
+        ];
+        if ways.iter().filter(|w| **w).count() > 1 {
+            return Err(NatsConnectError::Settings(
+                "give one of --nats-creds, --nats-nkey and --nats-user, not several".to_owned(),
+            ));
+        }
+        let mut o = if let Some(path) = &self.nats_creds {
+            readable("--nats-creds", path)?;
+            async_nats::ConnectOptions::with_credentials_file(path)
+                .await
+                .map_err(|e| NatsConnectError::File {
+                    flag: "--nats-creds",
+                    path: path.clone(),
+                    reason: format!("not a NATS credentials file: {e}"),
+                })?
+        } else if let Some(path) = &self.nats_nkey {
+            readable("--nats-nkey", path)?;
+            let seed = std::fs::read_to_string(path).map_err(|e| NatsConnectError::File {
+                flag: "--nats-nkey",
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+            let seed = seed.trim().to_owned();
+            if !seed.starts_with('S') {
+                return Err(NatsConnectError::File {
+                    flag: "--nats-nkey",
+                    path: path.clone(),
+                    reason: "does not hold an nkey seed (a line starting with S)".to_owned(),
+                });
+            }
+            async_nats::ConnectOptions::with_nkey(seed)
+        } else if let Some(user) = &self.nats_user {
+            let Some(password) = &self.nats_password else {
+                return Err(NatsConnectError::Settings(format!(
+                    "--nats-user {user} needs its password in MINIONS_NATS_PASSWORD"
+                )));
+            };
+            async_nats::ConnectOptions::with_user_and_password(user.clone(), password.clone())
+        } else {
+            async_nats::ConnectOptions::new()
+        };
+        if let Some(ca) = &self.nats_ca {
+            readable("--nats-ca", ca)?;
+            o = o.add_root_certificates(ca.clone());
+        }
+        if let (Some(cert), Some(key)) = (&self.nats_cert, &self.nats_key) {
+            readable("--nats-cert", cert)?;
+            readable("--nats-key", key)?;
+            o = o.add_client_certificate(cert.clone(), key.clone());
+        }
+        if self.tls(url) {
+            o = o.require_tls(true);
+        }
+        Ok(o)
+    }
+}
+
+/// Connects to `url` as `name` (shown in the server's connection list) with
+/// `security`, waits for the server's greeting, and refuses servers older
+/// than [`crate::streams::MIN_SERVER_VERSION`] or without JetStream. A
+/// refused TLS handshake or credential fails at once with its cause.
+pub async fn connect(
+    url: &str,
+    security: &NatsSecurity,
+    name: &str,
+) -> Result<async_nats::Client, NatsConnectError> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(4);
+    let client = security
+        .options(url)
+        .await?
         .name(name)
         .connection_timeout(Duration::from_secs(5))
         .retry_on_initial_connect()
         .max_reconnects(None)
+        .event_callback(move |event| {
+            let tx = tx.clone();
+            async move {
+                if let async_nats::Event::ClientError(e) = &event {
+                    let _ = tx.try_send(e.to_string());
+                } else if let async_nats::Event::ServerError(e) = &event {
+                    let _ = tx.try_send(e.to_string());
+                }
+            }
+        })
         .connect(url)
         .await
         .map_err(|source| NatsConnectError::Connect {
@@ -62,6 +243,18 @@ pub async fn connect(url: &str, name: &str) -> Result<async_nats::Client, NatsCo
                 });
             }
             return Ok(client);
+        }
+        if let Ok(problem) = rx.try_recv() {
+            let hint = if problem.to_lowercase().contains("authorization") {
+                "the server does not accept these credentials"
+            } else if security.tls(url) {
+                "check --nats-ca (the authority that signed the server's certificate) and the host name in the URL"
+            } else {
+                "if the server requires TLS, pass --nats-ca or use a tls:// URL"
+            };
+            return Err(NatsConnectError::Refused(format!(
+                "NATS at {url} refused the connection: {problem} ({hint}; credentials are given with --nats-creds, --nats-nkey or --nats-user)"
+            )));
         }
         if tokio::time::Instant::now() >= deadline {
             return Err(NatsConnectError::Version(format!(
