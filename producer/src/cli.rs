@@ -80,6 +80,33 @@ pub enum Command {
     Worker(WorkerCommand),
     /// Run a whole local fleet: nats-server, a watchdog and N workers. Ctrl-C stops it.
     Dev(DevArgs),
+    /// Set up a fleet's NATS side (needs credentials that may create streams).
+    #[command(subcommand)]
+    Admin(AdminCommand),
+}
+
+/// `minions admin ...`
+#[derive(Debug, Subcommand)]
+pub enum AdminCommand {
+    /// Create the streams, the worker registry and the shared work consumer
+    /// where missing, and show their settings. Run once per fleet, before
+    /// workers with restricted credentials connect; safe to run again.
+    Init(AdminInitArgs),
+}
+
+/// Flags of `minions admin init` (settings of the work consumer, used when
+/// it is created).
+#[derive(Debug, Args)]
+pub struct AdminInitArgs {
+    /// Seconds the server waits for an ack before redelivering a shard.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub ack_wait_secs: u64,
+    /// Deliveries of a shard before it is dead-lettered.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub max_deliver: u32,
+    /// Unacknowledged deliveries allowed fleet-wide (keep it above workers × slots).
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_ack_pending: u32,
 }
 
 /// A job id argument.

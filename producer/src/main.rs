@@ -4,7 +4,7 @@
 use std::io::Write;
 
 use clap::Parser;
-use minions::cli::{Cli, Command, ModelCommand, WorkerCommand};
+use minions::cli::{AdminCommand, Cli, Command, ModelCommand, WorkerCommand};
 use minions::commands;
 use minions_schemas::messages::ControlCommand;
 use minions_schemas::progress::JobState;
@@ -88,6 +88,7 @@ async fn run() -> anyhow::Result<()> {
         Command::Worker(WorkerCommand::Resume { worker }) => {
             out(&commands::worker::control(ep, &worker, ControlCommand::Resume).await?)
         }
+        Command::Admin(AdminCommand::Init(args)) => out(&commands::admin::init(ep, &args).await?),
         Command::Dev(args) => {
             let shutdown = CancellationToken::new();
             tokio::spawn(minions_schemas::endpoints::signals::cancel_on_signal(

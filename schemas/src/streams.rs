@@ -161,7 +161,9 @@ pub fn work_consumer_config(settings: &WorkSettings) -> consumer::pull::Config {
 #[derive(Debug, thiserror::Error)]
 pub enum EnsureError {
     /// The stream could not be created or read.
-    #[error("cannot create or read stream {stream}: {source}")]
+    #[error(
+        "cannot create or read stream {stream} (if these credentials may not create streams, run `minions admin init` with credentials that may)"
+    )]
     Stream {
         /// Which stream.
         stream: &'static str,
@@ -173,7 +175,9 @@ pub enum EnsureError {
     #[error("cannot create or read key-value bucket {WORKERS_BUCKET}: {0}")]
     Kv(String),
     /// The consumer could not be created or read.
-    #[error("cannot create or read consumer {WORK_CONSUMER}: {source}")]
+    #[error(
+        "cannot create or read consumer {WORK_CONSUMER} (if these credentials may not create consumers, run `minions admin init` with credentials that may)"
+    )]
     Consumer {
         /// The server's answer.
         #[source]

@@ -1,5 +1,6 @@
 //! One file per subcommand.
 
+pub mod admin;
 pub mod collect;
 pub mod dev;
 pub mod jobs;

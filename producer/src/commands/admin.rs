@@ -1,0 +1,94 @@
+//! `minions admin init`: the administrator's step that creates the streams,
+//! the worker registry and the shared work consumer, with the work queue's
+//! settings chosen here. Run once per fleet with credentials that may
+//! create streams; workers, producers and watchdogs then only use them (a
+//! least-privilege NATS identity cannot create or delete streams).
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use anyhow::Context;
+use async_nats::jetstream;
+use minions_schemas::streams::{self, WorkSettings};
+
+use crate::cli::{AdminInitArgs, Endpoints};
+
+/// Creates what is missing and reports every stream and the consumer.
+pub async fn init(endpoints: &Endpoints, args: &AdminInitArgs) -> anyhow::Result<String> {
+    let client = minions_schemas::endpoints::nats::connect(
+        &endpoints.nats,
+        &endpoints.security,
+        "minions admin init",
+    )
+    .await?;
+    let js = jetstream::new(client);
+    let settings = WorkSettings {
+        ack_wait: Duration::from_secs(args.ack_wait_secs),
+        max_deliver: i64::from(args.max_deliver),
+        max_ack_pending: i64::from(args.max_ack_pending),
+        max_waiting: i64::from(args.max_ack_pending),
+        ..Default::default()
+    };
+    let existed = js.get_stream(streams::WORK_STREAM).await.is_ok();
+    let mut consumer = streams::ensure(&js, &settings)
+        .await
+        .context("setting up the streams")?;
+    let mut out = String::new();
+    for name in [
+        streams::WORK_STREAM,
+        streams::EVENTS_STREAM,
+        streams::HEARTBEATS_STREAM,
+        streams::DEAD_STREAM,
+    ] {
+        let info = js
+            .get_stream(name)
+            .await
+            .with_context(|| format!("reading stream {name}"))?
+            .get_info()
+            .await
+            .with_context(|| format!("reading stream {name}"))?;
+        writeln!(
+            out,
+            "stream {name}: subjects {}, {:?} retention, {:?} storage, {} messages",
+            info.config.subjects.join(" "),
+            info.config.retention,
+            info.config.storage,
+            info.state.messages
+        )?;
+    }
+    let c = consumer.info().await.context("reading the work consumer")?;
+    writeln!(
+        out,
+        "consumer {}: ack wait {} s, max deliver {}, max ack pending {}",
+        streams::WORK_CONSUMER,
+        c.config.ack_wait.as_secs(),
+        c.config.max_deliver,
+        c.config.max_ack_pending
+    )?;
+    let wanted = (
+        settings.ack_wait,
+        settings.max_deliver,
+        settings.max_ack_pending,
+    );
+    let found = (
+        c.config.ack_wait,
+        c.config.max_deliver,
+        c.config.max_ack_pending,
+    );
+    if existed && wanted != found {
+        writeln!(
+            out,
+            "note: the consumer existed with other settings and was kept as it is"
+        )?;
+    }
+    write!(
+        out,
+        "{}",
+        if existed {
+            "ready (already set up)"
+        } else {
+            "ready (created)"
+        }
+    )?;
+    Ok(out)
+}
