@@ -30,3 +30,145 @@ fn shipped_nats_configs_are_valid() -> Result<()> {
     assert!(checked > 0, "no configs found under {}", dir.display());
     Ok(())
 }
+
+/// Whether an IAM-style pattern (`*` any run of characters, `?` one)
+/// matches `text`.
+fn glob(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    let (mut pi, mut ti, mut star, mut mark) = (0, 0, None, 0);
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ti;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ti = mark;
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
+fn strings(v: &serde_json::Value) -> Vec<String> {
+    match v {
+        serde_json::Value::String(s) => vec![s.clone()],
+        serde_json::Value::Array(a) => a
+            .iter()
+            .filter_map(|x| x.as_str().map(str::to_owned))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Whether `policy` allows `action` on object `key` (for `s3:ListBucket`,
+/// `key` is the listed prefix).
+fn allows(policy: &serde_json::Value, action: &str, key: &str) -> bool {
+    policy["Statement"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|st| {
+            st["Effect"] == "Allow"
+                && strings(&st["Action"]).iter().any(|a| a == action)
+                && if action == "s3:ListBucket" {
+                    strings(&st["Resource"])
+                        .iter()
+                        .any(|r| r == "arn:aws:s3:::BUCKET")
+                        && strings(&st["Condition"]["StringLike"]["s3:prefix"])
+                            .iter()
+                            .any(|p| glob(p, &format!("{key}/")))
+                } else {
+                    strings(&st["Resource"])
+                        .iter()
+                        .any(|r| glob(r, &format!("arn:aws:s3:::BUCKET/{key}")))
+                }
+        })
+}
+
+#[test]
+fn shipped_s3_policies_allow_each_role_what_it_needs_and_no_more() -> Result<()> {
+    use minions_schemas::{JobId, ModelHash, ModelName, keys};
+    let load = |name: &str| -> Result<serde_json::Value> {
+        let path = workspace_root().join("deploy/s3").join(name);
+        Ok(serde_json::from_str(&std::fs::read_to_string(&path)?)?)
+    };
+    let (worker, watchdog, producer) = (
+        load("worker-policy.json")?,
+        load("watchdog-policy.json")?,
+        load("producer-policy.json")?,
+    );
+    let job = JobId::new("j1")?;
+    let hash = ModelHash::new("ab".repeat(32))?;
+    let name = ModelName::new("minilm")?;
+    let (get, put, list) = ("s3:GetObject", "s3:PutObject", "s3:ListBucket");
+    let spec = keys::job_spec(&job);
+    let input = keys::shard_input(&job, 3);
+    let output = keys::shard_output(&job, 3);
+    let manifest = keys::job_manifest(&job);
+    let cancelled = keys::job_cancelled(&job);
+    let model_manifest = keys::model_manifest(&hash);
+    let model_file = keys::model_file(&hash, "model.safetensors");
+    let model_name = keys::model_name(&name);
+    let outputs = keys::job_outputs(&job);
+    // (policy, action, key, allowed?)
+    let cases: Vec<(&str, &serde_json::Value, &str, &str, bool)> = vec![
+        ("worker", &worker, get, &spec, true),
+        ("worker", &worker, get, &input, true),
+        ("worker", &worker, get, &output, true),
+        ("worker", &worker, get, &model_manifest, true),
+        ("worker", &worker, get, &model_file, true),
+        ("worker", &worker, put, &output, true),
+        ("worker", &worker, list, keys::MODEL_NAMES, true),
+        ("worker", &worker, put, &spec, false),
+        ("worker", &worker, put, &input, false),
+        ("worker", &worker, put, &manifest, false),
+        ("worker", &worker, put, &cancelled, false),
+        ("worker", &worker, put, &model_file, false),
+        ("worker", &worker, put, &model_name, false),
+        ("worker", &worker, list, "jobs", false),
+        ("watchdog", &watchdog, get, &spec, true),
+        ("watchdog", &watchdog, get, &manifest, true),
+        ("watchdog", &watchdog, get, &cancelled, true),
+        ("watchdog", &watchdog, get, &model_manifest, true),
+        ("watchdog", &watchdog, put, &manifest, true),
+        ("watchdog", &watchdog, get, &input, false),
+        ("watchdog", &watchdog, put, &output, false),
+        ("watchdog", &watchdog, put, &spec, false),
+        ("producer", &producer, put, &spec, true),
+        ("producer", &producer, put, &input, true),
+        ("producer", &producer, put, &cancelled, true),
+        ("producer", &producer, put, &model_manifest, true),
+        ("producer", &producer, put, &model_file, true),
+        ("producer", &producer, put, &model_name, true),
+        ("producer", &producer, get, &output, true),
+        ("producer", &producer, list, &outputs, true),
+        ("producer", &producer, list, keys::MODEL_NAMES, true),
+        ("producer", &producer, put, &output, false),
+        ("producer", &producer, put, &manifest, false),
+    ];
+    let mut wrong = Vec::new();
+    for (role, policy, action, key, want) in &cases {
+        if allows(policy, action, key) != *want {
+            wrong.push(format!(
+                "{role} {action} {key}: expected {}",
+                if *want { "allowed" } else { "denied" }
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    eprintln!(
+        "S3 policies: {} checks against the key layout hold",
+        cases.len()
+    );
+    assert!(
+        glob("jobs/*/outputs/*", "jobs/a/outputs/1")
+            && !glob("jobs/*/outputs/*", "jobs/a/inputs/1")
+    );
+    Ok(())
+}
