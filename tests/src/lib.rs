@@ -126,12 +126,29 @@ impl Proc {
         envs: &[(String, String)],
         log_dir: &Path,
     ) -> Result<Self> {
+        Self::spawn_in(name, program, args, envs, log_dir, None)
+    }
+
+    /// [`Proc::spawn`] in the working directory `cwd` (relative paths in its
+    /// config resolve there).
+    pub fn spawn_in(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        envs: &[(String, String)],
+        log_dir: &Path,
+        cwd: Option<&Path>,
+    ) -> Result<Self> {
         let log = log_dir.join(format!("{name}.log"));
         let f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log)?;
-        let child = Command::new(program)
+        let mut cmd = Command::new(program);
+        if let Some(cwd) = cwd {
+            cmd.current_dir(cwd);
+        }
+        let child = cmd
             .args(args)
             .envs(envs.iter().cloned())
             .stdin(Stdio::null())
@@ -201,7 +218,24 @@ pub struct NatsServer {
     /// With TLS required: the PEM file of the authority that signed the
     /// server's certificate (clients trust it with `--nats-ca`).
     pub ca: Option<PathBuf>,
+    /// User and password for [`NatsServer::client`] where the server
+    /// requires them (the administrator's).
+    pub login: Option<(String, String)>,
     dir: tempfile::TempDir,
+}
+
+/// The password of each role in `deploy/nats/least-privilege.conf`, as the
+/// environment variables that config reads.
+pub fn role_passwords() -> Vec<(String, String)> {
+    ["ADMIN", "PRODUCER", "WATCHDOG", "WORKER"]
+        .iter()
+        .map(|r| {
+            (
+                format!("MINIONS_{r}_PASSWORD"),
+                format!("{}-secret", r.to_lowercase()),
+            )
+        })
+        .collect()
 }
 
 /// Writes a test certificate authority and a server certificate for
@@ -245,6 +279,7 @@ impl NatsServer {
             proc,
             port,
             ca: None,
+            login: None,
             dir,
         })
     }
@@ -260,6 +295,48 @@ impl NatsServer {
             proc,
             port,
             ca: Some(ca),
+            login: None,
+            dir,
+        })
+    }
+
+    /// Starts a server from the shipped `deploy/nats/least-privilege.conf`
+    /// (on a free port, its own store, TLS from a test authority, the
+    /// passwords of [`role_passwords`]); it is not restarted.
+    pub fn start_least_privilege() -> Result<Self> {
+        let dir = tempfile::Builder::new().prefix("minions-nats-").tempdir()?;
+        let port = free_port()?;
+        let (ca, cert, key) = write_test_certs(dir.path())?;
+        let conf = workspace_root().join("deploy/nats/least-privilege.conf");
+        let args: Vec<String> = vec![
+            "-c".into(),
+            conf.display().to_string(),
+            "-a".into(),
+            "127.0.0.1".into(),
+            "-p".into(),
+            port.to_string(),
+            "-m".into(),
+            "0".into(),
+        ];
+        let mut env = role_passwords();
+        env.push(("MINIONS_TLS_CERT".into(), cert.display().to_string()));
+        env.push(("MINIONS_TLS_KEY".into(), key.display().to_string()));
+        let bin = tool("NATS_SERVER_BIN", "nats-server")?;
+        // The config's store_dir is relative: it lands in this server's dir.
+        let proc = Proc::spawn_in(
+            "nats-server",
+            &bin,
+            &args,
+            &env,
+            dir.path(),
+            Some(dir.path()),
+        )?;
+        wait_for_port(port, Duration::from_secs(15))?;
+        Ok(Self {
+            proc,
+            port,
+            ca: Some(ca),
+            login: None,
             dir,
         })
     }
@@ -310,7 +387,12 @@ impl NatsServer {
     /// Connects a client.
     pub async fn client(&self) -> Result<async_nats::Client> {
         minions_schemas::endpoints::nats::init_tls();
-        let mut o = async_nats::ConnectOptions::new();
+        let mut o = match &self.login {
+            Some((u, p)) => {
+                async_nats::ConnectOptions::with_user_and_password(u.clone(), p.clone())
+            }
+            None => async_nats::ConnectOptions::new(),
+        };
         if let Some(ca) = &self.ca {
             o = o.add_root_certificates(ca.clone()).require_tls(true);
         }
@@ -533,6 +615,10 @@ pub struct Fleet {
     pub workers: Vec<Proc>,
     /// Watchdogs started with [`Fleet::add_watchdog`].
     pub watchdogs: Vec<Proc>,
+    /// Extra environment for workers only (their NATS identity).
+    pub worker_env: Vec<(String, String)>,
+    /// Extra environment for watchdogs only (their NATS identity).
+    pub watchdog_env: Vec<(String, String)>,
     /// Each watchdog's dashboard base URL (`http://127.0.0.1:PORT`), in
     /// start order.
     pub dashboards: Vec<String>,
@@ -552,6 +638,8 @@ impl Fleet {
             workers: Vec::new(),
             watchdogs: Vec::new(),
             dashboards: Vec::new(),
+            worker_env: Vec::new(),
+            watchdog_env: Vec::new(),
             spawned: 0,
         })
     }
@@ -568,6 +656,43 @@ impl Fleet {
         Ok(f)
     }
 
+    /// A fleet on the shipped least-privilege nats-server config: the CLI
+    /// runs as `producer`, workers as `worker`, watchdogs as `watchdog`,
+    /// all over TLS; `minions admin init` has run as `admin`.
+    pub fn least_privilege() -> Result<Self> {
+        let mut f = Self::local()?;
+        f.nats = NatsServer::start_least_privilege()?;
+        let ca = f.nats.ca.clone().ok_or("no CA")?;
+        let pw = role_passwords();
+        let as_role = |role: &str| -> Vec<(String, String)> {
+            let key = format!("MINIONS_{}_PASSWORD", role.to_uppercase());
+            let password = pw
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default();
+            vec![
+                ("MINIONS_NATS_USER".into(), role.into()),
+                ("MINIONS_NATS_PASSWORD".into(), password),
+            ]
+        };
+        f.env
+            .push(("MINIONS_NATS_CA".into(), ca.display().to_string()));
+        let mut admin = f.cli_env();
+        admin.extend(as_role("admin"));
+        let admin_password = pw
+            .iter()
+            .find(|(k, _)| k == "MINIONS_ADMIN_PASSWORD")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default();
+        f.nats.login = Some(("admin".into(), admin_password));
+        minions_ok(&["admin", "init"], &admin)?;
+        f.env.extend(as_role("producer"));
+        f.worker_env = as_role("worker");
+        f.watchdog_env = as_role("watchdog");
+        Ok(f)
+    }
+
     /// A fleet whose store is `s3://bucket` on `s3`.
     pub fn s3(s3: &S3Server, bucket: &str) -> Result<Self> {
         let dir = scratch("minions-fleet-")?;
@@ -579,6 +704,8 @@ impl Fleet {
             workers: Vec::new(),
             watchdogs: Vec::new(),
             dashboards: Vec::new(),
+            worker_env: Vec::new(),
+            watchdog_env: Vec::new(),
             spawned: 0,
         })
     }
@@ -608,6 +735,7 @@ impl Fleet {
         self.dashboards.push(format!("http://127.0.0.1:{port}"));
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         let mut env = self.env.clone();
+        env.extend(self.watchdog_env.iter().cloned());
         env.push(("RUST_LOG".into(), "info".into()));
         let p = Proc::spawn(
             &format!("watchdog{i}"),
@@ -641,6 +769,7 @@ impl Fleet {
         ];
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         let mut env = self.env.clone();
+        env.extend(self.worker_env.iter().cloned());
         env.push(("RUST_LOG".into(), "info".into()));
         let p = Proc::spawn(
             &format!("worker{i}"),

@@ -7,6 +7,16 @@ use minions_tests::{Result, tool, workspace_root};
 fn shipped_nats_configs_are_valid() -> Result<()> {
     let bin = tool("NATS_SERVER_BIN", "nats-server")?;
     let dir = workspace_root().join("deploy/nats");
+    // What the configs take from the environment: passwords and TLS files.
+    let scratch = minions_tests::scratch("minions-conf-")?;
+    let (_, cert, key) = minions_tests::write_test_certs(scratch.path())?;
+    let env = minions_tests::role_passwords()
+        .into_iter()
+        .chain([
+            ("MINIONS_TLS_CERT".to_owned(), cert.display().to_string()),
+            ("MINIONS_TLS_KEY".to_owned(), key.display().to_string()),
+        ])
+        .collect::<Vec<_>>();
     let mut checked = 0;
     for entry in std::fs::read_dir(&dir)? {
         let path = entry?.path();
@@ -17,6 +27,7 @@ fn shipped_nats_configs_are_valid() -> Result<()> {
             .arg("-c")
             .arg(&path)
             .arg("-t")
+            .envs(env.clone())
             .output()?;
         assert!(
             out.status.success(),
