@@ -721,7 +721,6 @@ impl Fleet {
     /// Starts a watchdog; `extra` flags are appended.
     pub fn add_watchdog(&mut self, extra: &[&str]) -> Result<()> {
         let i = self.watchdogs.len() + 1;
-        let port = free_port()?;
         let mut args: Vec<String> = vec![
             "--nats".into(),
             self.nats.url(),
@@ -729,10 +728,12 @@ impl Fleet {
             self.store_url.clone(),
             "--name".into(),
             format!("watchdog{i}"),
+            // Port 0: the system picks a free one (a port chosen here could
+            // be taken by another connection before the watchdog binds it);
+            // the watchdog logs where it listens.
             "--listen".into(),
-            format!("127.0.0.1:{port}"),
+            "127.0.0.1:0".into(),
         ];
-        self.dashboards.push(format!("http://127.0.0.1:{port}"));
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         let mut env = self.env.clone();
         env.extend(self.watchdog_env.iter().cloned());
@@ -744,6 +745,24 @@ impl Fleet {
             &env,
             self.dir.path(),
         )?;
+        // Its dashboard address, from its log.
+        let until = Instant::now() + Duration::from_secs(30);
+        let url = loop {
+            let log = std::fs::read_to_string(&p.log).unwrap_or_default();
+            if let Some(rest) = log
+                .lines()
+                .find(|l| l.contains("dashboard listening"))
+                .and_then(|l| l.split("url=http://").nth(1))
+            {
+                let addr = rest.split(['/', ' ']).next().unwrap_or_default();
+                break format!("http://{addr}");
+            }
+            if Instant::now() > until {
+                return Err(format!("watchdog{i} never said where it listens:\n{log}").into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        self.dashboards.push(url);
         self.watchdogs.push(p);
         Ok(())
     }
