@@ -52,6 +52,18 @@ impl Endpoints {
             .clone()
             .unwrap_or_else(minions_schemas::endpoints::store::default_store_url)
     }
+
+    /// Connects to NATS as `who` (shown in the server's connection list)
+    /// with these credentials and TLS settings. Creates nothing.
+    pub async fn connect(
+        &self,
+        who: &str,
+    ) -> anyhow::Result<(async_nats::Client, async_nats::jetstream::Context)> {
+        let client =
+            minions_schemas::endpoints::nats::connect(&self.nats, &self.security, who).await?;
+        let js = async_nats::jetstream::new(client.clone());
+        Ok((client, js))
+    }
 }
 
 /// The subcommands.

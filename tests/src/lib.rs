@@ -238,6 +238,17 @@ pub fn role_passwords() -> Vec<(String, String)> {
         .collect()
 }
 
+/// The password of `role` (`admin`, `producer`, `watchdog`, `worker`) in
+/// [`role_passwords`].
+pub fn role_password(role: &str) -> String {
+    let key = format!("MINIONS_{}_PASSWORD", role.to_uppercase());
+    role_passwords()
+        .into_iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| v)
+        .unwrap_or_default()
+}
+
 /// Writes a test certificate authority and a server certificate for
 /// `localhost` and 127.0.0.1 signed by it into `dir`; returns the paths of
 /// (CA, server certificate, server key).
@@ -663,29 +674,17 @@ impl Fleet {
         let mut f = Self::local()?;
         f.nats = NatsServer::start_least_privilege()?;
         let ca = f.nats.ca.clone().ok_or("no CA")?;
-        let pw = role_passwords();
         let as_role = |role: &str| -> Vec<(String, String)> {
-            let key = format!("MINIONS_{}_PASSWORD", role.to_uppercase());
-            let password = pw
-                .iter()
-                .find(|(k, _)| *k == key)
-                .map(|(_, v)| v.clone())
-                .unwrap_or_default();
             vec![
                 ("MINIONS_NATS_USER".into(), role.into()),
-                ("MINIONS_NATS_PASSWORD".into(), password),
+                ("MINIONS_NATS_PASSWORD".into(), role_password(role)),
             ]
         };
         f.env
             .push(("MINIONS_NATS_CA".into(), ca.display().to_string()));
         let mut admin = f.cli_env();
         admin.extend(as_role("admin"));
-        let admin_password = pw
-            .iter()
-            .find(|(k, _)| k == "MINIONS_ADMIN_PASSWORD")
-            .map(|(_, v)| v.clone())
-            .unwrap_or_default();
-        f.nats.login = Some(("admin".into(), admin_password));
+        f.nats.login = Some(("admin".into(), role_password("admin")));
         minions_ok(&["admin", "init"], &admin)?;
         f.env.extend(as_role("producer"));
         f.worker_env = as_role("worker");

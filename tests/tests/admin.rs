@@ -99,7 +99,11 @@ async fn a_restricted_worker_needs_admin_init_and_cannot_touch_streams() -> Resu
         .envs(as_worker.clone())
         .output()?;
     let err = String::from_utf8_lossy(&out.stderr);
-    let last = err.lines().last().unwrap_or_default();
+    // The error line (log lines of background tasks may follow it).
+    let last = err
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_default();
     eprintln!("restricted worker before init: {last}");
     assert!(!out.status.success());
     assert!(last.contains("minions admin init"), "{err}");

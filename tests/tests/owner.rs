@@ -217,15 +217,7 @@ async fn a_model_over_the_memory_cap_goes_to_another_machine() -> Result<()> {
         let policy = fleet.dir.path().join("small.toml");
         std::fs::write(&policy, "max_memory_pct = 0.000001\n")?;
         fleet.add_worker(&["--slots", "1", "--policy", &policy.display().to_string()])?;
-        let job = fleet.cli(&[
-            "submit",
-            "--model",
-            "tiny",
-            "--input",
-            &input.display().to_string(),
-            "--job",
-            "big",
-        ])?;
+        let job = fleet.submit("tiny", &input, 256, "big")?;
         let log = fleet.workers[0].log.clone();
         let until = Instant::now() + Duration::from_secs(30);
         while count(&log, "more than the") == 0 {

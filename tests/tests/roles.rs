@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use minions_schemas::{streams, subjects};
-use minions_tests::{Fleet, NatsServer, Result, core_job_scenario, role_passwords};
+use minions_tests::{Fleet, NatsServer, Result, core_job_scenario, role_password};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_core_path_job_runs_with_one_identity_per_role() -> Result<()> {
@@ -20,11 +20,7 @@ async fn the_core_path_job_runs_with_one_identity_per_role() -> Result<()> {
 
 async fn connect(nats: &NatsServer, user: &str) -> Result<async_nats::Client> {
     minions_schemas::endpoints::nats::init_tls();
-    let password = role_passwords()
-        .into_iter()
-        .find(|(k, _)| *k == format!("MINIONS_{}_PASSWORD", user.to_uppercase()))
-        .map(|(_, v)| v)
-        .ok_or("no such role")?;
+    let password = role_password(user);
     let ca = nats.ca.clone().ok_or("no CA")?;
     Ok(
         async_nats::ConnectOptions::with_user_and_password(user.into(), password)

@@ -8,20 +8,13 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use anyhow::Context;
-use async_nats::jetstream;
 use minions_schemas::streams::{self, WorkSettings};
 
 use crate::cli::{AdminInitArgs, Endpoints};
 
 /// Creates what is missing and reports every stream and the consumer.
 pub async fn init(endpoints: &Endpoints, args: &AdminInitArgs) -> anyhow::Result<String> {
-    let client = minions_schemas::endpoints::nats::connect(
-        &endpoints.nats,
-        &endpoints.security,
-        "minions admin init",
-    )
-    .await?;
-    let js = jetstream::new(client);
+    let (_, js) = endpoints.connect("minions admin init").await?;
     let settings = WorkSettings {
         ack_wait: Duration::from_secs(args.ack_wait_secs),
         max_deliver: i64::from(args.max_deliver),

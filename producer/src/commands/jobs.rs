@@ -25,10 +25,7 @@ async fn open(endpoints: &Endpoints, job: &str, who: &str) -> anyhow::Result<Ctx
     let job = JobId::new(job).context("job id")?;
     let store = minions_schemas::endpoints::store::open(&endpoints.store_url())?;
     let spec = job_spec(store.as_ref(), &job).await?;
-    let client =
-        minions_schemas::endpoints::nats::connect(&endpoints.nats, &endpoints.security, who)
-            .await?;
-    let js = jetstream::new(client.clone());
+    let (client, js) = endpoints.connect(who).await?;
     streams::ensure(&js, &Default::default()).await?;
     Ok(Ctx {
         js,

@@ -1,7 +1,6 @@
 //! `minions status`: a job's progress, once.
 
 use anyhow::Context;
-use async_nats::jetstream;
 use minions_schemas::JobId;
 
 use crate::cli::{Endpoints, StatusArgs};
@@ -11,13 +10,7 @@ use crate::progress::{self, Progress};
 pub async fn run(endpoints: &Endpoints, args: &StatusArgs) -> anyhow::Result<(Progress, String)> {
     let job = JobId::new(&args.job).context("job id")?;
     let store = minions_schemas::endpoints::store::open(&endpoints.store_url())?;
-    let client = minions_schemas::endpoints::nats::connect(
-        &endpoints.nats,
-        &endpoints.security,
-        "minions status",
-    )
-    .await?;
-    let js = jetstream::new(client);
+    let (_, js) = endpoints.connect("minions status").await?;
     let p = progress::load(&js, store.as_ref(), &job).await?;
     let text = if args.json {
         serde_json::to_string_pretty(&p)?

@@ -73,13 +73,7 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
             ulid::Ulid::new().to_string().to_lowercase()
         ))?,
     };
-    let client = minions_schemas::endpoints::nats::connect(
-        &endpoints.nats,
-        &endpoints.security,
-        "minions submit",
-    )
-    .await?;
-    let js = jetstream::new(client.clone());
+    let (_, js) = endpoints.connect("minions submit").await?;
     minions_schemas::streams::ensure(&js, &Default::default()).await?;
 
     let file = std::fs::File::open(&args.input)

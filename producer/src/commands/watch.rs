@@ -7,7 +7,7 @@ use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull::OrderedConfig};
+use async_nats::jetstream::{consumer::DeliverPolicy, consumer::pull::OrderedConfig};
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use minions_schemas::messages::ShardEvent;
@@ -123,13 +123,7 @@ pub async fn run(
 ) -> anyhow::Result<Watched> {
     let job = JobId::new(&args.job).context("job id")?;
     let store = minions_schemas::endpoints::store::open(&endpoints.store_url())?;
-    let client = minions_schemas::endpoints::nats::connect(
-        &endpoints.nats,
-        &endpoints.security,
-        "minions watch",
-    )
-    .await?;
-    let js = jetstream::new(client);
+    let (_, js) = endpoints.connect("minions watch").await?;
     let spec = job_spec(store.as_ref(), &job).await?;
     let mut fold = JobFold::new(spec.clone());
     let consumer = js

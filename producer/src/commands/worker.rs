@@ -41,11 +41,7 @@ async fn connect(
 ) -> anyhow::Result<(async_nats::Client, jetstream::Context)> {
     // Read-only: never creates streams or the work consumer (whoever creates
     // the consumer sets its ack wait and max deliveries).
-    let client =
-        minions_schemas::endpoints::nats::connect(&endpoints.nats, &endpoints.security, who)
-            .await?;
-    let js = jetstream::new(client.clone());
-    Ok((client, js))
+    endpoints.connect(who).await
 }
 
 /// Lists workers: the last heartbeat of each, with the registry's verdict.

@@ -151,12 +151,12 @@ impl View {
     /// The workers as rows, by host then id.
     pub fn workers(&self, now: Instant) -> Vec<WorkerRow> {
         let now_ms = minions_schemas::time::now_ms();
-        let mut rows: Vec<WorkerRow> = {
+        let mut rows: Vec<(minions_schemas::WorkerId, WorkerRow)> = {
             let reg = self.registry();
             reg.iter()
                 .map(|(id, t)| {
                     let b = &t.beat;
-                    WorkerRow {
+                    let row = WorkerRow {
                         id: id.to_string(),
                         host: b.host.clone(),
                         device: b.device.clone(),
@@ -175,18 +175,18 @@ impl View {
                         mem_avail_mb: b.mem_avail_mb,
                         mem_budget_mb: b.mem_budget_mb,
                         last_beat_secs: now.saturating_duration_since(t.seen).as_secs_f64(),
-                    }
+                    };
+                    (id.clone(), row)
                 })
                 .collect()
         };
         {
             let jobs = self.jobs();
-            for r in &mut rows {
-                if let Ok(id) = minions_schemas::WorkerId::new(r.id.clone()) {
-                    r.rate = jobs.worker_rate(&id, now_ms);
-                }
+            for (id, r) in &mut rows {
+                r.rate = jobs.worker_rate(id, now_ms);
             }
         }
+        let mut rows: Vec<WorkerRow> = rows.into_iter().map(|(_, r)| r).collect();
         rows.sort_by(|a, b| (&a.host, &a.id).cmp(&(&b.host, &b.id)));
         rows
     }
