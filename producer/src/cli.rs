@@ -104,6 +104,28 @@ pub enum AdminCommand {
     /// where missing, and show their settings. Run once per fleet, before
     /// workers with restricted credentials connect; safe to run again.
     Init(AdminInitArgs),
+    /// Give one worker machine its own NATS identity: write its nkey seed
+    /// and add an entry to the server config (a copy of
+    /// deploy/nats/least-privilege.conf) that lets it pull and ack shards
+    /// and publish heartbeats and events under its own name only. Offline;
+    /// reload the server afterwards.
+    AddWorker(AddWorkerArgs),
+}
+
+/// Flags of `minions admin add-worker`.
+#[derive(Debug, Args)]
+pub struct AddWorkerArgs {
+    /// The machine's name: the worker then runs with `--name NAME`.
+    /// Letters, digits and `-`.
+    pub name: String,
+    /// The nats-server config to add the identity to (it must hold the
+    /// marker line of deploy/nats/least-privilege.conf).
+    #[arg(long, value_name = "FILE")]
+    pub server_config: std::path::PathBuf,
+    /// Where to write the machine's seed (default: NAME.nk here). Never
+    /// overwritten; readable by its owner only.
+    #[arg(long, value_name = "FILE")]
+    pub seed_out: Option<std::path::PathBuf>,
 }
 
 /// Flags of `minions admin init` (settings of the work consumer, used when

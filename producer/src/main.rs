@@ -23,7 +23,9 @@ async fn main() -> std::process::ExitCode {
 
 async fn run() -> anyhow::Result<()> {
     minions_schemas::endpoints::logging::init();
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    let e = &mut cli.endpoints;
+    minions_schemas::endpoints::config_file::apply(&mut e.nats, &mut e.store, &mut e.security)?;
     let ep = &cli.endpoints;
     match cli.command {
         Command::Submit(args) => out(commands::submit::run(ep, args).await?.job.as_str()),
@@ -89,6 +91,9 @@ async fn run() -> anyhow::Result<()> {
             out(&commands::worker::control(ep, &worker, ControlCommand::Resume).await?)
         }
         Command::Admin(AdminCommand::Init(args)) => out(&commands::admin::init(ep, &args).await?),
+        Command::Admin(AdminCommand::AddWorker(args)) => {
+            out(&commands::add_worker::add_worker(&args)?.report)
+        }
         Command::Dev(args) => {
             let shutdown = CancellationToken::new();
             tokio::spawn(minions_schemas::endpoints::signals::cancel_on_signal(

@@ -41,8 +41,10 @@ async fn read_events(js: &jetstream::Context, job: &JobId) -> anyhow::Result<Vec
     let mut out = Vec::with_capacity(messages.len());
     for m in messages {
         match decode::<ShardEvent>("shard event", &m.payload, limits::MAX_EVENT_BYTES) {
-            Ok(e) if &e.job == job => out.push(e),
-            Ok(_) => {}
+            Ok(e) if &e.job == job && e.is_on(&m.subject) => out.push(e),
+            Ok(e) => {
+                tracing::warn!(subject = %m.subject, worker = %e.worker, "ignoring an event on a subject its sender does not use")
+            }
             Err(e) => {
                 tracing::warn!(subject = %m.subject, error = %e, "ignoring an event that does not decode")
             }

@@ -48,7 +48,7 @@ pub async fn event(
         kind,
     };
     js.publish(
-        subjects::event(job, shard),
+        subjects::event(job, shard, &e.worker),
         encode("shard event", &e)?.into(),
     )
     .await?

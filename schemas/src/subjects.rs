@@ -57,9 +57,26 @@ pub fn job_work(job: &JobId) -> String {
     format!("minions.work.{job}.>")
 }
 
-/// The subject of one shard's events (started, done, failed).
-pub fn event(job: &JobId, shard: u32) -> String {
-    format!("minions.events.{job}.{shard}")
+/// The subject of one shard's events (started, done, failed) sent by
+/// `sender`: its last token is the sender's [`machine`], so that a NATS
+/// identity can be allowed to speak for its own machine only. Readers drop
+/// events whose subject is not the one their sender would use
+/// ([`crate::messages::ShardEvent::is_on`]).
+pub fn event(job: &JobId, shard: u32, sender: &WorkerId) -> String {
+    format!("minions.events.{job}.{shard}.{}", machine(sender))
+}
+
+/// The machine part of a worker id: what precedes its last `-` (workers add
+/// `-` and a random suffix to their `--name` or host name), or the whole id.
+/// Heartbeat, control and event subjects carry it as a token of its own, and
+/// a per-machine NATS identity is granted only subjects under its token
+/// (`minions admin add-worker`).
+pub fn machine(worker: &WorkerId) -> &str {
+    let id = worker.as_str();
+    match id.rfind('-') {
+        Some(i) if i > 0 => &id[..i],
+        _ => id,
+    }
 }
 
 /// Filter for all events of one job.
@@ -67,14 +84,18 @@ pub fn job_events(job: &JobId) -> String {
     format!("minions.events.{job}.>")
 }
 
-/// The subject a worker publishes its heartbeat on.
+/// The subject a worker publishes its heartbeat on:
+/// `minions.hb.<machine>.<worker>`. The watchdog ignores a heartbeat whose
+/// subject is not its worker's, and the machine token lets the server refuse
+/// a heartbeat sent under another machine's workers.
 pub fn heartbeat(worker: &WorkerId) -> String {
-    format!("minions.hb.{worker}")
+    format!("minions.hb.{}.{worker}", machine(worker))
 }
 
-/// The subject a worker listens on for control messages (drain, evict).
+/// The subject a worker listens on for control messages (drain, evict):
+/// `minions.ctl.<machine>.<worker>`.
 pub fn control(worker: &WorkerId) -> String {
-    format!("minions.ctl.{worker}")
+    format!("minions.ctl.{}.{worker}", machine(worker))
 }
 
 /// The `Nats-Msg-Id` of a shard task: `job/shard`, so that publishing the same
@@ -92,9 +113,20 @@ mod tests {
         let j = JobId::new("j1")?;
         assert_eq!(work(&j, 7), "minions.work.j1.7");
         assert_eq!(job_work(&j), "minions.work.j1.>");
-        assert_eq!(event(&j, 7), "minions.events.j1.7");
+        let w = WorkerId::new("mac-01-3f9a2b7c")?;
+        assert_eq!(event(&j, 7, &w), "minions.events.j1.7.mac-01");
         assert_eq!(msg_id(&j, 7), "j1/7");
-        assert_eq!(heartbeat(&WorkerId::new("w1")?), "minions.hb.w1");
+        assert_eq!(heartbeat(&WorkerId::new("w1")?), "minions.hb.w1.w1");
+        assert_eq!(heartbeat(&w), "minions.hb.mac-01.mac-01-3f9a2b7c");
+        assert_eq!(control(&w), "minions.ctl.mac-01.mac-01-3f9a2b7c");
+        Ok(())
+    }
+
+    #[test]
+    fn the_machine_is_the_id_before_its_suffix() -> Result<(), crate::IdError> {
+        assert_eq!(machine(&WorkerId::new("ann-s-mbp-0a1b2c3d")?), "ann-s-mbp");
+        assert_eq!(machine(&WorkerId::new("cli")?), "cli");
+        assert_eq!(machine(&WorkerId::new("w_1")?), "w_1");
         Ok(())
     }
 }

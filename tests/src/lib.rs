@@ -311,14 +311,35 @@ impl NatsServer {
         })
     }
 
-    /// Starts a server from the shipped `deploy/nats/least-privilege.conf`
-    /// (on a free port, its own store, TLS from a test authority, the
-    /// passwords of [`role_passwords`]); it is not restarted.
-    pub fn start_least_privilege() -> Result<Self> {
+    /// Starts a server from a copy of the shipped
+    /// `deploy/nats/least-privilege.conf` (on a free port, its own store, TLS
+    /// from a test authority, the passwords of [`role_passwords`]), with a
+    /// worker identity for each of `workers` added by `minions admin
+    /// add-worker` (seeds at [`NatsServer::worker_seed`]); it is not restarted.
+    pub fn start_least_privilege(workers: &[&str]) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("minions-nats-").tempdir()?;
         let port = free_port()?;
         let (ca, cert, key) = write_test_certs(dir.path())?;
-        let conf = workspace_root().join("deploy/nats/least-privilege.conf");
+        let conf = dir.path().join("least-privilege.conf");
+        std::fs::copy(
+            workspace_root().join("deploy/nats/least-privilege.conf"),
+            &conf,
+        )?;
+        for w in workers {
+            let seed = dir.path().join(format!("{w}.nk"));
+            minions_ok(
+                &[
+                    "admin",
+                    "add-worker",
+                    w,
+                    "--server-config",
+                    &conf.display().to_string(),
+                    "--seed-out",
+                    &seed.display().to_string(),
+                ],
+                &[],
+            )?;
+        }
         let args: Vec<String> = vec![
             "-c".into(),
             conf.display().to_string(),
@@ -350,6 +371,12 @@ impl NatsServer {
             login: None,
             dir,
         })
+    }
+
+    /// The nkey seed file of worker machine `name` (see
+    /// [`NatsServer::start_least_privilege`]).
+    pub fn worker_seed(&self, name: &str) -> PathBuf {
+        self.dir.path().join(format!("{name}.nk"))
     }
 
     fn spawn(dir: &Path, port: u16, tls: bool) -> Result<Proc> {
@@ -628,6 +655,9 @@ pub struct Fleet {
     pub watchdogs: Vec<Proc>,
     /// Extra environment for workers only (their NATS identity).
     pub worker_env: Vec<(String, String)>,
+    /// Each worker connects with its own machine identity (the nkey seed
+    /// the server was started with for its name).
+    pub worker_identities: bool,
     /// Extra environment for watchdogs only (their NATS identity).
     pub watchdog_env: Vec<(String, String)>,
     /// Each watchdog's dashboard base URL (`http://127.0.0.1:PORT`), in
@@ -650,6 +680,7 @@ impl Fleet {
             watchdogs: Vec::new(),
             dashboards: Vec::new(),
             worker_env: Vec::new(),
+            worker_identities: false,
             watchdog_env: Vec::new(),
             spawned: 0,
         })
@@ -668,11 +699,15 @@ impl Fleet {
     }
 
     /// A fleet on the shipped least-privilege nats-server config: the CLI
-    /// runs as `producer`, workers as `worker`, watchdogs as `watchdog`,
-    /// all over TLS; `minions admin init` has run as `admin`.
+    /// runs as `producer`, watchdogs as `watchdog`, workers `w1`..`w8` each
+    /// with its own machine identity (`minions admin add-worker`), all over
+    /// TLS; `minions admin init` has run as `admin`.
     pub fn least_privilege() -> Result<Self> {
         let mut f = Self::local()?;
-        f.nats = NatsServer::start_least_privilege()?;
+        let names: Vec<String> = (1..=8).map(|i| format!("w{i}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        f.nats = NatsServer::start_least_privilege(&names)?;
+        f.worker_identities = true;
         let ca = f.nats.ca.clone().ok_or("no CA")?;
         let as_role = |role: &str| -> Vec<(String, String)> {
             vec![
@@ -687,7 +722,6 @@ impl Fleet {
         f.nats.login = Some(("admin".into(), role_password("admin")));
         minions_ok(&["admin", "init"], &admin)?;
         f.env.extend(as_role("producer"));
-        f.worker_env = as_role("worker");
         f.watchdog_env = as_role("watchdog");
         Ok(f)
     }
@@ -704,6 +738,7 @@ impl Fleet {
             watchdogs: Vec::new(),
             dashboards: Vec::new(),
             worker_env: Vec::new(),
+            worker_identities: false,
             watchdog_env: Vec::new(),
             spawned: 0,
         })
@@ -788,6 +823,18 @@ impl Fleet {
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         let mut env = self.env.clone();
         env.extend(self.worker_env.iter().cloned());
+        if self.worker_identities {
+            env.retain(|(k, _)| {
+                !k.starts_with("MINIONS_NATS_USER") && k != "MINIONS_NATS_PASSWORD"
+            });
+            env.push((
+                "MINIONS_NATS_NKEY".into(),
+                self.nats
+                    .worker_seed(&format!("w{i}"))
+                    .display()
+                    .to_string(),
+            ));
+        }
         env.push(("RUST_LOG".into(), "info".into()));
         let p = Proc::spawn(
             &format!("worker{i}"),

@@ -1,120 +1,562 @@
 //! The shipped least-privilege nats-server config
 //! (`deploy/nats/least-privilege.conf`): the core-path job runs with every
-//! program on its own identity over TLS (CLI as `producer`, workers as
-//! `worker`, the watchdog as `watchdog`, set up by `minions admin init` as
-//! `admin`), and the worker identity — the one on every office machine — is
-//! refused everything beyond its job, while what it needs works.
+//! program on its own identity over TLS (CLI as `producer`, each worker with
+//! its own machine identity from `minions admin add-worker`, the watchdog as
+//! `watchdog`, set up by `minions admin init` as `admin`) without one refused
+//! action; and each identity is refused, by the server, every action beyond
+//! its job, while what it needs works.
 
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use minions_schemas::{streams, subjects};
+use minions_schemas::streams;
 use minions_tests::{Fleet, NatsServer, Result, core_job_scenario, role_password};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_core_path_job_runs_with_one_identity_per_role() -> Result<()> {
     let mut fleet = Fleet::least_privilege()?;
     let r = core_job_scenario(&mut fleet).await;
-    fleet.explain(r)
+    fleet.explain(r)?;
+    // The rest of what teams and operators do, as `producer`.
+    let listed = fleet.cli(&["worker", "list"])?;
+    assert!(listed.contains("w1-") && listed.contains("w2-"), "{listed}");
+    let reconciled = fleet.cli(&["reconcile", "core1"])?;
+    assert!(
+        reconciled.contains("100 shards done or queued"),
+        "{reconciled}"
+    );
+    let retried = fleet.cli(&["retry", "core1"])?;
+    eprintln!("retry as producer: {retried}");
+    let cancelled = fleet.cli(&["cancel", "core1"])?;
+    eprintln!("cancel as producer: {cancelled}");
+    // Every program did all of the above without one refused action.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let log = std::fs::read_to_string(&fleet.nats.proc.log)?;
+    let refused: Vec<&str> = log.lines().filter(|l| l.contains("Violation")).collect();
+    assert!(
+        refused.is_empty(),
+        "the server refused actions the programs need:\n{}",
+        refused.join("\n")
+    );
+    eprintln!("no permission violation in the server's log during the job");
+    Ok(())
 }
 
-async fn connect(nats: &NatsServer, user: &str) -> Result<async_nats::Client> {
-    minions_schemas::endpoints::nats::init_tls();
-    let password = role_password(user);
-    let ca = nats.ca.clone().ok_or("no CA")?;
-    Ok(
-        async_nats::ConnectOptions::with_user_and_password(user.into(), password)
+/// A connection that records the server's permission refusals.
+struct Conn {
+    client: async_nats::Client,
+    refusals: Arc<Mutex<Vec<String>>>,
+}
+
+impl Conn {
+    async fn open(nats: &NatsServer, o: async_nats::ConnectOptions) -> Result<Self> {
+        minions_schemas::endpoints::nats::init_tls();
+        let refusals = Arc::new(Mutex::new(Vec::new()));
+        let seen = refusals.clone();
+        let ca = nats.ca.clone().ok_or("no CA")?;
+        let client = o
             .add_root_certificates(ca)
             .require_tls(true)
             .request_timeout(Some(Duration::from_secs(2)))
+            .event_callback(move |e| {
+                let seen = seen.clone();
+                async move {
+                    if let Ok(mut s) = seen.lock() {
+                        s.push(e.to_string());
+                    }
+                }
+            })
             .connect(nats.url())
-            .await?,
-    )
+            .await?;
+        Ok(Self { client, refusals })
+    }
+
+    async fn user(nats: &NatsServer, user: &str) -> Result<Self> {
+        let o =
+            async_nats::ConnectOptions::with_user_and_password(user.into(), role_password(user));
+        Self::open(nats, o).await
+    }
+
+    async fn machine(nats: &NatsServer, seed: &Path) -> Result<Self> {
+        let seed = std::fs::read_to_string(seed)?;
+        Self::open(
+            nats,
+            async_nats::ConnectOptions::with_nkey(seed.trim().to_owned()),
+        )
+        .await
+    }
+
+    /// Whether the server refused an action on `subject` (waits up to 2 s).
+    async fn was_refused(&self, subject: &str) -> Result<bool> {
+        self.client.flush().await?;
+        let quoted = format!("\"{subject}\"");
+        for _ in 0..40 {
+            if self
+                .refusals
+                .lock()
+                .map_err(|_| "poisoned")?
+                .iter()
+                .any(|r| r.to_lowercase().contains("permissions violation") && r.contains(&quoted))
+            {
+                return Ok(true);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(false)
+    }
+
+    /// Publishes on `subject` and says whether the server refused it.
+    async fn publish_refused(&self, subject: &str) -> Result<bool> {
+        self.client.publish(subject.to_owned(), "{}".into()).await?;
+        self.was_refused(subject).await
+    }
+
+    /// Subscribes to `subject` and says whether the server refused it.
+    async fn subscribe_refused(&self, subject: &str) -> Result<bool> {
+        let _sub = self.client.subscribe(subject.to_owned()).await?;
+        self.was_refused(subject).await
+    }
+
+    fn refusal_count(&self) -> usize {
+        self.refusals.lock().map(|r| r.len()).unwrap_or(usize::MAX)
+    }
 }
 
-/// Whether a plain publish by `from` on `subject` reaches a subscriber.
-async fn arrives(
-    from: &async_nats::Client,
-    admin: &async_nats::Client,
-    subject: &str,
-) -> Result<bool> {
-    let mut sub = admin.subscribe(subject.to_owned()).await?;
-    admin.flush().await?;
-    from.publish(subject.to_owned(), "x".into()).await?;
-    from.flush().await?;
-    Ok(tokio::time::timeout(Duration::from_millis(500), sub.next())
-        .await
-        .ok()
-        .flatten()
-        .is_some())
+/// Whether publishes by `from` on `subject` reach a subscriber on `to`
+/// within 3 s. `from` publishes every 100 ms until one arrives: a flush does
+/// not wait for the server to register `to`'s subscription.
+async fn arrives(from: &Conn, to: &Conn, subject: &str) -> Result<bool> {
+    let mut sub = to.client.subscribe(subject.to_owned()).await?;
+    to.client.flush().await?;
+    for _ in 0..30 {
+        from.client.publish(subject.to_owned(), "x".into()).await?;
+        from.client.flush().await?;
+        if tokio::time::timeout(Duration::from_millis(100), sub.next())
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Checks that each (action, kind, subject) is refused by the server;
+/// returns the actions for the report.
+async fn all_refused(c: &Conn, role: &str, list: &[(&str, &str, &str)]) -> Result<Vec<String>> {
+    let mut done = Vec::new();
+    for (what, kind, subject) in list {
+        let refused = match *kind {
+            "sub" => c.subscribe_refused(subject).await?,
+            _ => c.publish_refused(subject).await?,
+        };
+        assert!(refused, "{role} may {what} ({subject})");
+        done.push((*what).to_owned());
+    }
+    Ok(done)
+}
+
+/// Forbidden to every role but the administrator.
+const NO_ONE: &[(&str, &str, &str)] = &[
+    ("create a stream", "pub", "$JS.API.STREAM.CREATE.EVIL"),
+    (
+        "delete the work stream",
+        "pub",
+        "$JS.API.STREAM.DELETE.MINIONS_WORK",
+    ),
+    (
+        "change the work stream",
+        "pub",
+        "$JS.API.STREAM.UPDATE.MINIONS_WORK",
+    ),
+    (
+        "delete the events stream",
+        "pub",
+        "$JS.API.STREAM.DELETE.MINIONS_EVENTS",
+    ),
+    (
+        "delete the work consumer",
+        "pub",
+        "$JS.API.CONSUMER.DELETE.MINIONS_WORK.minions-workers",
+    ),
+    (
+        "change the work consumer",
+        "pub",
+        "$JS.API.CONSUMER.CREATE.MINIONS_WORK.minions-workers",
+    ),
+    (
+        "add a durable consumer to the work stream",
+        "pub",
+        "$JS.API.CONSUMER.DURABLE.CREATE.MINIONS_WORK.thief",
+    ),
+    (
+        "publish a heartbeat as a worker of another machine",
+        "pub",
+        "minions.hb.w2.w2-0a1b2c3d",
+    ),
+];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_worker_machine_may_do_its_job_and_nothing_else() -> Result<()> {
+    let fleet = Fleet::least_privilege()?;
+    let admin = Conn::user(&fleet.nats, "admin").await?;
+    let w1 = Conn::machine(&fleet.nats, &fleet.nats.worker_seed("w1")).await?;
+    let js = async_nats::jetstream::new(w1.client.clone());
+    let work = js.get_stream(streams::WORK_STREAM).await?;
+
+    let mut refused = all_refused(&w1, "a worker", NO_ONE).await?;
+    refused.extend(
+        all_refused(
+            &w1,
+            "a worker",
+            &[
+                ("publish a shard", "pub", "minions.work.forged.0"),
+                (
+                    "purge the work stream",
+                    "pub",
+                    "$JS.API.STREAM.PURGE.MINIONS_WORK",
+                ),
+                (
+                    "read the events stream through a consumer",
+                    "pub",
+                    "$JS.API.CONSUMER.CREATE.MINIONS_EVENTS",
+                ),
+                (
+                    "read the worker registry",
+                    "pub",
+                    "$JS.API.DIRECT.GET.KV_MINIONS_WORKERS.$KV.MINIONS_WORKERS.w2",
+                ),
+                (
+                    "write the worker registry",
+                    "pub",
+                    "$KV.MINIONS_WORKERS.w2-0a1b2c3d",
+                ),
+                (
+                    "read a shard by sequence",
+                    "pub",
+                    "$JS.API.STREAM.MSG.GET.MINIONS_WORK",
+                ),
+                (
+                    "publish a shard event as another machine",
+                    "pub",
+                    "minions.events.j.0.w2",
+                ),
+                ("publish a dead letter", "pub", "minions.dead.j.0"),
+                (
+                    "send control to another worker",
+                    "pub",
+                    "minions.ctl.w2.w2-0a1b2c3d",
+                ),
+                ("cancel a job", "pub", "minions.cancel.somejob"),
+                (
+                    "receive another machine's control",
+                    "sub",
+                    "minions.ctl.w2.>",
+                ),
+                ("read shards off their subjects", "sub", "minions.work.>"),
+                ("read other workers' heartbeats", "sub", "minions.hb.>"),
+                ("read shard events", "sub", "minions.events.>"),
+            ],
+        )
+        .await?,
+    );
+    assert_eq!(
+        work.clone().info().await?.state.messages,
+        0,
+        "nothing was queued"
+    );
+    assert!(
+        js.get_stream(streams::EVENTS_STREAM).await.is_ok(),
+        "streams still exist"
+    );
+    let before = w1.refusal_count();
+
+    // Allowed: what a worker does, each without a refusal.
+    assert!(
+        arrives(&w1, &admin, "minions.hb.w1.w1-0a1b2c3d").await?,
+        "own heartbeat"
+    );
+    let event = js.publish("minions.events.j.0.w1", "x".into()).await?.await;
+    assert!(
+        event.is_ok(),
+        "a worker cannot store its own shard event: {event:?}"
+    );
+    assert!(
+        arrives(&admin, &w1, "minions.ctl.w1.w1-0a1b2c3d").await?,
+        "own control"
+    );
+    assert!(
+        arrives(&admin, &w1, "minions.cancel.somejob").await?,
+        "cancellations"
+    );
+    let consumer: async_nats::jetstream::consumer::PullConsumer =
+        work.get_consumer(streams::WORK_CONSUMER).await?;
+    let mut batch = consumer
+        .fetch()
+        .max_messages(1)
+        .expires(Duration::from_millis(200))
+        .messages()
+        .await?;
+    assert!(batch.next().await.is_none(), "the queue is empty");
+    for s in [
+        streams::EVENTS_STREAM,
+        streams::HEARTBEATS_STREAM,
+        streams::DEAD_STREAM,
+    ] {
+        js.get_stream(s).await?;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        w1.refusal_count(),
+        before,
+        "{:?}",
+        w1.refusals.lock().map(|r| r.clone())
+    );
+    // A worker run with another machine's identity stops at once, saying why.
+    let mut env = fleet.cli_env();
+    env.retain(|(k, _)| k != "MINIONS_NATS_USER" && k != "MINIONS_NATS_PASSWORD");
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new(minions_tests::bin("minions-worker")?)
+            .args(["--name", "w2", "--cache-dir"])
+            .arg(fleet.dir.path().join("cache-w2"))
+            .env("MINIONS_NATS_NKEY", fleet.nats.worker_seed("w1"))
+            .envs(env)
+            .output(),
+    )
+    .await??;
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    let line = said
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .ok_or_else(|| format!("no error line: {said}"))?;
+    assert!(
+        line.contains("refused this worker's heartbeats on minions.hb.w2."),
+        "{line}"
+    );
+    eprintln!("worker w2 run with w1's identity: {line}");
+
+    // The server logs each refusal (what the core-path test relies on).
+    let log = std::fs::read_to_string(&fleet.nats.proc.log)?;
+    let logged = log.lines().filter(|l| l.contains("Violation")).count();
+    assert!(logged >= refused.len(), "{logged} refusals logged:\n{log}");
+    eprintln!(
+        "worker machine w1 refused ({}): {}",
+        refused.len(),
+        refused.join(", ")
+    );
+    eprintln!(
+        "worker machine w1 allowed: own heartbeat, own shard event, own control, cancellations, pull from the work consumer, stream and consumer info"
+    );
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn the_worker_identity_may_do_its_job_and_nothing_else() -> Result<()> {
+async fn the_producer_and_watchdog_identities_may_do_their_jobs_and_nothing_else() -> Result<()> {
     let fleet = Fleet::least_privilege()?;
-    let admin = connect(&fleet.nats, "admin").await?;
-    let worker = connect(&fleet.nats, "worker").await?;
-    let js = async_nats::jetstream::new(worker.clone());
-    let mut refused = Vec::new();
+    let admin = Conn::user(&fleet.nats, "admin").await?;
 
-    // Forbidden.
-    let shard = match js.publish("minions.work.forged.0", "x".into()).await {
-        Ok(ack) => ack.await.is_ok(),
-        Err(_) => false,
-    };
-    assert!(!shard, "a worker published a shard");
-    refused.push("publish a shard");
-    assert!(js.delete_stream(streams::WORK_STREAM).await.is_err());
-    refused.push("delete the work stream");
-    let mut work = js.get_stream(streams::WORK_STREAM).await?;
-    assert!(work.purge().await.is_err());
-    refused.push("purge the work stream");
-    let events = js.get_stream(streams::EVENTS_STREAM).await?;
-    let read_events = events
-        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig::default())
-        .await;
-    assert!(read_events.is_err(), "a worker read the events stream");
-    refused.push("read the events stream (another consumer)");
-    assert!(
-        js.get_key_value(streams::WORKERS_BUCKET).await.is_err() || {
-            let kv = js.get_key_value(streams::WORKERS_BUCKET).await?;
-            kv.get("anyone").await.is_err()
-        }
-    );
-    refused.push("read the worker registry");
-    assert!(!arrives(&worker, &admin, "minions.ctl.someone-else").await?);
-    refused.push("send control to another worker");
-    assert!(!arrives(&worker, &admin, "minions.cancel.somejob").await?);
-    refused.push("cancel a job");
-    let mut spy = worker.subscribe("minions.work.>").await?;
-    worker.flush().await?;
-    admin.publish("minions.work.spied.0", "x".into()).await?;
-    admin.flush().await?;
-    let spied = tokio::time::timeout(Duration::from_millis(500), spy.next())
-        .await
-        .ok()
-        .flatten()
-        .is_some();
-    assert!(!spied, "a worker subscribed to raw shard subjects");
-    refused.push("subscribe to shard subjects");
-
-    // Allowed: what a worker does.
-    assert!(arrives(&worker, &admin, "minions.hb.w1-abc").await?);
-    let event = js
-        .publish(
-            subjects::event(&minions_schemas::JobId::new("j")?, 0),
-            "x".into(),
+    let producer = Conn::user(&fleet.nats, "producer").await?;
+    let mut refused = all_refused(&producer, "a producer", NO_ONE).await?;
+    refused.extend(
+        all_refused(
+            &producer,
+            "a producer",
+            &[
+                (
+                    "pull a shard",
+                    "pub",
+                    "$JS.API.CONSUMER.MSG.NEXT.MINIONS_WORK.minions-workers",
+                ),
+                (
+                    "ack a shard",
+                    "pub",
+                    "$JS.ACK.MINIONS_WORK.minions-workers.1.1.1.1.1.1",
+                ),
+                (
+                    "send control to a worker",
+                    "pub",
+                    "minions.ctl.w1.w1-0a1b2c3d",
+                ),
+                (
+                    "write the worker registry",
+                    "pub",
+                    "$KV.MINIONS_WORKERS.w1-0a1b2c3d",
+                ),
+                ("publish a dead letter", "pub", "minions.dead.j.0"),
+                (
+                    "publish a worker's shard event",
+                    "pub",
+                    "minions.events.j.0.w1",
+                ),
+                (
+                    "delete a shard",
+                    "pub",
+                    "$JS.API.STREAM.MSG.DELETE.MINIONS_WORK",
+                ),
+                ("receive workers' control", "sub", "minions.ctl.>"),
+            ],
         )
+        .await?,
+    );
+    eprintln!(
+        "producer refused ({}): {}",
+        refused.len(),
+        refused.join(", ")
+    );
+
+    let watchdog = Conn::user(&fleet.nats, "watchdog").await?;
+    let mut refused = all_refused(&watchdog, "the watchdog", NO_ONE).await?;
+    refused.extend(
+        all_refused(
+            &watchdog,
+            "the watchdog",
+            &[
+                ("publish a shard", "pub", "minions.work.forged.0"),
+                (
+                    "pull a shard",
+                    "pub",
+                    "$JS.API.CONSUMER.MSG.NEXT.MINIONS_WORK.minions-workers",
+                ),
+                (
+                    "purge the work stream",
+                    "pub",
+                    "$JS.API.STREAM.PURGE.MINIONS_WORK",
+                ),
+                ("cancel a job", "pub", "minions.cancel.somejob"),
+                ("read shards off their subjects", "sub", "minions.work.>"),
+            ],
+        )
+        .await?,
+    );
+    eprintln!(
+        "watchdog refused ({}): {}",
+        refused.len(),
+        refused.join(", ")
+    );
+
+    // Allowed, each without a refusal (the CLI and watchdog use the rest in
+    // the core-path test).
+    let (p0, w0) = (producer.refusal_count(), watchdog.refusal_count());
+    assert!(
+        arrives(&producer, &admin, "minions.cancel.somejob").await?,
+        "{:?}",
+        producer.refusals.lock().map(|r| r.clone())
+    );
+    let pjs = async_nats::jetstream::new(producer.client.clone());
+    let ack = pjs
+        .publish("minions.work.allowed.0", "x".into())
         .await?
         .await;
-    assert!(event.is_ok(), "a worker cannot store an event: {event:?}");
-    assert!(work.info().await.is_ok());
-    assert_eq!(
-        work.info().await?.state.messages,
-        1,
-        "only the administrator's message (the spy check) may be queued"
+    assert!(ack.is_ok(), "a producer cannot queue a shard: {ack:?}");
+    let ack = pjs
+        .publish("minions.events.allowed.0.cli", "x".into())
+        .await?
+        .await;
+    assert!(ack.is_ok(), "a producer cannot store a job event: {ack:?}");
+    assert!(
+        arrives(&watchdog, &admin, "minions.ctl.w1.w1-0a1b2c3d").await?,
+        "{:?}",
+        watchdog.refusals.lock().map(|r| r.clone())
     );
-    eprintln!("worker identity refused: {}", refused.join(", "));
-    eprintln!("worker identity allowed: heartbeat, shard event, stream info");
+    assert!(arrives(&admin, &watchdog, "minions.hb.w1.w1-0a1b2c3d").await?);
+    assert!(
+        !watchdog
+            .publish_refused("$JS.ACK.MINIONS_WORK.minions-workers.1.1.1.1.1.1")
+            .await?
+    );
+    let wjs = async_nats::jetstream::new(watchdog.client.clone());
+    let kv = wjs.get_key_value(streams::WORKERS_BUCKET).await?;
+    kv.put("w1-0a1b2c3d", "x".into()).await?;
+    assert!(kv.get("w1-0a1b2c3d").await?.is_some());
+    let ack = wjs
+        .publish("minions.dead.allowed.0", "x".into())
+        .await?
+        .await;
+    assert!(ack.is_ok(), "the watchdog cannot dead-letter: {ack:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        (producer.refusal_count(), watchdog.refusal_count()),
+        (p0, w0)
+    );
+    eprintln!(
+        "producer allowed: queue shards, job events as cli, cancel; watchdog allowed: control, heartbeats, NAK, registry, dead letters"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn programs_read_their_connection_settings_from_a_file() -> Result<()> {
+    let mut fleet = Fleet::least_privilege()?;
+    let conf_dir = fleet.dir.path().join("etc");
+    std::fs::create_dir_all(&conf_dir)?;
+    std::fs::copy(
+        fleet.nats.ca.clone().ok_or("no CA")?,
+        conf_dir.join("ca.pem"),
+    )?;
+    std::fs::copy(fleet.nats.worker_seed("w1"), conf_dir.join("w1.nk"))?;
+    let common = format!(
+        "nats = \"{}\"\nstore = \"{}\"\nnats_ca = \"ca.pem\"\n",
+        fleet.nats.url(),
+        fleet.store_url
+    );
+    let producer_conf = conf_dir.join("producer.toml");
+    std::fs::write(
+        &producer_conf,
+        format!(
+            "{common}nats_user = \"producer\"\nnats_password = \"{}\"\n",
+            role_password("producer")
+        ),
+    )?;
+    let worker_conf = conf_dir.join("w1.toml");
+    std::fs::write(&worker_conf, format!("{common}nats_nkey = \"w1.nk\"\n"))?;
+
+    // A worker with nothing but --config joins the fleet.
+    fleet.worker_identities = false;
+    fleet.env.clear();
+    fleet.add_worker(&["--config", &worker_conf.display().to_string()])?;
+    let minions = minions_tests::bin("minions")?;
+    let list = |conf: &Path| {
+        std::process::Command::new(&minions)
+            .args(["worker", "list"])
+            .env("MINIONS_CONFIG", conf)
+            .output()
+    };
+    let mut listed = String::new();
+    for _ in 0..100 {
+        let out = list(&producer_conf)?;
+        listed = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if listed.contains("w1-") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(listed.contains("w1-"), "{listed}\n{}", fleet.logs());
+    eprintln!(
+        "worker list through MINIONS_CONFIG as producer: {}",
+        listed.lines().last().unwrap_or("")
+    );
+
+    // A wrong file is named with what is wrong.
+    let bad = conf_dir.join("bad.toml");
+    std::fs::write(&bad, format!("{common}nats_usr = \"producer\"\n"))?;
+    let out = list(&bad)?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    let line = said.lines().find(|l| l.starts_with("error:")).unwrap_or("");
+    assert!(
+        !out.status.success() && line.contains("bad.toml") && line.contains("nats_usr"),
+        "{said}"
+    );
+    eprintln!("misspelt key: {line}");
     Ok(())
 }

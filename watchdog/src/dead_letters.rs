@@ -63,7 +63,7 @@ pub async fn on_max_deliveries(
             format!("maxdeliver/{}/{}/{}", task.job, task.shard, adv.stream_seq).as_str(),
         );
         js.publish_with_headers(
-            subjects::event(&task.job, task.shard),
+            subjects::event(&task.job, task.shard, &event.worker),
             headers,
             bytes.into(),
         )

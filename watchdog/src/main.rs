@@ -11,7 +11,13 @@ async fn main() -> std::process::ExitCode {
 
 async fn run() -> anyhow::Result<()> {
     minions_schemas::endpoints::logging::init();
-    let config = WatchdogArgs::parse().into_config();
+    let mut args = WatchdogArgs::parse();
+    minions_schemas::endpoints::config_file::apply(
+        &mut args.nats,
+        &mut args.store,
+        &mut args.security,
+    )?;
+    let config = args.into_config();
     let shutdown = CancellationToken::new();
     tokio::spawn(minions_schemas::endpoints::signals::cancel_on_signal(
         shutdown.clone(),

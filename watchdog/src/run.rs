@@ -173,6 +173,7 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
                     m = events.next() => match m {
                         Some(Ok(m)) => {
                             if let Ok(e) = decode::<ShardEvent>("shard event", &m.payload, limits::MAX_EVENT_BYTES)
+                                && e.is_on(&m.subject)
                                 && tx.send(e).await.is_err()
                             {
                                 break;

@@ -25,7 +25,15 @@ async fn reply(ctx: &Ctx, to: Option<async_nats::Subject>, status: &str, handed_
 }
 
 /// Serves control requests and cancellations until `stop` is cancelled.
-pub(crate) async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
+/// `ready` fires once both subscriptions are sent: what the worker publishes
+/// after that (its first heartbeat) reaches the server after them, so no one
+/// who learns of the worker finds it deaf.
+pub(crate) async fn run(
+    ctx: Arc<Ctx>,
+    stop: CancellationToken,
+    ready: tokio::sync::oneshot::Sender<()>,
+) {
+    let mut ready = Some(ready);
     let mut cancels = match ctx.client.subscribe(subjects::CANCEL_ALL).await {
         Ok(s) => s,
         Err(e) => {
@@ -42,6 +50,9 @@ pub(crate) async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
                 return;
             }
         };
+        if let Some(r) = ready.take() {
+            let _ = r.send(());
+        }
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,

@@ -11,7 +11,12 @@ async fn main() -> std::process::ExitCode {
 
 async fn run() -> anyhow::Result<()> {
     minions_schemas::endpoints::logging::init();
-    let args = WorkerArgs::parse();
+    let mut args = WorkerArgs::parse();
+    minions_schemas::endpoints::config_file::apply(
+        &mut args.nats,
+        &mut args.store,
+        &mut args.security,
+    )?;
     match &args.command {
         Some(WorkerCommand::Install { unit_dir, no_start }) => {
             let dir = match unit_dir {

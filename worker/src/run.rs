@@ -3,6 +3,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer::PullConsumer};
 use futures::StreamExt;
@@ -33,6 +34,17 @@ pub enum WorkerError {
     /// The compute device could not be opened.
     #[error("cannot open compute device: {0}")]
     Device(#[from] candle_core::Error),
+    /// The NATS identity may not publish this worker's heartbeats: it was
+    /// issued for another machine name.
+    #[error(
+        "the NATS server refused this worker's heartbeats on {subject}: its identity was issued for another machine name (run it with the --name given to `minions admin add-worker`, here {name:?} was used)"
+    )]
+    Identity {
+        /// The refused subject.
+        subject: String,
+        /// The name the worker ran with.
+        name: String,
+    },
 }
 
 /// What a worker reports when it stops.
@@ -57,6 +69,36 @@ pub(crate) fn new_worker_id(prefix: &str) -> WorkerId {
     let id = format!("{base}-{}", &suffix[suffix.len() - 8..]);
     WorkerId::new(id)
         .unwrap_or_else(|_| WorkerId::new("worker-x").unwrap_or_else(|_| unreachable!()))
+}
+
+/// Sends the first heartbeat and fails if the server refuses it: a worker
+/// whose identity belongs to another machine name would otherwise run
+/// shards that no one sees (its heartbeats and events all refused).
+async fn check_identity(ctx: &Ctx, interval: Duration, started_ms: u64) -> Result<(), WorkerError> {
+    let mut refusals = nats::refusals();
+    let subject = minions_schemas::subjects::heartbeat(&ctx.worker_id());
+    heartbeat::send(ctx, interval, started_ms, false, heartbeat::memory_mb()).await;
+    // A round trip: the server answers after it has judged the heartbeat.
+    let _ = ctx.js.get_stream(streams::WORK_STREAM).await;
+    let quoted = format!("\"{subject}\"");
+    let refused = tokio::time::timeout(Duration::from_millis(300), async {
+        loop {
+            match refusals.recv().await {
+                Ok(r) if r.contains(&quoted) => return true,
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return false,
+            }
+        }
+    })
+    .await
+    .unwrap_or(false);
+    if refused {
+        return Err(WorkerError::Identity {
+            subject,
+            name: ctx.name.clone(),
+        });
+    }
+    Ok(())
 }
 
 /// The memory a model may take under the owner policy's cap: a share of the
@@ -157,6 +199,15 @@ pub async fn run(
     });
 
     let started_ms = now_ms();
+    let stop_control = CancellationToken::new();
+    let (ready, listening) = tokio::sync::oneshot::channel();
+    let controls = tokio::spawn(control::run(ctx.clone(), stop_control.clone(), ready));
+    let _ = listening.await;
+    if let Err(e) = check_identity(&ctx, config.heartbeat_interval, started_ms).await {
+        stop_control.cancel();
+        let _ = controls.await;
+        return Err(e);
+    }
     let stop_beats = CancellationToken::new();
     let beats = tokio::spawn(heartbeat::run(
         ctx.clone(),
@@ -169,8 +220,6 @@ pub async fn run(
         // Lend nothing until the owner policy has read its signals once.
         ctx.set_owner_hold(Some("waiting for the first owner reading".to_owned()));
     }
-    let stop_control = CancellationToken::new();
-    let controls = tokio::spawn(control::run(ctx.clone(), stop_control.clone()));
     let owner = config.policy.clone().map(|p| {
         tokio::spawn(crate::owner::controller::run(
             ctx.clone(),

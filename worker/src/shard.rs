@@ -410,7 +410,10 @@ async fn publish_event(
     };
     match ctx
         .js
-        .publish(subjects::event(&task.job, task.shard), bytes.into())
+        .publish(
+            subjects::event(&task.job, task.shard, &event.worker),
+            bytes.into(),
+        )
         .await
     {
         Ok(ack) if confirm => match ack.await {

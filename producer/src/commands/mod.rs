@@ -1,5 +1,6 @@
 //! One file per subcommand.
 
+pub mod add_worker;
 pub mod admin;
 pub mod collect;
 pub mod dev;

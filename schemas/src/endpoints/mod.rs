@@ -1,6 +1,7 @@
 //! How every binary reaches the outside: NATS, object storage, and the
 //! signals that ask it to stop.
 
+pub mod config_file;
 pub mod exit;
 pub mod host;
 pub mod logging;

@@ -57,6 +57,12 @@ pub enum NatsConnectError {
 /// optional (a development server needs none).
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct NatsSecurity {
+    /// Settings file (TOML) with any of: nats, store, nats_creds, nats_nkey,
+    /// nats_user, nats_password, nats_ca, nats_cert, nats_key, nats_tls.
+    /// Flags and environment variables win over it. Default:
+    /// minions/config.toml in the user's config dir, if it exists.
+    #[arg(long, global = true, env = "MINIONS_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// NATS credentials file (a user JWT and its nkey seed, as `nsc` writes
     /// them) for servers in operator/JWT mode.
     #[arg(long, global = true, env = "MINIONS_NATS_CREDS", value_name = "FILE")]
@@ -197,6 +203,20 @@ impl NatsSecurity {
     }
 }
 
+fn refusal_feed() -> &'static tokio::sync::broadcast::Sender<String> {
+    static FEED: std::sync::OnceLock<tokio::sync::broadcast::Sender<String>> =
+        std::sync::OnceLock::new();
+    FEED.get_or_init(|| tokio::sync::broadcast::channel(64).0)
+}
+
+/// The permission refusals ("Permissions Violation for Publish to ...") that
+/// servers report to this process's connections made by [`connect`], from
+/// the moment of the call on. A program checks with it that its identity
+/// may do what it is about to rely on.
+pub fn refusals() -> tokio::sync::broadcast::Receiver<String> {
+    refusal_feed().subscribe()
+}
+
 /// Connects to `url` as `name` (shown in the server's connection list) with
 /// `security`, waits for the server's greeting, and refuses servers older
 /// than [`crate::streams::MIN_SERVER_VERSION`] or without JetStream. A
@@ -220,7 +240,12 @@ pub async fn connect(
                 if let async_nats::Event::ClientError(e) = &event {
                     let _ = tx.try_send(e.to_string());
                 } else if let async_nats::Event::ServerError(e) = &event {
-                    let _ = tx.try_send(e.to_string());
+                    let text = e.to_string();
+                    if text.to_lowercase().contains("permissions violation") {
+                        let _ = refusal_feed().send(text.clone());
+                        tracing::error!(error = %text, "the NATS server refused an action to this identity: see its permissions in the server's config (a worker machine's identity works only with the --name it was issued for)");
+                    }
+                    let _ = tx.try_send(text);
                 }
             }
         })

@@ -68,3 +68,12 @@ pub struct ShardEvent {
     #[serde(flatten)]
     pub kind: EventKind,
 }
+
+impl ShardEvent {
+    /// Whether `subject` is the one this event's sender publishes it on. An
+    /// event on another subject claims a sender whose identity did not send
+    /// it (or comes from an older release); readers ignore it.
+    pub fn is_on(&self, subject: &str) -> bool {
+        subject == crate::subjects::event(&self.job, self.shard, &self.worker)
+    }
+}

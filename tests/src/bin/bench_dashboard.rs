@@ -178,8 +178,11 @@ async fn simulate(
                     at_ms: at,
                     kind,
                 };
-                js.publish(subjects::event(&job, s), encode("shard event", &e)?.into())
-                    .await?;
+                js.publish(
+                    subjects::event(&job, s, &e.worker),
+                    encode("shard event", &e)?.into(),
+                )
+                .await?;
             }
             running[i] = shard;
             shard += 1;

@@ -1,0 +1,271 @@
+//! `minions admin add-worker NAME`: gives one worker machine its own NATS
+//! identity in a server config shaped like `deploy/nats/least-privilege.conf`.
+//!
+//! It makes a fresh nkey pair, writes the seed (the machine's secret) to a
+//! file, and inserts an entry with the public key into the config above its
+//! marker line. The entry grants exactly what a worker does, with heartbeats,
+//! shard events and control messages under the machine's own name, so a
+//! stolen seed cannot speak for any other machine. Nothing connects to NATS:
+//! the operator reloads the server afterwards.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use minions_schemas::endpoints::host;
+use minions_schemas::streams;
+
+use crate::cli::AddWorkerArgs;
+
+/// The line of the server config above which entries are inserted.
+pub const MARKER: &str = "# minions: new worker identities go above this line";
+
+/// Why an identity could not be added.
+#[derive(Debug, thiserror::Error)]
+pub enum AddWorkerError {
+    /// The name cannot be a worker's machine name.
+    #[error(
+        "{0:?} cannot name a worker machine: use letters, digits and `-`, start with a letter or digit, at most 40 characters (the worker is then run with `--name {1}`)"
+    )]
+    BadName(String, String),
+    /// The config could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The config lacks the marker line.
+    #[error(
+        "{0}: no line `{MARKER}` to insert the identity above (start from deploy/nats/least-privilege.conf)"
+    )]
+    NoMarker(PathBuf),
+    /// The machine already has an identity.
+    #[error(
+        "{0}: worker machine {1} already has an identity; delete its entry (the lines from `# worker machine {1}` to the next entry) to issue a new one"
+    )]
+    Exists(PathBuf, String),
+    /// The seed file exists (never overwritten: it may be in use).
+    #[error("{0} exists; choose another --seed-out or remove it first")]
+    SeedExists(PathBuf),
+    /// The key pair could not be made.
+    #[error("making an nkey: {0}")]
+    Key(String),
+}
+
+/// What was added.
+#[derive(Debug)]
+pub struct Added {
+    /// The machine name (the worker's `--name`).
+    pub name: String,
+    /// The identity's public key (`U…`).
+    pub public_key: String,
+    /// Where the seed was written.
+    pub seed_file: PathBuf,
+    /// A report for the operator.
+    pub report: String,
+}
+
+/// The config entry of machine `name` with public key `public_key`.
+pub fn entry(name: &str, public_key: &str) -> String {
+    let w = streams::WORK_STREAM;
+    let c = streams::WORK_CONSUMER;
+    let info: Vec<String> = [
+        streams::WORK_STREAM,
+        streams::EVENTS_STREAM,
+        streams::HEARTBEATS_STREAM,
+        streams::DEAD_STREAM,
+        "KV_MINIONS_WORKERS",
+    ]
+    .iter()
+    .map(|s| format!("\"$JS.API.STREAM.INFO.{s}\""))
+    .collect();
+    format!(
+        "      # worker machine {name} (minions admin add-worker)\n      \
+         {{ nkey: {public_key}, permissions: {{\n          \
+         publish: {{ allow: [ {info},\n            \
+         \"$JS.API.CONSUMER.INFO.{w}.{c}\", \"$JS.API.CONSUMER.MSG.NEXT.{w}.{c}\",\n            \
+         \"$JS.ACK.{w}.{c}.>\", \"minions.hb.{name}.>\", \"minions.events.*.*.{name}\" ] }}\n          \
+         subscribe: {{ allow: [ \"_INBOX.>\", \"minions.ctl.{name}.>\", \"minions.cancel.>\" ] }}\n          \
+         allow_responses: true }} }}\n",
+        info = info.join(", ")
+    )
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> AddWorkerError + '_ {
+    move |source| AddWorkerError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Adds machine `args.name` to `args.server_config` and writes its seed.
+/// The config is rewritten through a temporary file and a rename, so it is
+/// never left half-written; the seed is written first, readable by its owner
+/// only, and never overwrites a file.
+pub fn add_worker(args: &AddWorkerArgs) -> Result<Added, AddWorkerError> {
+    let name = args.name.clone();
+    let fixed = host::id_prefix(&name, "worker");
+    if fixed != name || minions_schemas::WorkerId::new(format!("{name}-x")).is_err() {
+        return Err(AddWorkerError::BadName(name, fixed));
+    }
+    let conf = &args.server_config;
+    let text = std::fs::read_to_string(conf).map_err(io(conf))?;
+    let Some(at) = text.find(MARKER) else {
+        return Err(AddWorkerError::NoMarker(conf.clone()));
+    };
+    if text.contains(&format!("# worker machine {name} (")) {
+        return Err(AddWorkerError::Exists(conf.clone(), name));
+    }
+    // Insert at the start of the marker's line, keeping its indentation after.
+    let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+    let seed_file = args
+        .seed_out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("{name}.nk")));
+    let pair = nkeys::KeyPair::new_user();
+    let seed = pair
+        .seed()
+        .map_err(|e| AddWorkerError::Key(e.to_string()))?;
+    let public_key = pair.public_key();
+    write_secret(&seed_file, &format!("{seed}\n"))?;
+    let mut updated = String::with_capacity(text.len() + 1024);
+    updated.push_str(&text[..line_start]);
+    updated.push_str(&entry(&name, &public_key));
+    updated.push_str(&text[line_start..]);
+    let tmp = conf.with_extension("conf.tmp");
+    std::fs::write(&tmp, updated).map_err(io(&tmp))?;
+    std::fs::rename(&tmp, conf).map_err(io(conf))?;
+    let mut report = String::new();
+    let _ = writeln!(
+        report,
+        "worker machine {name}: identity {public_key} added to {}",
+        conf.display()
+    );
+    let _ = writeln!(
+        report,
+        "seed written to {} (secret: copy it to {name} only, then delete it here)",
+        seed_file.display()
+    );
+    let _ = writeln!(
+        report,
+        "next: reload the server (`nats-server --signal reload`), then on {name} run"
+    );
+    let _ = write!(
+        report,
+        "  minions-worker --name {name} --nats-nkey {} --nats-ca CA.pem --nats tls://SERVER:4222",
+        seed_file.file_name().map_or_else(
+            || seed_file.display().to_string(),
+            |f| f.to_string_lossy().into_owned()
+        )
+    );
+    Ok(Added {
+        name,
+        public_key,
+        seed_file,
+        report,
+    })
+}
+
+fn write_secret(path: &Path, text: &str) -> Result<(), AddWorkerError> {
+    let mut o = std::fs::OpenOptions::new();
+    o.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.mode(0o600);
+    }
+    let mut f = match o.open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            return Err(AddWorkerError::SeedExists(path.to_owned()));
+        }
+        Err(e) => return Err(io(path)(e)),
+    };
+    f.write_all(text.as_bytes()).map_err(io(path))?;
+    f.sync_all().map_err(io(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(dir: &Path, name: &str) -> AddWorkerArgs {
+        AddWorkerArgs {
+            name: name.into(),
+            server_config: dir.join("server.conf"),
+            seed_out: Some(dir.join(format!("{name}.nk"))),
+        }
+    }
+
+    #[test]
+    fn adds_an_entry_above_the_marker_and_writes_the_seed() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let dir = tempfile::tempdir()?;
+        let shipped = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/nats/least-privilege.conf"),
+        )?;
+        std::fs::write(dir.path().join("server.conf"), &shipped)?;
+        let a = add_worker(&args(dir.path(), "mac-01"))?;
+        let conf = std::fs::read_to_string(dir.path().join("server.conf"))?;
+        let entry_at = conf.find("# worker machine mac-01").ok_or("no entry")?;
+        assert!(entry_at < conf.find(MARKER).ok_or("marker gone")?);
+        assert!(conf.contains(&format!("nkey: {}", a.public_key)));
+        assert!(conf.contains("\"minions.hb.mac-01.>\""));
+        assert_eq!(
+            conf.len(),
+            shipped.len() + entry("mac-01", &a.public_key).len()
+        );
+        let seed = std::fs::read_to_string(&a.seed_file)?;
+        let pair = nkeys::KeyPair::from_seed(seed.trim())?;
+        assert_eq!(pair.public_key(), a.public_key);
+        // Twice: refused, and nothing changes.
+        std::fs::remove_file(&a.seed_file)?;
+        assert!(matches!(
+            add_worker(&args(dir.path(), "mac-01")),
+            Err(AddWorkerError::Exists(..))
+        ));
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("server.conf"))?,
+            conf
+        );
+        assert!(!a.seed_file.exists());
+        // A second machine goes in beside it.
+        add_worker(&args(dir.path(), "mac-02"))?;
+        // A seed file is never overwritten.
+        assert!(matches!(
+            add_worker(&args(dir.path(), "mac-02")),
+            Err(AddWorkerError::Exists(..))
+        ));
+        std::fs::write(dir.path().join("mac-03.nk"), "keep")?;
+        assert!(matches!(
+            add_worker(&args(dir.path(), "mac-03")),
+            Err(AddWorkerError::SeedExists(_))
+        ));
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("mac-03.nk"))?,
+            "keep"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn names_must_be_machine_tokens() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        std::fs::write(dir.path().join("server.conf"), MARKER)?;
+        for bad in ["mac.01", "a>b", "*", "", "-x", "Ann's Mac", "w_1"] {
+            let e = add_worker(&args(dir.path(), bad));
+            assert!(
+                matches!(e, Err(AddWorkerError::BadName(..))),
+                "{bad}: {e:?}"
+            );
+        }
+        std::fs::write(dir.path().join("server.conf"), "no marker")?;
+        assert!(matches!(
+            add_worker(&args(dir.path(), "ok")),
+            Err(AddWorkerError::NoMarker(_))
+        ));
+        Ok(())
+    }
+}
