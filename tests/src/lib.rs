@@ -70,14 +70,15 @@ pub fn real_model_dir() -> Result<PathBuf> {
     }
 }
 
-/// The path of one of the workspace's binaries, built next to the test binary.
+/// The path of one of the workspace's binaries, built next to the test
+/// binary (or next to a bench binary of this crate).
 pub fn bin(name: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
-    // target/<profile>/deps/<test> -> target/<profile>/<name>
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .ok_or("cannot locate the target dir")?;
+    // target/<profile>/deps/<test> or target/<profile>/<bench> -> target/<profile>/<name>
+    let mut dir = exe.parent().ok_or("cannot locate the target dir")?;
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir = dir.parent().ok_or("cannot locate the target dir")?;
+    }
     let p = dir.join(name);
     if p.is_file() {
         Ok(p)

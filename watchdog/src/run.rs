@@ -195,6 +195,23 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
         })
     };
 
+    // State changes are recorded (registry writes, hand-backs) by a task of
+    // their own, in order: awaiting a registry round trip in this loop would
+    // stall heartbeat intake when a thousand workers change state at once.
+    let (changes, mut changed) = tokio::sync::mpsc::unbounded_channel::<(Transition, Heartbeat)>();
+    let recorder = {
+        let (client, kv, name, view) = (
+            client.clone(),
+            kv.clone(),
+            config.name.clone(),
+            view.clone(),
+        );
+        tokio::spawn(async move {
+            while let Some((t, beat)) = changed.recv().await {
+                on_transition(&client, &kv, &t, &beat, &name, &view).await;
+            }
+        })
+    };
     let mut sweep = tokio::time::interval(config.sweep_every);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut rejoin_told: HashMap<WorkerId, Instant> = HashMap::new();
@@ -220,7 +237,9 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
                 let seen = view.registry().beat(hb.clone(), Instant::now());
                 match seen {
                     Observation::Same => {}
-                    Observation::Changed(t) => on_transition(&client, &kv, &t, &hb, &config.name, &view).await,
+                    Observation::Changed(t) => {
+                        let _ = changes.send((t, hb.clone()));
+                    }
                     Observation::Fenced(id) => {
                         let due = rejoin_told.get(&id).is_none_or(|t| t.elapsed() > Duration::from_secs(2));
                         if due {
@@ -256,13 +275,16 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
                 };
                 for (t, beat) in swept {
                     if let Some(beat) = beat {
-                        on_transition(&client, &kv, &t, &beat, &config.name, &view).await;
+                        let _ = changes.send((t, beat));
                     }
                 }
                 rejoin_told.retain(|_, t| t.elapsed() < Duration::from_secs(60));
             }
         }
     }
+    // Record what changed before stopping (a death's hand-back included).
+    drop(changes);
+    let _ = recorder.await;
     stop_events.cancel();
     stop_side.cancel();
     let _ = reader.await;
