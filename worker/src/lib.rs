@@ -30,6 +30,7 @@ pub mod owner;
 pub mod run;
 pub mod service;
 mod shard;
+pub mod threads;
 
 pub use config::WorkerConfig;
 pub use run::{RunSummary, WorkerError, run};

@@ -10,6 +10,7 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run() -> anyhow::Result<()> {
+    minions_worker::threads::fix_thread_count();
     minions_schemas::endpoints::logging::init();
     let mut args = WorkerArgs::parse();
     minions_schemas::endpoints::config_file::apply(

@@ -14,6 +14,7 @@
 //! 5. Submission: `minions submit` of a 1,000,000-record input: records/s
 //!    and peak memory, beside a 100,000-record input.
 //!
+//!   source deploy/tools.sh --test   # nats-server and the real model
 //!   cargo build --release --workspace --bins
 //!   target/release/bench_fleet --write
 //!
@@ -1023,7 +1024,7 @@ async fn main() -> Result<()> {
         .join(" ");
     let mut doc = format!(
         "## Overhead, dispatch, latency, scale and submission\n\n\
-         Made by `cargo build --release --workspace --bins && target/release/{command}` \
+         Made by `source deploy/tools.sh --test && cargo build --release --workspace --bins && target/release/{command}` \
          on {} UTC, {}.\n\n",
         utc_now(),
         machine()
