@@ -92,6 +92,36 @@ pub fn heartbeat(worker: &WorkerId) -> String {
     format!("minions.hb.{}.{worker}", machine(worker))
 }
 
+/// Whether `subject` is exactly `tokens` joined by `.` (no allocation).
+fn is_tokens(subject: &str, tokens: &[&str]) -> bool {
+    let mut it = subject.split('.');
+    tokens.iter().all(|t| it.next() == Some(*t)) && it.next().is_none()
+}
+
+/// Whether `subject` is [`heartbeat`]`(worker)`, without building it: the
+/// watchdog checks this on every heartbeat.
+pub fn is_heartbeat_of(subject: &str, worker: &WorkerId) -> bool {
+    is_tokens(
+        subject,
+        &["minions", "hb", machine(worker), worker.as_str()],
+    )
+}
+
+/// Whether `subject` is [`event`]`(job, shard, sender)`, without building
+/// it: readers check this on every event.
+pub fn is_event_of(subject: &str, job: &JobId, shard: u32, sender: &WorkerId) -> bool {
+    let mut it = subject.split('.');
+    let shard_ok = |t: Option<&str>| {
+        t.is_some_and(|t| (t == "0" || !t.starts_with('0')) && t.parse::<u32>() == Ok(shard))
+    };
+    it.next() == Some("minions")
+        && it.next() == Some("events")
+        && it.next() == Some(job.as_str())
+        && shard_ok(it.next())
+        && it.next() == Some(machine(sender))
+        && it.next().is_none()
+}
+
 /// The subject a worker listens on for control messages (drain, evict):
 /// `minions.ctl.<machine>.<worker>`.
 pub fn control(worker: &WorkerId) -> String {
@@ -119,6 +149,25 @@ mod tests {
         assert_eq!(heartbeat(&WorkerId::new("w1")?), "minions.hb.w1.w1");
         assert_eq!(heartbeat(&w), "minions.hb.mac-01.mac-01-3f9a2b7c");
         assert_eq!(control(&w), "minions.ctl.mac-01.mac-01-3f9a2b7c");
+        Ok(())
+    }
+
+    #[test]
+    fn checks_agree_with_the_built_subjects() -> Result<(), crate::IdError> {
+        let (j, w) = (JobId::new("j1")?, WorkerId::new("mac-01-3f9a2b7c")?);
+        let other = WorkerId::new("mac-02-3f9a2b7c")?;
+        assert!(is_heartbeat_of(&heartbeat(&w), &w));
+        assert!(!is_heartbeat_of(&heartbeat(&other), &w));
+        assert!(!is_heartbeat_of(&format!("{}.x", heartbeat(&w)), &w));
+        assert!(!is_heartbeat_of("minions.hb.mac-01", &w));
+        for s in [0, 7, 10, u32::MAX] {
+            assert!(is_event_of(&event(&j, s, &w), &j, s, &w));
+            assert!(!is_event_of(&event(&j, s, &other), &j, s, &w));
+            assert!(!is_event_of(&event(&j, s.wrapping_add(1), &w), &j, s, &w));
+        }
+        assert!(!is_event_of("minions.events.j1.07.mac-01", &j, 7, &w));
+        assert!(!is_event_of("minions.events.j1.7", &j, 7, &w));
+        assert!(!is_event_of("minions.events.j1.7.mac-01.x", &j, 7, &w));
         Ok(())
     }
 

@@ -7,6 +7,7 @@
 //! `MINIONS_TEST_MODEL_DIR`), falling back to the `.tools/` folder that
 //! script fills, then to `PATH`.
 
+pub mod bench;
 pub mod fuzz;
 pub mod web;
 
@@ -287,13 +288,7 @@ impl NatsServer {
         let dir = tempfile::Builder::new().prefix("minions-nats-").tempdir()?;
         let port = free_port()?;
         let proc = Self::spawn_with(dir.path(), port, false, extra)?;
-        Ok(Self {
-            proc,
-            port,
-            ca: None,
-            login: None,
-            dir,
-        })
+        Ok(Self::from_parts(proc, port, None, dir))
     }
 
     /// Starts a server that accepts TLS connections only, with a certificate
@@ -303,13 +298,7 @@ impl NatsServer {
         let port = free_port()?;
         let (ca, _, _) = write_test_certs(dir.path())?;
         let proc = Self::spawn(dir.path(), port, true)?;
-        Ok(Self {
-            proc,
-            port,
-            ca: Some(ca),
-            login: None,
-            dir,
-        })
+        Ok(Self::from_parts(proc, port, Some(ca), dir))
     }
 
     /// Starts a server from a copy of the shipped
@@ -365,13 +354,17 @@ impl NatsServer {
             Some(dir.path()),
         )?;
         wait_for_port(port, Duration::from_secs(15))?;
-        Ok(Self {
+        Ok(Self::from_parts(proc, port, Some(ca), dir))
+    }
+
+    fn from_parts(proc: Proc, port: u16, ca: Option<PathBuf>, dir: tempfile::TempDir) -> Self {
+        Self {
             proc,
             port,
-            ca: Some(ca),
+            ca,
             login: None,
             dir,
-        })
+        }
     }
 
     /// The nkey seed file of worker machine `name` (see

@@ -223,7 +223,7 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
             msg = beats.next() => {
                 let Some(msg) = msg else { break };
                 let hb = match decode::<Heartbeat>("heartbeat", &msg.payload, limits::MAX_HEARTBEAT_BYTES) {
-                    Ok(hb) if msg.subject.as_str() == subjects::heartbeat(&hb.worker) => hb,
+                    Ok(hb) if subjects::is_heartbeat_of(msg.subject.as_str(), &hb.worker) => hb,
                     Ok(hb) => {
                         tracing::warn!(subject = %msg.subject, worker = %hb.worker, "heartbeat on another worker's subject ignored");
                         continue;

@@ -76,7 +76,8 @@ pub(crate) async fn send(
     }
 }
 
-/// Publishes heartbeats until `stop` is cancelled: every `interval`, and at
+/// Publishes heartbeats until `stop` is cancelled, the first one `interval`
+/// after the start (the worker sent one when it checked its identity): every `interval`, and at
 /// once when a shard starts, so the watchdog knows every delivery this
 /// worker holds before work on it begins (a worker killed between taking a
 /// shard and this beat leaves it to the ack wait; the window is the time to
@@ -90,6 +91,8 @@ pub(crate) async fn run(
 ) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first beat was sent when the worker checked its identity.
+    tick.reset();
     let mut mem = memory_mb();
     loop {
         tokio::select! {

@@ -71,12 +71,14 @@ pub struct Added {
 pub fn entry(name: &str, public_key: &str) -> String {
     let w = streams::WORK_STREAM;
     let c = streams::WORK_CONSUMER;
+    // A key-value bucket is stored in the stream `KV_<bucket>`.
+    let registry = format!("KV_{}", streams::WORKERS_BUCKET);
     let info: Vec<String> = [
         streams::WORK_STREAM,
         streams::EVENTS_STREAM,
         streams::HEARTBEATS_STREAM,
         streams::DEAD_STREAM,
-        "KV_MINIONS_WORKERS",
+        registry.as_str(),
     ]
     .iter()
     .map(|s| format!("\"$JS.API.STREAM.INFO.{s}\""))

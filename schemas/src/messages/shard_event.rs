@@ -74,6 +74,6 @@ impl ShardEvent {
     /// event on another subject claims a sender whose identity did not send
     /// it (or comes from an older release); readers ignore it.
     pub fn is_on(&self, subject: &str) -> bool {
-        subject == crate::subjects::event(&self.job, self.shard, &self.worker)
+        crate::subjects::is_event_of(subject, &self.job, self.shard, &self.worker)
     }
 }

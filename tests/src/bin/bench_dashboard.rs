@@ -19,48 +19,12 @@ use minions_schemas::messages::{
 };
 use minions_schemas::time::now_ms;
 use minions_schemas::{JobId, ModelHash, ModelName, SCHEMA_VERSION, WorkerId, encode, subjects};
+use minions_tests::bench::{arg, cpu_secs, status_mb};
+use minions_tests::out;
 use minions_tests::web::{Browser, get};
 use minions_tests::{NatsServer, Proc, Result, bin, free_port, scratch, workspace_root};
 
 const SHARDS: u32 = 1_000_000;
-
-/// Results go to stdout (the table is the point of the program).
-macro_rules! out {
-    ($($t:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout(), $($t)*);
-    }};
-}
-
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1).cloned())
-}
-
-/// CPU seconds (user + system) the process has used.
-fn cpu_secs(pid: i32) -> Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after = stat.rsplit(')').next().ok_or("bad /proc stat")?;
-    let f: Vec<&str> = after.split_whitespace().collect();
-    // Fields after the name: state is [0]; utime [11], stime [12] (in ticks).
-    let utime: f64 = f.get(11).ok_or("no utime")?.parse()?;
-    let stime: f64 = f.get(12).ok_or("no stime")?.parse()?;
-    let tck = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)?.map_or(100.0, |v| v as f64);
-    Ok((utime + stime) / tck)
-}
-
-fn rss_mb(pid: i32) -> Result<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kb: f64 = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .ok_or("no VmRSS")?
-        .parse()?;
-    Ok(kb / 1024.0)
-}
 
 fn spec(job: &JobId) -> Result<JobSpec> {
     Ok(JobSpec {
@@ -284,7 +248,7 @@ async fn main() -> Result<()> {
         let browser = Browser::start(dir.path())?;
         browser.open(&format!("{base}/"))?;
 
-        let pid = wd.pid();
+        let pid = u32::try_from(wd.pid())?;
         let cpu0 = cpu_secs(pid)?;
         let t0 = Instant::now();
         let mut page_ms = Vec::new();
@@ -315,7 +279,7 @@ async fn main() -> Result<()> {
             tokio::time::sleep(Duration::from_millis(1000)).await;
         }
         let cores = (cpu_secs(pid)? - cpu0) / t0.elapsed().as_secs_f64();
-        let rss = rss_mb(pid)?;
+        let rss = status_mb(pid, "VmRSS:")?;
         // Full loads in the browser: navigation start to load end.
         let mut load_ms = Vec::new();
         for _ in 0..5 {

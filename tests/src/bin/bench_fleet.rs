@@ -37,23 +37,10 @@ use minions_schemas::time::now_ms;
 use minions_schemas::{
     JobId, ModelHash, SCHEMA_VERSION, WorkerId, decode, encode, limits, streams, subjects,
 };
+use minions_tests::bench::{arg, cpu_secs, status_mb};
+use minions_tests::out;
 use minions_tests::{Fleet, NatsServer, Result, SLOW, real_model_dir, write_corpus};
 use minions_worker::model::tiny::TinySpec;
-
-/// Results go to stdout (the tables are the point of the program).
-macro_rules! out {
-    ($($t:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout(), $($t)*);
-    }};
-}
-
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1).cloned())
-}
 
 fn flag(name: &str) -> bool {
     std::env::args().any(|a| a == name)
@@ -75,29 +62,6 @@ const NOOP: TinySpec = TinySpec {
 };
 
 // ---------------------------------------------------------------- helpers
-
-/// CPU seconds (user + system) process `pid` has used.
-fn cpu_secs(pid: u32) -> Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after = stat.rsplit(')').next().ok_or("bad /proc stat")?;
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let utime: f64 = f.get(11).ok_or("no utime")?.parse()?;
-    let stime: f64 = f.get(12).ok_or("no stime")?.parse()?;
-    let tck = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)?.map_or(100.0, |v| v as f64);
-    Ok((utime + stime) / tck)
-}
-
-/// A `/proc/PID/status` figure in MB (`VmRSS`, `VmHWM`).
-fn status_mb(pid: u32, key: &str) -> Result<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kb: f64 = status
-        .lines()
-        .find(|l| l.starts_with(key))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .ok_or("no such status line")?
-        .parse()?;
-    Ok(kb / 1024.0)
-}
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
@@ -186,6 +150,22 @@ impl JobWatch {
     }
 }
 
+/// Adds a publish's confirmation to `acks`, first waiting for one when 256
+/// are in flight (publishes pipelined, as `minions submit` does).
+async fn in_window<F, T, E>(
+    acks: &mut futures::stream::FuturesUnordered<F>,
+    ack: F,
+) -> std::result::Result<(), E>
+where
+    F: std::future::Future<Output = std::result::Result<T, E>>,
+{
+    if acks.len() >= 256 {
+        acks.next().await.transpose()?;
+    }
+    acks.push(ack);
+    Ok(())
+}
+
 /// Writes `n` records of one short text each.
 fn write_short(path: &Path, n: usize) -> Result<()> {
     use std::io::Write as _;
@@ -194,11 +174,6 @@ fn write_short(path: &Path, n: usize) -> Result<()> {
         writeln!(f, "{{\"id\":\"r{i}\",\"text\":\"a dog runs {i}\"}}")?;
     }
     f.flush()?;
-    Ok(())
-}
-
-fn submit(fleet: &Fleet, model: &str, input: &Path, shard_size: u32, job: &str) -> Result<()> {
-    fleet.submit(model, input, shard_size, job)?;
     Ok(())
 }
 
@@ -249,7 +224,7 @@ async fn overhead(texts_n: usize) -> Result<String> {
     fleet.add_worker(&["--max-batch", "32", "--slots", "2"])?;
     // Warm the worker (model loaded and cached) and the in-process model.
     let mut w = JobWatch::new(&client, "warm").await?;
-    submit(&fleet, "minilm", &warm_input, 64, "warm")?;
+    fleet.submit("minilm", &warm_input, 64, "warm")?;
     w.all_done(1, Duration::from_secs(600)).await?;
     let model = minions_worker::model::BertEmbedder::load(&model_dir, &candle_core::Device::Cpu)?;
     model.embed(&texts[..64], 32)?;
@@ -263,7 +238,7 @@ async fn overhead(texts_n: usize) -> Result<String> {
         let before = texts_n as f64 / t.elapsed().as_secs_f64();
         let mut w = JobWatch::new(&client, &job).await?;
         let t0 = now_ms();
-        submit(&fleet, "minilm", &input, shard_size, &job)?;
+        fleet.submit("minilm", &input, shard_size, &job)?;
         let t1 = w.all_done(shards, Duration::from_secs(3600)).await?;
         let through = texts_n as f64 / ((t1 - t0) as f64 / 1000.0);
         let t = Instant::now();
@@ -328,10 +303,7 @@ async fn raw_jetstream(nats: &NatsServer, n: usize, pullers: usize, round: usize
                     .publish_with_headers(format!("raw{round}.{i}"), h, vec![0u8; 200].into())
                     .await?
                     .into_future();
-                acks.push(ack);
-                if acks.len() >= 256 {
-                    acks.next().await.transpose()?;
-                }
+                in_window(&mut acks, ack).await?;
             }
             while acks.next().await.transpose()?.is_some() {}
             Ok::<_, async_nats::Error>(())
@@ -384,13 +356,13 @@ async fn dispatch(shards: usize) -> Result<String> {
         }
         let job = format!("warm{workers}");
         let mut w = JobWatch::new(&client, &job).await?;
-        submit(&fleet, "noop", &warm, 1, &job)?;
+        fleet.submit("noop", &warm, 1, &job)?;
         w.all_done(4, Duration::from_secs(120)).await?;
         let job = format!("dispatch{workers}");
         let mut w = JobWatch::new(&client, &job).await?;
         let t0 = now_ms();
         let s = Instant::now();
-        submit(&fleet, "noop", &input, 1, &job)?;
+        fleet.submit("noop", &input, 1, &job)?;
         let submitted = s.elapsed().as_secs_f64();
         let t1 = w.all_done(shards, Duration::from_secs(1200)).await?;
         let rate = shards as f64 / ((t1 - t0) as f64 / 1000.0);
@@ -446,7 +418,7 @@ async fn failover(
 ) -> Result<f64> {
     let (a, a_name) = start_worker(fleet, a_flags)?;
     let mut w = JobWatch::new(client, job).await?;
-    submit(fleet, "slow", input, 500, job)?;
+    fleet.submit("slow", input, 500, job)?;
     w.started(0, Duration::from_secs(120), |x| x.starts_with(&a_name))
         .await?;
     let (b, b_name) = start_worker(fleet, &["--slots", "1"])?;
@@ -475,7 +447,7 @@ async fn latency(repeats: usize, failovers: usize) -> Result<String> {
     let (w1, _) = start_worker(&mut fleet, &[])?;
     let (w2, _) = start_worker(&mut fleet, &[])?;
     let mut w = JobWatch::new(&client, "warm").await?;
-    submit(&fleet, "noop", &four, 1, "warm")?;
+    fleet.submit("noop", &four, 1, "warm")?;
     w.all_done(4, Duration::from_secs(120)).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
 
@@ -494,7 +466,7 @@ async fn latency(repeats: usize, failovers: usize) -> Result<String> {
         let job = format!("latcli{i}");
         let mut w = JobWatch::new(&client, &job).await?;
         let t0 = now_ms();
-        submit(&fleet, "noop", &one, 1, &job)?;
+        fleet.submit("noop", &one, 1, &job)?;
         let (_, at) = w.started(0, Duration::from_secs(30), |_| true).await?;
         cli.push(at.saturating_sub(t0) as f64);
         w.all_done(1, Duration::from_secs(30)).await?;
@@ -709,12 +681,10 @@ async fn scale(n: usize, secs: u64) -> Result<String> {
                     )
                     .await?
                     .into_future();
-                acks.push(ack);
                 published.fetch_add(1, Ordering::Relaxed);
-                if acks.len() >= 256 {
-                    acks.next().await.transpose()?;
-                }
+                in_window(&mut acks, ack).await?;
             }
+            while acks.next().await.transpose()?.is_some() {}
             Ok::<_, minions_tests::BoxError>(())
         })
     };
