@@ -41,3 +41,75 @@ pub fn status_mb(pid: u32, key: &str) -> crate::Result<f64> {
         .parse()?;
     Ok(kb / 1024.0)
 }
+
+/// Number flag `name`, or `default` when absent.
+pub fn num(name: &str, default: u64) -> crate::Result<u64> {
+    Ok(match arg(name) {
+        Some(v) => v.parse()?,
+        None => default,
+    })
+}
+
+/// Whether bare flag `name` is on the command line.
+pub fn flag(name: &str) -> bool {
+    std::env::args().any(|a| a == name)
+}
+
+/// The command line as run, program paths cut to their file names (for
+/// "made by" lines: no machine paths).
+pub fn command_line() -> String {
+    std::env::args()
+        .map(|a| match a.rsplit_once('/') {
+            Some((_, file)) => file.to_owned(),
+            None => a,
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Now, as `YYYY-MM-DD HH:MM` UTC.
+pub fn utc_now() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// Cores, CPU model, OS and architecture of this machine.
+pub fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!(
+        "{cores} cores ({cpu}), {} {}",
+        std::env::consts::OS,
+        std::env::consts::ARCH
+    )
+}
+
+/// Puts `section` into BENCHMARKS.md between `<!-- NAME: begin -->` and
+/// `<!-- NAME: end -->` (appended with its markers when absent); returns
+/// the file's path.
+pub fn write_section(name: &str, section: &str) -> crate::Result<std::path::PathBuf> {
+    let begin = format!("<!-- {name}: begin -->");
+    let end = format!("<!-- {name}: end -->");
+    let path = crate::workspace_root().join("BENCHMARKS.md");
+    let text = std::fs::read_to_string(&path)?;
+    let block = format!("{begin}\n{section}{end}");
+    let new = match (text.find(&begin), text.find(&end)) {
+        (Some(a), Some(b)) if a < b => {
+            format!("{}{block}{}", &text[..a], &text[b + end.len()..])
+        }
+        _ => format!("{}\n\n{block}\n", text.trim_end()),
+    };
+    std::fs::write(&path, new)?;
+    Ok(path)
+}

@@ -28,12 +28,73 @@ struct ShardTrack {
     hosts: Vec<String>,
 }
 
+impl ShardTrack {
+    /// Whether the shard counts as done, as failed for good, or neither.
+    fn outcome(&self) -> (bool, bool) {
+        (
+            self.done.is_some(),
+            self.done.is_none() && self.failed.is_some(),
+        )
+    }
+}
+
 #[derive(Debug, Default)]
 struct JobTrack {
     spec: Option<JobSpec>,
     shards: BTreeMap<u32, ShardTrack>,
+    /// Shards done, kept as events arrive (a count per event would cost a
+    /// scan of every shard: quadratic in the job's size).
+    done: u32,
+    /// Shards failed for good and not done, kept likewise.
+    failed: u32,
     /// (done, failed) counts of the last manifest written or found.
     manifest: Option<(u32, u32)>,
+}
+
+impl JobTrack {
+    /// Folds one shard event into the job's shards and counts. Returns the
+    /// reason and state of a shard that this event made fail for good.
+    fn fold(&mut self, e: &ShardEvent) -> Option<(String, ShardTrack)> {
+        let s = self.shards.entry(e.shard).or_default();
+        let before = s.outcome();
+        s.attempts = s.attempts.max(e.attempt);
+        let mut dead = None;
+        match &e.kind {
+            EventKind::Started => {
+                if s.hosts.last() != Some(&e.host) {
+                    s.hosts.push(e.host.clone());
+                }
+            }
+            EventKind::Done {
+                sha256,
+                duration_ms,
+                ..
+            } => {
+                s.done = Some((e.worker.clone(), sha256.clone(), *duration_ms));
+                s.failed = None;
+            }
+            EventKind::Requeued => s.failed = None,
+            EventKind::HandedBack { .. } | EventKind::Submitted { .. } => {}
+            EventKind::Failed { reason, permanent } => {
+                if *permanent && s.done.is_none() && s.failed.is_none() {
+                    s.failed = Some(reason.clone());
+                    dead = Some((reason.clone(), s.clone()));
+                }
+            }
+        }
+        let after = s.outcome();
+        for (was, is, count) in [
+            (before.0, after.0, &mut self.done),
+            (before.1, after.1, &mut self.failed),
+        ] {
+            match (was, is) {
+                (false, true) => *count += 1,
+                (true, false) => *count = count.saturating_sub(1),
+                _ => {}
+            }
+        }
+        dead
+    }
 }
 
 /// Follows shard events for every job.
@@ -72,33 +133,7 @@ impl Tracker {
         if matches!(e.kind, EventKind::Submitted { .. }) {
             return;
         }
-        let track = self.jobs.entry(job.clone()).or_default();
-        let s = track.shards.entry(e.shard).or_default();
-        s.attempts = s.attempts.max(e.attempt);
-        let mut dead = None;
-        match &e.kind {
-            EventKind::Started => {
-                if s.hosts.last() != Some(&e.host) {
-                    s.hosts.push(e.host.clone());
-                }
-            }
-            EventKind::Done {
-                sha256,
-                duration_ms,
-                ..
-            } => {
-                s.done = Some((e.worker.clone(), sha256.clone(), *duration_ms));
-                s.failed = None;
-            }
-            EventKind::Requeued => s.failed = None,
-            EventKind::HandedBack { .. } | EventKind::Submitted { .. } => {}
-            EventKind::Failed { reason, permanent } => {
-                if *permanent && s.done.is_none() && s.failed.is_none() {
-                    s.failed = Some(reason.clone());
-                    dead = Some((reason.clone(), s.clone()));
-                }
-            }
-        }
+        let dead = self.jobs.entry(job.clone()).or_default().fold(&e);
         if let Some((reason, s)) = dead {
             let payload = self
                 .spec(&job)
@@ -223,19 +258,25 @@ impl Tracker {
     }
 
     async fn maybe_complete(&mut self, job: &JobId) {
+        let Some(track) = self.jobs.get(job) else {
+            return;
+        };
+        let (done, failed) = (track.done, track.failed);
+        if track.manifest == Some((done, failed))
+            || track
+                .spec
+                .as_ref()
+                .is_some_and(|s| done + failed < s.shards)
+        {
+            return;
+        }
         let Some(spec) = self.spec(job).await else {
             return;
         };
         let Some(track) = self.jobs.get(job) else {
             return;
         };
-        let done = track.shards.values().filter(|s| s.done.is_some()).count() as u32;
-        let failed = track
-            .shards
-            .values()
-            .filter(|s| s.done.is_none() && s.failed.is_some())
-            .count() as u32;
-        if done + failed < spec.shards || track.manifest == Some((done, failed)) {
+        if done + failed < spec.shards {
             return;
         }
         let manifest = JobManifest {
@@ -315,5 +356,65 @@ impl Tracker {
                 false
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use minions_schemas::IdError;
+    use minions_schemas::messages::EventKind;
+
+    fn event(shard: u32, kind: EventKind) -> Result<ShardEvent, IdError> {
+        Ok(ShardEvent {
+            v: SCHEMA_VERSION,
+            job: JobId::new("j")?,
+            shard,
+            worker: WorkerId::new("m-1")?,
+            host: "m".into(),
+            attempt: 1,
+            at_ms: 0,
+            kind,
+        })
+    }
+
+    #[test]
+    fn running_counts_match_a_recount() -> Result<(), IdError> {
+        let mut t = JobTrack::default();
+        let mut seed = 7u64;
+        let mut saw = (false, false);
+        for _ in 0..5000 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let shard = ((seed >> 33) % 50) as u32;
+            let kind = match (seed >> 20) % 5 {
+                0 => EventKind::Started,
+                1 => EventKind::Done {
+                    rows: 1,
+                    output_bytes: 1,
+                    duration_ms: 1,
+                    compute_ms: 1,
+                    already_done: false,
+                    sha256: "00".into(),
+                },
+                2 => EventKind::Requeued,
+                3 => EventKind::Failed {
+                    reason: "x".into(),
+                    permanent: true,
+                },
+                _ => EventKind::Failed {
+                    reason: "y".into(),
+                    permanent: false,
+                },
+            };
+            t.fold(&event(shard, kind)?);
+            let done = t.shards.values().filter(|s| s.outcome().0).count() as u32;
+            let failed = t.shards.values().filter(|s| s.outcome().1).count() as u32;
+            assert_eq!((t.done, t.failed), (done, failed));
+            saw = (saw.0 || done > 0, saw.1 || failed > 0);
+        }
+        assert_eq!(saw, (true, true), "the sequence reached both outcomes");
+        Ok(())
     }
 }

@@ -64,6 +64,10 @@ pub(crate) struct Ctx {
     /// Wakes the heartbeat loop to beat now (a shard started: the watchdog
     /// must learn of it before this worker can die with it unreported).
     pub(crate) beat_now: Notify,
+    /// Asks the heartbeat loop for a beat shortly (a shard finished: the
+    /// fleet's view should show its slot free), so that the beat of the next
+    /// shard's start, usually right behind, carries both.
+    pub(crate) beat_soon: Notify,
 }
 
 impl Ctx {
@@ -174,8 +178,9 @@ impl Ctx {
 
     pub(crate) fn untrack(&self, job: &str, shard: u32) {
         lock(&self.running).remove(&(job.to_owned(), shard));
-        // The fleet's view shows the slot free at once, not an interval later.
-        self.beat_now.notify_one();
+        // The fleet's view shows the slot free within moments, not an
+        // interval later.
+        self.beat_soon.notify_one();
     }
 
     pub(crate) fn in_flight(&self) -> Vec<InFlight> {

@@ -76,13 +76,17 @@ pub(crate) async fn send(
     }
 }
 
+/// How long a finished shard's beat waits for another beat to carry it.
+pub(crate) const FINISH_BEAT_DELAY: Duration = Duration::from_millis(25);
+
 /// Publishes heartbeats until `stop` is cancelled, the first one `interval`
 /// after the start (the worker sent one when it checked its identity): every `interval`, and at
 /// once when a shard starts, so the watchdog knows every delivery this
 /// worker holds before work on it begins (a worker killed between taking a
 /// shard and this beat leaves it to the ack wait; the window is the time to
-/// publish one small message). Beats never outnumber shard starts plus
-/// intervals: notifications coalesce.
+/// publish one small message); and [`FINISH_BEAT_DELAY`] after a shard
+/// finishes unless another beat went out meanwhile. Beats never outnumber
+/// shard starts plus intervals plus finishes: notifications coalesce.
 pub(crate) async fn run(
     ctx: Arc<Ctx>,
     interval: Duration,
@@ -94,14 +98,28 @@ pub(crate) async fn run(
     // The first beat was sent when the worker checked its identity.
     tick.reset();
     let mut mem = memory_mb();
+    // When a finished shard's beat is due, if no other beat goes out first.
+    let mut finish_due: Option<tokio::time::Instant> = None;
     loop {
+        let finish_beat = async {
+            match finish_due {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = stop.cancelled() => break,
             // Memory is read on the periodic beat only: beats on shard
             // starts sit on the hot path and reuse the last reading.
             _ = tick.tick() => mem = memory_mb(),
             _ = ctx.beat_now.notified() => tick.reset(),
+            _ = finish_beat => tick.reset(),
+            _ = ctx.beat_soon.notified() => {
+                finish_due.get_or_insert(tokio::time::Instant::now() + FINISH_BEAT_DELAY);
+                continue;
+            }
         }
+        finish_due = None;
         send(&ctx, interval, started_ms, false, mem).await;
     }
 }

@@ -196,6 +196,7 @@ pub async fn run(
         mean_shard_ms: AtomicU64::new(0),
         duty_cycle: config.policy.as_ref().map_or(1.0, |p| p.max_duty_cycle),
         beat_now: tokio::sync::Notify::new(),
+        beat_soon: tokio::sync::Notify::new(),
     });
 
     let started_ms = now_ms();
@@ -317,6 +318,9 @@ async fn quiet_pause(ctx: &Ctx, busy_ms: u64, stop: &CancellationToken) {
 /// One slot: pulls one shard at a time (never more than it can run, so no
 /// ack timer starts for a shard that waits in a local buffer), runs it,
 /// repeats; waits while the worker is drained; ends when told to stop pulling.
+/// A finished shard's settlement (done event stored, ack confirmed) overlaps
+/// the next pull; at most one is outstanding per slot, and the slot ends only
+/// after its last one.
 async fn slot_loop(
     ctx: Arc<Ctx>,
     consumer: PullConsumer,
@@ -325,6 +329,7 @@ async fn slot_loop(
     stop_pulling: CancellationToken,
 ) {
     let mut pulling = ctx.pulling.subscribe();
+    let mut settling: Option<tokio::task::JoinHandle<()>> = None;
     while !stop_pulling.is_cancelled() {
         if !*pulling.borrow_and_update() {
             tokio::select! {
@@ -355,11 +360,17 @@ async fn slot_loop(
                     let _ = msg.ack_with(jetstream::AckKind::Nak(None)).await;
                 }
                 Ok(msg) => {
-                    let busy = shard::handle(&ctx, msg).await;
-                    quiet_pause(&ctx, busy, &stop_pulling).await;
+                    let handled = shard::handle(&ctx, msg).await;
+                    if let Some(prev) = handled.settling.and_then(|s| settling.replace(s)) {
+                        let _ = prev.await;
+                    }
+                    quiet_pause(&ctx, handled.busy_ms, &stop_pulling).await;
                 }
                 Err(e) => tracing::debug!(slot, error = %e, "pull ended"),
             }
         }
+    }
+    if let Some(last) = settling {
+        let _ = last.await;
     }
 }

@@ -20,6 +20,7 @@ use minions_schemas::{SCHEMA_VERSION, decode, encode, keys, limits, subjects};
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions};
 use sha2::{Digest, Sha256};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::Ctx;
@@ -34,10 +35,21 @@ struct Done {
     already_done: bool,
 }
 
-/// Handles one delivery to the end: runs it unless it is handed back or its
-/// job cancelled first, then settles it (ack, nak or term) and reports it.
-/// Returns the milliseconds the device was busy with it.
-pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) -> u64 {
+/// What [`handle`] leaves behind when it returns.
+pub(crate) struct Handled {
+    /// Milliseconds the device was busy with the shard.
+    pub busy_ms: u64,
+    /// A finished shard's settlement (store the `done` event, then ack),
+    /// still running: its output is written, so the slot may pull the next
+    /// shard meanwhile. Awaiting it is what makes the shard acked.
+    pub settling: Option<JoinHandle<()>>,
+}
+
+/// Handles one delivery: runs it unless it is handed back or its job
+/// cancelled first, then settles it (ack, nak or term) and reports it. A
+/// failure is settled before this returns; a success's settlement is handed
+/// back in [`Handled::settling`] so that the next pull overlaps it.
+pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) -> Handled {
     let (attempt, seq) = match msg.info() {
         Ok(i) => (u64::try_from(i.delivered).unwrap_or(1), i.stream_sequence),
         Err(_) => (1, 0),
@@ -49,7 +61,7 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) -> u64 {
                 "shard message does not decode; terminated");
             term(ctx, &msg, &e.to_string()).await;
             ctx.count_failed();
-            return 0;
+            return Handled::nothing();
         }
     };
     if msg.subject.as_str() != subjects::work(&task.job, task.shard) {
@@ -60,7 +72,7 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) -> u64 {
         tracing::error!(stream_seq = seq, reason = %reason, "forged or misrouted shard");
         term(ctx, &msg, &reason).await;
         ctx.count_failed();
-        return 0;
+        return Handled::nothing();
     }
     let reply = msg
         .reply
@@ -88,9 +100,33 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) -> u64 {
     let _ = keepalive.await;
     let duration_ms = started.elapsed().as_millis() as u64;
     let busy_ms = result.as_ref().map_or(0, |d| d.compute_ms);
+    if result.is_ok() {
+        let ctx = ctx.clone();
+        let settling = tokio::spawn(async move {
+            settle(&ctx, &msg, &task, attempt, duration_ms, result).await;
+            ctx.untrack(task.job.as_str(), task.shard);
+        });
+        return Handled {
+            busy_ms,
+            settling: Some(settling),
+        };
+    }
     settle(ctx, &msg, &task, attempt, duration_ms, result).await;
     ctx.untrack(task.job.as_str(), task.shard);
-    busy_ms
+    Handled {
+        busy_ms,
+        settling: None,
+    }
+}
+
+impl Handled {
+    /// A delivery settled on the spot that kept the device idle.
+    fn nothing() -> Self {
+        Self {
+            busy_ms: 0,
+            settling: None,
+        }
+    }
 }
 
 /// Sends in-progress acks every third of the ack wait until cancelled, so a
@@ -382,8 +418,10 @@ async fn term(ctx: &Ctx, msg: &Message, reason: &str) {
     }
 }
 
-/// Publishes a shard event; with `confirm`, waits for the stream to store it.
-/// Returns whether it was sent (and, with `confirm`, stored).
+/// Publishes a shard event; with `confirm`, through JetStream, waiting for
+/// the stream to store it; without, as a plain publish the stream stores
+/// without answering (nobody would read the answer). Returns whether it was
+/// sent (and, with `confirm`, stored).
 async fn publish_event(
     ctx: &Ctx,
     task: &ShardTask,
@@ -408,22 +446,24 @@ async fn publish_event(
             return false;
         }
     };
-    match ctx
-        .js
-        .publish(
-            subjects::event(&task.job, task.shard, &event.worker),
-            bytes.into(),
-        )
-        .await
-    {
-        Ok(ack) if confirm => match ack.await {
+    let subject = subjects::event(&task.job, task.shard, &event.worker);
+    if !confirm {
+        return match ctx.client.publish(subject, bytes.into()).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(job = %task.job, shard = task.shard, error = %e, "shard event not sent");
+                false
+            }
+        };
+    }
+    match ctx.js.publish(subject, bytes.into()).await {
+        Ok(ack) => match ack.await {
             Ok(_) => true,
             Err(e) => {
                 tracing::warn!(job = %task.job, shard = task.shard, error = %e, "shard event not confirmed");
                 false
             }
         },
-        Ok(_) => true,
         Err(e) => {
             tracing::warn!(job = %task.job, shard = task.shard, error = %e, "shard event not sent");
             false

@@ -6,7 +6,9 @@
 //!    called in-process, for shard sizes 64, 256 and 1024.
 //! 2. Dispatch: shards/s through submit → worker → ack with a near no-op
 //!    model (one 8-wide layer, one short text per shard) for 1, 2 and 4
-//!    workers, over raw JetStream publish + pull + ack with async-nats.
+//!    workers, over raw JetStream publish + pull + ack with async-nats,
+//!    with the store on disk and in a RAM-backed folder, beside the store's
+//!    own create-only put rate.
 //! 3. Latency: submit → first shard running (warm workers); kill -9 → the
 //!    shard running elsewhere; owner active → the shard running elsewhere.
 //! 4. Scale: 1,000 simulated workers in this process heartbeating and
@@ -24,7 +26,7 @@
 
 use std::collections::HashSet;
 use std::future::IntoFuture as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -37,21 +39,12 @@ use minions_schemas::time::now_ms;
 use minions_schemas::{
     JobId, ModelHash, SCHEMA_VERSION, WorkerId, decode, encode, limits, streams, subjects,
 };
-use minions_tests::bench::{arg, cpu_secs, status_mb};
+use minions_tests::bench::{
+    arg, command_line, cpu_secs, flag, machine, num, status_mb, utc_now, write_section,
+};
 use minions_tests::out;
 use minions_tests::{Fleet, NatsServer, Result, SLOW, real_model_dir, write_corpus};
 use minions_worker::model::tiny::TinySpec;
-
-fn flag(name: &str) -> bool {
-    std::env::args().any(|a| a == name)
-}
-
-fn num(name: &str, default: u64) -> Result<u64> {
-    Ok(match arg(name) {
-        Some(v) => v.parse()?,
-        None => default,
-    })
-}
 
 /// The near no-op model of the dispatch and latency runs.
 const NOOP: TinySpec = TinySpec {
@@ -339,40 +332,108 @@ async fn raw_jetstream(nats: &NatsServer, n: usize, pullers: usize, round: usize
     Ok(rate)
 }
 
-async fn dispatch(shards: usize) -> Result<String> {
-    let mut fleet = Fleet::local()?;
-    let client = fleet.nats.client().await?;
-    fleet.push_model("noop", NOOP)?;
-    let input = fleet.dir.path().join("short.jsonl");
-    write_short(&input, shards)?;
-    let warm = fleet.dir.path().join("warm.jsonl");
-    write_short(&warm, 4)?;
-    let mut rows = Vec::new();
-    let mut have = 0;
-    for (round, workers) in [1usize, 2, 4].into_iter().enumerate() {
-        while have < workers {
-            fleet.add_worker(&[])?;
-            have += 1;
+/// Where a dispatch run keeps its local-folder store.
+#[derive(Clone, Copy, PartialEq)]
+enum StoreOn {
+    /// The scratch folder's file system (what `minions dev` uses).
+    Disk,
+    /// A RAM-backed folder (`/dev/shm`), to tell the file system's cost
+    /// from the dispatch path's.
+    Memory,
+}
+
+impl StoreOn {
+    fn name(self) -> &'static str {
+        match self {
+            StoreOn::Disk => "disk",
+            StoreOn::Memory => "memory",
         }
-        let job = format!("warm{workers}");
-        let mut w = JobWatch::new(&client, &job).await?;
-        fleet.submit("noop", &warm, 1, &job)?;
-        w.all_done(4, Duration::from_secs(120)).await?;
-        let job = format!("dispatch{workers}");
-        let mut w = JobWatch::new(&client, &job).await?;
-        let t0 = now_ms();
-        let s = Instant::now();
-        fleet.submit("noop", &input, 1, &job)?;
-        let submitted = s.elapsed().as_secs_f64();
-        let t1 = w.all_done(shards, Duration::from_secs(1200)).await?;
-        let rate = shards as f64 / ((t1 - t0) as f64 / 1000.0);
-        let raw = raw_jetstream(&fleet.nats, shards, workers * 2, round).await?;
-        out!("dispatch: {workers} workers: {rate:.0} shards/s, raw JetStream {raw:.0}/s");
-        rows.push(format!(
-            "| {workers} | {} | {rate:.0} | {submitted:.2} | {raw:.0} | **{:.3}** |",
-            workers * 2,
-            rate / raw
-        ));
+    }
+}
+
+/// Create-only puts/s of 300-byte objects into `store_url`, `concurrency`
+/// at a time: what the store alone allows per shard output.
+async fn store_puts(store_url: &str, n: usize, concurrency: usize) -> Result<f64> {
+    use object_store::{PutMode, PutOptions, path::Path as StorePath};
+    let store = minions_schemas::endpoints::store::open(store_url)?;
+    let t = Instant::now();
+    let mut puts = futures::stream::iter(0..n)
+        .map(|i| {
+            let store = store.clone();
+            async move {
+                let opts = PutOptions {
+                    mode: PutMode::Create,
+                    ..Default::default()
+                };
+                let key = StorePath::from(format!("bench-puts/{concurrency}/{i:08}.bin"));
+                store.put_opts(&key, vec![7u8; 300].into(), opts).await
+            }
+        })
+        .buffer_unordered(concurrency);
+    while let Some(r) = puts.next().await {
+        r?;
+    }
+    Ok(n as f64 / t.elapsed().as_secs_f64())
+}
+
+async fn dispatch(shards: usize) -> Result<String> {
+    let mut rows = Vec::new();
+    let memory = Path::new("/dev/shm");
+    let stores: &[StoreOn] = if memory.is_dir() {
+        &[StoreOn::Disk, StoreOn::Memory]
+    } else {
+        &[StoreOn::Disk]
+    };
+    for &on in stores {
+        let mut fleet = Fleet::local()?;
+        // Kept until the fleet is done with it.
+        let _ram = match on {
+            StoreOn::Disk => None,
+            StoreOn::Memory => {
+                let d = tempfile::Builder::new()
+                    .prefix("minions-bench-store-")
+                    .tempdir_in(memory)?;
+                fleet.store_url = format!("file://{}", d.path().display());
+                Some(d)
+            }
+        };
+        let client = fleet.nats.client().await?;
+        fleet.push_model("noop", NOOP)?;
+        let input = fleet.dir.path().join("short.jsonl");
+        write_short(&input, shards)?;
+        let warm = fleet.dir.path().join("warm.jsonl");
+        write_short(&warm, 4)?;
+        let mut have = 0;
+        for (round, workers) in [1usize, 2, 4].into_iter().enumerate() {
+            while have < workers {
+                fleet.add_worker(&[])?;
+                have += 1;
+            }
+            let job = format!("warm{workers}");
+            let mut w = JobWatch::new(&client, &job).await?;
+            fleet.submit("noop", &warm, 1, &job)?;
+            w.all_done(4, Duration::from_secs(120)).await?;
+            let job = format!("dispatch{workers}");
+            let mut w = JobWatch::new(&client, &job).await?;
+            let t0 = now_ms();
+            let s = Instant::now();
+            fleet.submit("noop", &input, 1, &job)?;
+            let submitted = s.elapsed().as_secs_f64();
+            let t1 = w.all_done(shards, Duration::from_secs(1200)).await?;
+            let rate = shards as f64 / ((t1 - t0) as f64 / 1000.0);
+            let raw = raw_jetstream(&fleet.nats, shards, workers * 2, round).await?;
+            let puts = store_puts(&fleet.store_url, shards, workers * 2).await?;
+            out!(
+                "dispatch ({} store): {workers} workers: {rate:.0} shards/s, raw JetStream {raw:.0}/s, store {puts:.0} puts/s",
+                on.name()
+            );
+            rows.push(format!(
+                "| {} | {workers} | {} | {rate:.0} | {submitted:.2} | {raw:.0} | **{:.3}** | {puts:.0} |",
+                on.name(),
+                workers * 2,
+                rate / raw
+            ));
+        }
     }
     Ok(format!(
         "{shards} shards of one short text each, a near no-op model (BERT, 1 layer 8 wide, \
@@ -383,9 +444,13 @@ async fn dispatch(shards: usize) -> Result<String> {
          same number of 200-byte messages published pipelined with message ids into a \
          work-queue stream, pulled one at a time by as many pullers as there are slots and \
          acked with confirmation (async-nats, in this process), measured right after on the \
-         same server.\n\n\
-         | workers | slots | Minions (shards/s) | submit took (s) | raw JetStream (msgs/s) | ratio |\n\
-         |---:|---:|---:|---:|---:|---:|\n{}\n",
+         same server. Store alone: as many create-only puts of 300-byte objects into the \
+         same store, as many at a time as there are slots (object_store, in this process), \
+         measured right after that. The local-folder store runs once on the scratch folder's \
+         disk and once in a RAM-backed folder (`/dev/shm`), each with its own nats-server \
+         (whose own store stays on disk).\n\n\
+         | store | workers | slots | Minions (shards/s) | submit took (s) | raw JetStream (msgs/s) | ratio | store alone (puts/s) |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|\n{}\n",
         rows.join("\n")
     ))
 }
@@ -935,17 +1000,8 @@ fn submission(big: usize) -> Result<String> {
 
 // ---------------------------------------------------------------- main
 
-fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|s| s.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+/// This machine, and the nats-server version the runs used.
+fn machine_with_nats() -> String {
     let nats = std::process::Command::new(
         std::env::var("NATS_SERVER_BIN").unwrap_or_else(|_| "nats-server".into()),
     )
@@ -954,26 +1010,7 @@ fn machine() -> String {
     .ok()
     .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
     .unwrap_or_default();
-    format!(
-        "{cores} cores ({cpu}), {} {}, {nats}",
-        std::env::consts::OS,
-        std::env::consts::ARCH
-    )
-}
-
-const BEGIN: &str = "<!-- bench_fleet: begin -->";
-const END: &str = "<!-- bench_fleet: end -->";
-
-fn write_benchmarks(section: &str) -> Result<PathBuf> {
-    let path = minions_tests::workspace_root().join("BENCHMARKS.md");
-    let text = std::fs::read_to_string(&path)?;
-    let block = format!("{BEGIN}\n{section}{END}");
-    let new = match (text.find(BEGIN), text.find(END)) {
-        (Some(a), Some(b)) if a < b => format!("{}{block}{}", &text[..a], &text[b + END.len()..]),
-        _ => format!("{}\n{block}\n", text.trim_end()),
-    };
-    std::fs::write(&path, new)?;
-    Ok(path)
+    format!("{}, {nats}", machine())
 }
 
 #[tokio::main]
@@ -982,22 +1019,13 @@ async fn main() -> Result<()> {
         arg("--only").map(|s| s.split(',').map(str::to_owned).collect());
     let runs = |s: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == s));
     let started = Instant::now();
-    let command = std::env::args()
-        .map(|a| {
-            if a.contains('/') {
-                a.rsplit('/').next().unwrap_or(&a).to_owned()
-            } else {
-                a
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ");
+    let command = command_line();
     let mut doc = format!(
         "## Overhead, dispatch, latency, scale and submission\n\n\
          Made by `source deploy/tools.sh --test && cargo build --release --workspace --bins && target/release/{command}` \
          on {} UTC, {}.\n\n",
         utc_now(),
-        machine()
+        machine_with_nats()
     );
     if runs("overhead") {
         doc.push_str("### Overhead: Minions against in-process inference\n\n");
@@ -1032,18 +1060,9 @@ async fn main() -> Result<()> {
     }
     out!("\n{doc}");
     if flag("--write") {
-        let p = write_benchmarks(&doc)?;
+        let p = write_section("bench_fleet", &doc)?;
         out!("written to {}", p.display());
     }
     out!("(took {:.0} s)", started.elapsed().as_secs_f64());
     Ok(())
-}
-
-/// The date and time (UTC), from `date`.
-fn utc_now() -> String {
-    std::process::Command::new("date")
-        .args(["-u", "+%Y-%m-%d %H:%M"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default()
 }
