@@ -1,0 +1,217 @@
+//! Benchmark: the worker's inference next to sentence-transformers (PyTorch)
+//! on the same machine, texts and model, in one run.
+//!
+//! all-MiniLM-L6-v2 over real English texts of 10–600 characters (CPython's
+//! bundled reference documentation, cut by `tests/bench/texts.py`). The
+//! reference (`tests/bench/reference.py`) runs right before and right after
+//! Minions' own model code; the ratio is against the mean of its two runs.
+//! Outputs are compared row by row: max abs difference and mean cosine.
+//!
+//!   bash tests/bench/inference.sh          # installs, builds, runs, writes
+//!
+//! which runs, after installing sentence-transformers into `.tools/bench-venv`:
+//!
+//!   target/release/bench_inference --python .tools/bench-venv/bin/python --write
+//!
+//! Flags: `--texts N` (3000), `--batch B` (64, both sides), `--threads T`
+//! (PyTorch's threads; 0 = cores), `--python PATH`, `--write` (puts the
+//! Markdown into BENCHMARKS.md between markers).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use candle_core::Device;
+use minions_tests::bench::{arg, flag, machine, num, utc_now, write_section};
+use minions_tests::{Result, out, real_model_dir, workspace_root};
+use minions_worker::model::BertEmbedder;
+
+/// One throughput measurement and the vectors it produced.
+struct Run {
+    name: String,
+    texts_per_s: f64,
+    vectors: Vec<f32>,
+}
+
+/// Runs `tests/bench/reference.py` once.
+fn reference(python: &Path, model: &Path, texts: &Path, batch: u64, threads: u64) -> Result<Run> {
+    let dir = tempfile::tempdir()?;
+    let vectors = dir.path().join("vectors.f32");
+    let script = workspace_root().join("tests/bench/reference.py");
+    let out = std::process::Command::new(python)
+        .arg(&script)
+        .arg(model)
+        .arg(texts)
+        .arg(&vectors)
+        .args([
+            "--batch",
+            &batch.to_string(),
+            "--threads",
+            &threads.to_string(),
+        ])
+        .stderr(std::process::Stdio::inherit())
+        .output()?;
+    if !out.status.success() {
+        return Err(format!("{} failed ({})", script.display(), out.status).into());
+    }
+    let line = String::from_utf8_lossy(&out.stdout);
+    let report: serde_json::Value = serde_json::from_str(line.trim())
+        .map_err(|e| format!("reference.py printed {line:?}: {e}"))?;
+    let bytes = std::fs::read(&vectors)?;
+    Ok(Run {
+        name: report["name"].as_str().unwrap_or("reference").to_owned(),
+        texts_per_s: report["texts_per_s"].as_f64().ok_or("no texts_per_s")?,
+        vectors: bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    })
+}
+
+/// Times `embed` over all texts after one warm-up batch.
+fn ours(name: &str, model: &BertEmbedder, texts: &[String], batch: usize) -> Result<Run> {
+    model.embed(&texts[..batch.min(texts.len())], batch)?;
+    let t = Instant::now();
+    let vectors = model.embed(texts, batch)?;
+    Ok(Run {
+        name: name.to_owned(),
+        texts_per_s: texts.len() as f64 / t.elapsed().as_secs_f64(),
+        vectors,
+    })
+}
+
+/// Max abs difference and mean cosine of `a`'s rows against `b`'s.
+fn compare(a: &[f32], b: &[f32], dim: usize) -> Result<(f64, f64)> {
+    if a.len() != b.len() || dim == 0 {
+        return Err(format!("{} values against {}", a.len(), b.len()).into());
+    }
+    let mut max = 0f64;
+    let mut cos = 0f64;
+    let rows = a.len() / dim;
+    for (x, y) in a.chunks_exact(dim).zip(b.chunks_exact(dim)) {
+        let (mut dot, mut nx, mut ny) = (0f64, 0f64, 0f64);
+        for (&p, &q) in x.iter().zip(y) {
+            max = max.max(f64::from((p - q).abs()));
+            dot += f64::from(p) * f64::from(q);
+            nx += f64::from(p) * f64::from(p);
+            ny += f64::from(q) * f64::from(q);
+        }
+        cos += dot / (nx.sqrt() * ny.sqrt()).max(1e-30);
+    }
+    Ok((max, cos / rows as f64))
+}
+
+/// The flags this run was given, less `--python` (a machine path) and
+/// `--write`, each with a leading space.
+fn flags_shown() -> String {
+    let mut shown = String::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--python" => {
+                args.next();
+            }
+            "--write" => {}
+            _ => {
+                shown.push(' ');
+                shown.push_str(&a);
+            }
+        }
+    }
+    shown
+}
+
+fn main() -> Result<()> {
+    minions_worker::threads::fix_thread_count();
+    let started = Instant::now();
+    let n = num("--texts", 3000)?;
+    let batch = num("--batch", 64)?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    let threads = match num("--threads", 0)? {
+        0 => cores,
+        t => t,
+    };
+    let python = arg("--python").map_or_else(
+        || workspace_root().join(".tools/bench-venv/bin/python"),
+        PathBuf::from,
+    );
+    let model_dir = real_model_dir()?;
+    let dir = tempfile::tempdir()?;
+    let texts_path = dir.path().join("texts.jsonl");
+    let status = std::process::Command::new(&python)
+        .arg(workspace_root().join("tests/bench/texts.py"))
+        .arg(&texts_path)
+        .arg(n.to_string())
+        .status()?;
+    if !status.success() {
+        return Err(format!("texts.py failed ({status})").into());
+    }
+    let texts: Vec<String> = std::fs::read_to_string(&texts_path)?
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .and_then(|v| v["text"].as_str().map(str::to_owned))
+                .ok_or_else(|| format!("bad line in texts: {l}"))
+        })
+        .collect::<std::result::Result<_, _>>()?;
+
+    let before = reference(&python, &model_dir, &texts_path, batch, threads)?;
+    out!("{}: {:.1} texts/s", before.name, before.texts_per_s);
+    let model = BertEmbedder::load(&model_dir, &Device::Cpu)?;
+    let dim = model.dim();
+    let mut runs = Vec::new();
+    let r = ours(
+        "Minions worker (candle f32, CPU)",
+        &model,
+        &texts,
+        batch as usize,
+    )?;
+    out!("{}: {:.1} texts/s", r.name, r.texts_per_s);
+    runs.push(r);
+    let after = reference(&python, &model_dir, &texts_path, batch, threads)?;
+    out!("{}: {:.1} texts/s", after.name, after.texts_per_s);
+    let base = (before.texts_per_s + after.texts_per_s) / 2.0;
+
+    let mut rows = vec![format!(
+        "| {} | {base:.1} ({:.1}, {:.1}) | 1.000 | 0 | 1.000000 |",
+        before.name, before.texts_per_s, after.texts_per_s
+    )];
+    for r in &runs {
+        let (max, cos) = compare(&r.vectors, &before.vectors, dim)?;
+        out!(
+            "{}: ratio {:.3}, max abs diff {max:.2e}, mean cosine {cos:.6}",
+            r.name,
+            r.texts_per_s / base
+        );
+        rows.push(format!(
+            "| {} | {:.1} | **{:.3}** | {max:.1e} | {cos:.6} |",
+            r.name,
+            r.texts_per_s,
+            r.texts_per_s / base
+        ));
+    }
+    let lens: Vec<usize> = texts.iter().map(|t| t.chars().count()).collect();
+    let doc = format!(
+        "## Inference against sentence-transformers\n\n\
+         Made by `bash tests/bench/inference.sh{}` on {} UTC, {}.\n\n\
+         all-MiniLM-L6-v2 (f32), {} texts of {}–{} characters from CPython's bundled reference \
+         documentation, batches of {batch}, {threads} threads. sentence-transformers runs right \
+         before and right after ours (texts/s: mean (before, after)); the ratio is against the \
+         mean. Differences are against the first reference run's vectors, row by row.\n\n\
+         | what | texts/s | ratio | max abs diff | mean cosine |\n|---|---:|---:|---:|---:|\n{}\n",
+        flags_shown(),
+        utc_now(),
+        machine(),
+        texts.len(),
+        lens.iter().min().unwrap_or(&0),
+        lens.iter().max().unwrap_or(&0),
+        rows.join("\n")
+    );
+    out!("\n{doc}");
+    if flag("--write") {
+        let p = write_section("bench_inference", &doc)?;
+        out!("written to {}", p.display());
+    }
+    out!("(took {:.0} s)", started.elapsed().as_secs_f64());
+    Ok(())
+}
