@@ -27,10 +27,10 @@ pub mod error;
 mod heartbeat;
 pub mod model;
 pub mod owner;
+pub mod process_env;
 pub mod run;
 pub mod service;
 mod shard;
-pub mod threads;
 
 pub use config::WorkerConfig;
 pub use run::{RunSummary, WorkerError, run};

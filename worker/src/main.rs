@@ -4,13 +4,18 @@ use clap::Parser;
 use minions_worker::cli::{WorkerArgs, WorkerCommand};
 use tokio_util::sync::CancellationToken;
 
+/// See `minions_worker::process_env` for why, and how long freed memory
+/// is kept.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     minions_schemas::endpoints::exit::report(run().await)
 }
 
 async fn run() -> anyhow::Result<()> {
-    minions_worker::threads::fix_thread_count();
+    minions_worker::process_env::fix_process_env();
     minions_schemas::endpoints::logging::init();
     let mut args = WorkerArgs::parse();
     minions_schemas::endpoints::config_file::apply(

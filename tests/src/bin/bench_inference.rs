@@ -120,8 +120,11 @@ fn flags_shown() -> String {
     shown
 }
 
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> Result<()> {
-    minions_worker::threads::fix_thread_count();
+    minions_worker::process_env::fix_process_env();
     let started = Instant::now();
     let n = num("--texts", 3000)?;
     let batch = num("--batch", 64)?;

@@ -5,21 +5,21 @@
 
 use std::path::Path;
 
-use candle_core::{D, DType, Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::bert::{BertModel, Config};
+use candle_transformers::models::bert::Config;
 use minions_schemas::messages::{ModelFamily, OutputPayload};
 use tokenizers::{Tokenizer, TruncationParams};
 
+use super::encoder::{Encoder, mean_pool_normalise};
 use super::{Model, ModelError};
 
 const FAMILY: &str = "bert-embedding";
 
 /// A loaded BERT sentence-embedding model on one device.
 pub struct BertEmbedder {
-    model: BertModel,
+    model: Encoder,
     tokenizer: Tokenizer,
-    device: Device,
     max_len: usize,
     dim: usize,
     pad_id: u32,
@@ -74,11 +74,10 @@ impl BertEmbedder {
         let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, device)
             .map_err(|e| invalid(format!("model.safetensors: {e}")))?;
         let model =
-            BertModel::load(vb, &config).map_err(|e| invalid(format!("model.safetensors: {e}")))?;
+            Encoder::load(vb, &config).map_err(|e| invalid(format!("model.safetensors: {e}")))?;
         Ok(Self {
             model,
             tokenizer,
-            device: device.clone(),
             max_len,
             dim: config.hidden_size,
             pad_id,
@@ -140,17 +139,12 @@ impl BertEmbedder {
         batch: usize,
         len: usize,
     ) -> Result<Vec<f32>, ModelError> {
-        let ids = Tensor::from_vec(ids, (batch, len), &self.device)?;
-        let mask = Tensor::from_vec(mask, (batch, len), &self.device)?;
-        let type_ids = ids.zeros_like()?;
-        let hidden = self.model.forward(&ids, &type_ids, Some(&mask))?;
-        let mask_f = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
-        let summed = hidden.broadcast_mul(&mask_f)?.sum(1)?;
-        let counts = mask_f.sum(1)?;
-        let mean = summed.broadcast_div(&counts)?;
-        let norm = mean.sqr()?.sum_keepdim(D::Minus1)?.sqrt()?.maximum(1e-12)?;
-        let normed = mean.broadcast_div(&norm)?;
-        Ok(normed.flatten_all()?.to_vec1::<f32>()?)
+        let device = self.model.device();
+        let ids = Tensor::from_vec(ids, (batch, len), device)?;
+        let mask = Tensor::from_vec(mask, (batch, len), device)?;
+        let states = self.model.forward(&ids, &mask)?;
+        let pooled = mean_pool_normalise(&states, &mask)?;
+        Ok(pooled.flatten_all()?.to_vec1::<f32>()?)
     }
 }
 

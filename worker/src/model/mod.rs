@@ -9,7 +9,9 @@
 mod bert;
 mod cache;
 mod device;
+mod encoder;
 mod error;
+mod kernels;
 pub mod tiny;
 
 use std::path::Path;

@@ -1,0 +1,284 @@
+//! The BERT encoder's forward pass (the all-MiniLM / sentence-transformers
+//! family), written for batch inference rather than training.
+//!
+//! Same weights and arithmetic as the reference (Hugging Face's BertModel
+//! in eval mode), arranged to do fewer passes over memory:
+//! - query, key and value are one matrix product (their weights stacked at
+//!   load), with the 1/√head_dim attention scale folded into the query rows;
+//! - weights are stored transposed, so every product reads them row-major;
+//! - the intermediate layer's bias and GELU are one pass of our own kernel
+//!   ([`super::kernels::bias_gelu`]);
+//! - softmax and layer norm are candle's fused ops.
+//!
+//! Only absolute position embeddings and token type 0 are supported, which
+//! is what sentence embedding models use; [`Encoder::load`] refuses others.
+
+use candle_core::{D, DType, Device, Module, Tensor};
+use candle_nn::VarBuilder;
+use candle_transformers::models::bert::{Config, HiddenAct, PositionEmbeddingType};
+
+use super::kernels::bias_gelu;
+
+/// One linear layer, weight stored `(in, out)`.
+struct Linear {
+    w: Tensor,
+    b: Tensor,
+}
+
+impl Linear {
+    fn load(vb: &VarBuilder<'_>, inp: usize, out: usize) -> candle_core::Result<Self> {
+        let w = vb.get((out, inp), "weight")?;
+        let b = vb.get(out, "bias")?;
+        Ok(Self {
+            w: w.t()?.contiguous()?,
+            b,
+        })
+    }
+
+    /// `x · W` without the bias.
+    fn product(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        x.matmul(&self.w)
+    }
+
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.product(x)?.broadcast_add(&self.b)
+    }
+}
+
+struct Norm {
+    w: Tensor,
+    b: Tensor,
+    eps: f32,
+}
+
+impl Norm {
+    fn load(vb: &VarBuilder<'_>, size: usize, eps: f64) -> candle_core::Result<Self> {
+        Ok(Self {
+            w: vb.get(size, "weight")?,
+            b: vb.get(size, "bias")?,
+            eps: eps as f32,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        candle_nn::ops::layer_norm(&x.contiguous()?, &self.w, &self.b, self.eps)
+    }
+}
+
+struct Layer {
+    qkv: Linear,
+    attn_out: Linear,
+    attn_norm: Norm,
+    up: Linear,
+    down: Linear,
+    out_norm: Norm,
+}
+
+impl Layer {
+    fn load(vb: VarBuilder<'_>, c: &Config, head_dim: usize) -> candle_core::Result<Self> {
+        let h = c.hidden_size;
+        let att = vb.pp("attention");
+        let sv = att.pp("self");
+        let scale = 1.0 / (head_dim as f64).sqrt();
+        let q_w = (sv.pp("query").get((h, h), "weight")? * scale)?;
+        let q_b = (sv.pp("query").get(h, "bias")? * scale)?;
+        let k_w = sv.pp("key").get((h, h), "weight")?;
+        let k_b = sv.pp("key").get(h, "bias")?;
+        let v_w = sv.pp("value").get((h, h), "weight")?;
+        let v_b = sv.pp("value").get(h, "bias")?;
+        let qkv = Linear {
+            w: Tensor::cat(&[&q_w, &k_w, &v_w], 0)?.t()?.contiguous()?,
+            b: Tensor::cat(&[&q_b, &k_b, &v_b], 0)?,
+        };
+        Ok(Self {
+            qkv,
+            attn_out: Linear::load(&att.pp("output").pp("dense"), h, h)?,
+            attn_norm: Norm::load(&att.pp("output").pp("LayerNorm"), h, c.layer_norm_eps)?,
+            up: Linear::load(&vb.pp("intermediate").pp("dense"), h, c.intermediate_size)?,
+            down: Linear::load(&vb.pp("output").pp("dense"), c.intermediate_size, h)?,
+            out_norm: Norm::load(&vb.pp("output").pp("LayerNorm"), h, c.layer_norm_eps)?,
+        })
+    }
+
+    /// `x`: `(batch·len, hidden)`; `mask_add`: `(batch, 1, 1, len)`, 0 for
+    /// tokens and a large negative number for padding.
+    fn forward(
+        &self,
+        x: &Tensor,
+        mask_add: &Tensor,
+        (batch, len, heads, head_dim): (usize, usize, usize, usize),
+    ) -> candle_core::Result<Tensor> {
+        let hidden = heads * head_dim;
+        let qkv = self
+            .qkv
+            .forward(x)?
+            .reshape((batch, len, 3, heads, head_dim))?
+            .permute((2, 0, 3, 1, 4))?
+            .contiguous()?;
+        let q = qkv.get(0)?;
+        let k = qkv.get(1)?;
+        let v = qkv.get(2)?;
+        let scores = q.matmul(&k.t()?)?.broadcast_add(mask_add)?;
+        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+        let ctx = probs
+            .matmul(&v)?
+            .transpose(1, 2)?
+            .contiguous()?
+            .reshape((batch * len, hidden))?;
+        let attn = (self.attn_out.forward(&ctx)? + x)?;
+        let x = self.attn_norm.forward(&attn)?;
+        let up = bias_gelu(&self.up.product(&x)?, &self.up.b)?;
+        let out = (self.down.forward(&up)? + &x)?;
+        self.out_norm.forward(&out)
+    }
+}
+
+/// A loaded BERT encoder.
+pub(crate) struct Encoder {
+    word: candle_nn::Embedding,
+    position: Tensor,
+    token_type0: Tensor,
+    emb_norm: Norm,
+    layers: Vec<Layer>,
+    heads: usize,
+    head_dim: usize,
+}
+
+impl Encoder {
+    /// Loads the weights under `vb` (with or without a `bert.` prefix).
+    pub(crate) fn load(vb: VarBuilder<'_>, c: &Config) -> Result<Self, String> {
+        if c.position_embedding_type != PositionEmbeddingType::Absolute {
+            return Err("only absolute position embeddings are supported".into());
+        }
+        if c.hidden_act != HiddenAct::Gelu {
+            return Err(format!(
+                "only the erf GELU activation is supported, not {:?}",
+                c.hidden_act
+            ));
+        }
+        if c.num_attention_heads == 0 || !c.hidden_size.is_multiple_of(c.num_attention_heads) {
+            return Err(format!(
+                "hidden size {} does not split into {} heads",
+                c.hidden_size, c.num_attention_heads
+            ));
+        }
+        let vb = if vb.contains_tensor("bert.embeddings.word_embeddings.weight") {
+            vb.pp("bert")
+        } else {
+            vb
+        };
+        Self::load_tensors(&vb, c).map_err(|e| e.to_string())
+    }
+
+    fn load_tensors(vb: &VarBuilder<'_>, c: &Config) -> candle_core::Result<Self> {
+        let h = c.hidden_size;
+        let head_dim = h / c.num_attention_heads;
+        let emb = vb.pp("embeddings");
+        let word = candle_nn::embedding(c.vocab_size, h, emb.pp("word_embeddings"))?;
+        let position = emb
+            .pp("position_embeddings")
+            .get((c.max_position_embeddings, h), "weight")?;
+        let token_type0 = emb
+            .pp("token_type_embeddings")
+            .get((c.type_vocab_size, h), "weight")?
+            .get(0)?;
+        let emb_norm = Norm::load(&emb.pp("LayerNorm"), h, c.layer_norm_eps)?;
+        let enc = vb.pp("encoder");
+        let layers = (0..c.num_hidden_layers)
+            .map(|i| Layer::load(enc.pp(format!("layer.{i}")), c, head_dim))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Ok(Self {
+            word,
+            position,
+            token_type0,
+            emb_norm,
+            layers,
+            heads: c.num_attention_heads,
+            head_dim,
+        })
+    }
+
+    /// Token states `(batch, len, hidden)` for `ids` and `mask` (both
+    /// `(batch, len)`, u32; mask 1 for tokens, 0 for padding).
+    pub(crate) fn forward(&self, ids: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+        let (batch, len) = ids.dims2()?;
+        let hidden = self.heads * self.head_dim;
+        let pos = self.position.narrow(0, 0, len)?;
+        let x = self
+            .word
+            .forward(ids)?
+            .broadcast_add(&pos.broadcast_add(&self.token_type0)?)?
+            .reshape((batch * len, hidden))?;
+        let mut x = self.emb_norm.forward(&x)?;
+        // 0 where attended, a large negative where padded (exp gives 0).
+        let mask_add = ((mask.to_dtype(DType::F32)? - 1.0)? * 1e30)?.reshape((batch, 1, 1, len))?;
+        for layer in &self.layers {
+            x = layer.forward(&x, &mask_add, (batch, len, self.heads, self.head_dim))?;
+        }
+        x.reshape((batch, len, hidden))
+    }
+
+    /// The device the weights are on.
+    pub(crate) fn device(&self) -> &Device {
+        self.position.device()
+    }
+}
+
+/// Mean of the token states over the mask, then L2-normalised: the
+/// sentence-transformers pooling of these models. `(batch, hidden)`.
+pub(crate) fn mean_pool_normalise(states: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+    let mask_f = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
+    let summed = states.broadcast_mul(&mask_f)?.sum(1)?;
+    let counts = mask_f.sum(1)?;
+    let mean = summed.broadcast_div(&counts)?;
+    let norm = mean.sqr()?.sum_keepdim(D::Minus1)?.sqrt()?.maximum(1e-12)?;
+    mean.broadcast_div(&norm)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_nn::VarMap;
+    use candle_transformers::models::bert::BertModel;
+
+    /// A random 2-layer model, run by candle-transformers' BertModel and by
+    /// ours on a padded batch: the pooled vectors agree.
+    #[test]
+    fn matches_candle_transformers_bert() -> Result<(), Box<dyn std::error::Error>> {
+        let dev = Device::Cpu;
+        let c = Config {
+            vocab_size: 50,
+            hidden_size: 32,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            intermediate_size: 64,
+            hidden_act: HiddenAct::Gelu,
+            max_position_embeddings: 16,
+            type_vocab_size: 2,
+            layer_norm_eps: 1e-12,
+            ..Default::default()
+        };
+        let varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
+        let theirs = BertModel::load(vb.clone(), &c)?;
+        // Layer norms start at ones and zeros; move them off so a mixed-up
+        // weight and bias would show.
+        for (name, var) in varmap.data().lock().map_err(|e| e.to_string())?.iter() {
+            if name.contains("LayerNorm") {
+                let t = var.as_tensor();
+                var.set(&(t + Tensor::randn(0f32, 0.1, t.shape(), &dev)?)?)?;
+            }
+        }
+        let ours = Encoder::load(vb, &c)?;
+        let ids = Tensor::new(&[[2u32, 7, 9, 11, 3, 0], [2, 5, 3, 0, 0, 0]], &dev)?;
+        let mask = Tensor::new(&[[1u32, 1, 1, 1, 1, 0], [1, 1, 1, 0, 0, 0]], &dev)?;
+        let a = mean_pool_normalise(
+            &theirs.forward(&ids, &ids.zeros_like()?, Some(&mask))?,
+            &mask,
+        )?;
+        let b = mean_pool_normalise(&ours.forward(&ids, &mask)?, &mask)?;
+        let diff = (a - b)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(diff < 1e-5, "max abs diff {diff}");
+        Ok(())
+    }
+}

@@ -1,0 +1,7 @@
+//! CPU kernels of our own, plugged into candle through its custom-op
+//! interface where candle's own are slow (scalar `erf` in GELU). Each works
+//! on contiguous f32 tensors and falls back to candle's op on other devices.
+
+mod gelu;
+
+pub(crate) use gelu::bias_gelu;
