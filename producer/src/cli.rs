@@ -209,6 +209,30 @@ pub struct SubmitArgs {
     /// Texts per forward pass on the workers (0 = each worker's default).
     #[arg(long, default_value_t = 0)]
     pub max_batch: u32,
+    /// Number format of the model's linear layers. `int8` runs their
+    /// weights as 8-bit integers (blocks of 32, one scale each): on CPUs
+    /// about twice as fast, vectors within about 0.99 cosine of f32's
+    /// (see BENCHMARKS.md). Every shard of the job uses the same one.
+    #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
+    pub precision: PrecisionArg,
+}
+
+/// `--precision` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PrecisionArg {
+    /// f32 throughout, the checkpoint's own numbers (default).
+    F32,
+    /// 8-bit integer weights in the linear layers.
+    Int8,
+}
+
+impl From<PrecisionArg> for minions_schemas::messages::Precision {
+    fn from(p: PrecisionArg) -> Self {
+        match p {
+            PrecisionArg::F32 => Self::F32,
+            PrecisionArg::Int8 => Self::Int8,
+        }
+    }
 }
 
 /// Flags of `minions status`.

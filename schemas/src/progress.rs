@@ -424,6 +424,7 @@ mod tests {
             },
             shard_size: 10,
             max_batch: 0,
+            precision: crate::messages::Precision::F32,
             shards: 4,
             records: 35,
             skipped: 0,

@@ -994,14 +994,26 @@ impl Fleet {
     /// run in-process on `texts` (max abs diff ≤ 1e-5): what an undisturbed
     /// run gives.
     pub fn check_outputs(&self, job: &str, model: &Path, texts: &[String]) -> Result<()> {
+        self.check_outputs_in(job, model, texts, minions_worker::model::Precision::F32)
+    }
+
+    /// [`Fleet::check_outputs`] for a job run in `precision`.
+    pub fn check_outputs_in(
+        &self,
+        job: &str,
+        model: &Path,
+        texts: &[String],
+        precision: minions_worker::model::Precision,
+    ) -> Result<()> {
         let npy = self.dir.path().join(format!("{job}.npy"));
         self.cli(&["collect", job, "--output", &npy.display().to_string()])?;
         let (rows, _, got) = read_npy_f32(&npy)?;
         if rows != texts.len() {
             return Err(format!("collected {rows} rows for {} records", texts.len()).into());
         }
-        let want = minions_worker::model::BertEmbedder::load(model, &candle_core::Device::Cpu)?
-            .embed(texts, 32)?;
+        let want =
+            minions_worker::model::BertEmbedder::load(model, &candle_core::Device::Cpu, precision)?
+                .embed(texts, 32)?;
         let diff = max_abs_diff(&got, &want);
         if diff > 1e-5 {
             return Err(format!("collected vectors differ from in-process ones by {diff}").into());
@@ -1122,7 +1134,11 @@ pub async fn core_job_scenario(fleet: &mut Fleet) -> Result<()> {
     let (rows, dim, got) = read_npy_f32(&npy)?;
     assert_eq!((rows, dim), (10_000, 32));
 
-    let model = minions_worker::model::BertEmbedder::load(&model_dir, &candle_core::Device::Cpu)?;
+    let model = minions_worker::model::BertEmbedder::load(
+        &model_dir,
+        &candle_core::Device::Cpu,
+        minions_worker::model::Precision::F32,
+    )?;
     let want = model.embed(&texts, 64)?;
     let diff = max_abs_diff(&got, &want);
     eprintln!("max abs diff between collected and in-process vectors: {diff:e}");

@@ -116,6 +116,7 @@ fn spec() -> R<JobSpec> {
         },
         shard_size: 256,
         max_batch: 32,
+        precision: minions_schemas::messages::Precision::Int8,
         shards: 40,
         records: 10_000,
         skipped: 2,
@@ -197,6 +198,7 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
         model_hash: hash()?,
         family: ModelFamily::BertEmbedding,
         max_batch: 0,
+        precision: minions_schemas::messages::Precision::F32,
     };
     let s = seeds("shard task", &[task])?;
     v.push((

@@ -3,13 +3,14 @@
 //! once in tests/fixtures/minilm_reference.json.
 
 use minions_tests::{Result, max_abs_diff, real_model_dir, workspace_root};
+use minions_worker::model::{BertEmbedder, Precision};
 
 fn cosine(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
-#[test]
-fn embeddings_match_sentence_transformers() -> Result<()> {
+/// The fixture's sentences and sentence-transformers' vectors for them.
+fn fixture() -> Result<(Vec<String>, Vec<Vec<f32>>)> {
     let fixture: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
         workspace_root().join("tests/fixtures/minilm_reference.json"),
     )?)?;
@@ -33,8 +34,34 @@ fn embeddings_match_sentence_transformers() -> Result<()> {
                 .unwrap_or_default()
         })
         .collect();
-    let model =
-        minions_worker::model::BertEmbedder::load(&real_model_dir()?, &candle_core::Device::Cpu)?;
+    Ok((sentences, want))
+}
+
+fn load(precision: Precision) -> Result<BertEmbedder> {
+    Ok(BertEmbedder::load(
+        &real_model_dir()?,
+        &candle_core::Device::Cpu,
+        precision,
+    )?)
+}
+
+/// "A man is eating food." is closest to "A man is eating a piece of
+/// bread.", then "A man is riding a horse.", and far from the rest.
+fn check_ranking(got: &[f32]) {
+    let row = |i: usize| &got[i * 384..(i + 1) * 384];
+    let sims: Vec<f32> = (1..5).map(|j| cosine(row(0), row(j))).collect();
+    eprintln!("cosine of sentence 0 to 1..4: {sims:?}");
+    assert!(sims[0] > 0.7, "eating food vs eating bread: {}", sims[0]);
+    assert!(
+        sims[0] > sims[2] && sims[2] > sims[1] && sims[2] > sims[3],
+        "{sims:?}"
+    );
+}
+
+#[test]
+fn embeddings_match_sentence_transformers() -> Result<()> {
+    let (sentences, want) = fixture()?;
+    let model = load(Precision::F32)?;
     assert_eq!(model.dim(), 384);
     assert_eq!(model.max_len(), 256);
     let got = model.embed(&sentences, 8)?;
@@ -49,15 +76,29 @@ fn embeddings_match_sentence_transformers() -> Result<()> {
         "embeddings differ from sentence-transformers by {worst}"
     );
 
-    // Sensible ranking: "A man is eating food." is closest to "A man is eating
-    // a piece of bread.", then "A man is riding a horse.", and far from the rest.
-    let row = |i: usize| &got[i * 384..(i + 1) * 384];
-    let sims: Vec<f32> = (1..5).map(|j| cosine(row(0), row(j))).collect();
-    eprintln!("cosine of sentence 0 to 1..4: {sims:?}");
-    assert!(sims[0] > 0.7, "eating food vs eating bread: {}", sims[0]);
-    assert!(
-        sims[0] > sims[2] && sims[2] > sims[1] && sims[2] > sims[3],
-        "{sims:?}"
-    );
+    check_ranking(&got);
+    Ok(())
+}
+
+/// int8 vectors stay close to sentence-transformers' f32 ones (each
+/// sentence's cosine ≥ 0.99, their mean ≥ 0.995), keep the ranking, and are
+/// not simply the f32 vectors (the int8 path really ran).
+#[test]
+fn int8_embeddings_stay_close() -> Result<()> {
+    let (sentences, want) = fixture()?;
+    let got = load(Precision::Int8)?.embed(&sentences, 8)?;
+    let f32_got = load(Precision::F32)?.embed(&sentences, 8)?;
+    let cosines: Vec<f32> = want
+        .iter()
+        .enumerate()
+        .map(|(i, w)| cosine(&got[i * 384..(i + 1) * 384], w))
+        .collect();
+    eprintln!("int8 cosine to sentence-transformers: {cosines:?}");
+    let mean = cosines.iter().sum::<f32>() / cosines.len() as f32;
+    assert!(cosines.iter().all(|&c| c >= 0.99), "{cosines:?}");
+    assert!(mean >= 0.995, "mean cosine {mean}");
+    let moved = max_abs_diff(&got, &f32_got);
+    assert!(moved > 1e-4, "int8 vectors equal f32's (max diff {moved})");
+    check_ranking(&got);
     Ok(())
 }

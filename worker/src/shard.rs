@@ -166,7 +166,10 @@ async fn run(ctx: &Ctx, task: &ShardTask, attempt: u64) -> Result<Done, ShardErr
             Err(e) => return Err(e.into()),
         }
     }
-    let model = ctx.cache.get(&task.model_hash, task.family).await?;
+    let model = ctx
+        .cache
+        .get(&task.model_hash, task.family, task.precision)
+        .await?;
     let input = read_input(ctx.store.as_ref(), task).await?;
     let max_batch = if task.max_batch > 0 {
         task.max_batch as usize

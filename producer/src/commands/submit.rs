@@ -162,6 +162,7 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
         },
         shard_size: args.shard_size,
         max_batch: args.max_batch,
+        precision: args.precision.into(),
         shards,
         records,
         skipped,

@@ -1,7 +1,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{JobId, ModelHash, ModelName};
-use crate::messages::ModelFamily;
+use crate::messages::{ModelFamily, Precision};
 
 /// Where a job's records came from, for people and for refusing a re-submit
 /// of the same job id with different input.
@@ -41,6 +41,9 @@ pub struct JobSpec {
     pub shard_size: u32,
     /// Texts per forward pass (0 = each worker's default).
     pub max_batch: u32,
+    /// The number format every shard runs in (absent in older specs: f32).
+    #[serde(default)]
+    pub precision: Precision,
     /// Number of shards, numbered `0..shards`.
     pub shards: u32,
     /// Number of records accepted, in input order across shards.
@@ -65,6 +68,7 @@ impl JobSpec {
             model_hash: self.model_hash.clone(),
             family: self.family,
             max_batch: self.max_batch,
+            precision: self.precision,
         }
     }
 

@@ -18,7 +18,7 @@ pub use dead_letter::DeadLetter;
 pub use heartbeat::{Heartbeat, InFlight};
 pub use job_manifest::{JobManifest, ManifestShard};
 pub use job_spec::{InputDescription, JobSpec};
-pub use model::{ModelFamily, ModelFile, ModelManifest, ModelRecord};
+pub use model::{ModelFamily, ModelFile, ModelManifest, ModelRecord, Precision};
 pub use shard_event::{EventKind, ShardEvent};
 pub use shard_io::{OutputPayload, ShardInput, ShardOutput};
 pub use shard_task::ShardTask;

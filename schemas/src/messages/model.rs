@@ -38,6 +38,39 @@ impl std::fmt::Display for ModelFamily {
     }
 }
 
+/// The number format a worker runs a model's large matrix products in.
+///
+/// A job's choice: every shard of a job runs in the same precision, so its
+/// outputs are comparable. Norms, softmax, embeddings and pooling stay f32
+/// in every precision.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Precision {
+    /// f32 throughout: the checkpoint's own numbers.
+    #[default]
+    F32,
+    /// Linear-layer weights as 8-bit integers in blocks of 32 with one
+    /// scale each (ggml's Q8_0), activations quantised the same way per
+    /// product. Faster on CPUs; vectors close to, not equal to, f32's.
+    Int8,
+}
+
+impl Precision {
+    /// The name as users type it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Int8 => "int8",
+        }
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One file of a model folder.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelFile {

@@ -1,7 +1,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{JobId, ModelHash};
-use crate::messages::ModelFamily;
+use crate::messages::{ModelFamily, Precision};
 
 /// One shard to run: the payload of a work-stream message.
 ///
@@ -28,4 +28,7 @@ pub struct ShardTask {
     pub family: ModelFamily,
     /// Most records per forward pass (0 = the worker's default).
     pub max_batch: u32,
+    /// The number format the model runs in (absent in older tasks: f32).
+    #[serde(default)]
+    pub precision: Precision,
 }

@@ -42,6 +42,7 @@ fn spec(job: &JobId) -> Result<JobSpec> {
         },
         shard_size: 256,
         max_batch: 0,
+        precision: minions_schemas::messages::Precision::F32,
         shards: SHARDS,
         records: u64::from(SHARDS) * 256,
         skipped: 0,

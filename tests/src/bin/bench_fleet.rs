@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use minions_schemas::messages::{
-    EventKind, Heartbeat, InFlight, ModelFamily, ShardEvent, ShardTask,
+    EventKind, Heartbeat, InFlight, ModelFamily, Precision, ShardEvent, ShardTask,
 };
 use minions_schemas::time::now_ms;
 use minions_schemas::{
@@ -219,7 +219,11 @@ async fn overhead(texts_n: usize) -> Result<String> {
     let mut w = JobWatch::new(&client, "warm").await?;
     fleet.submit("minilm", &warm_input, 64, "warm")?;
     w.all_done(1, Duration::from_secs(600)).await?;
-    let model = minions_worker::model::BertEmbedder::load(&model_dir, &candle_core::Device::Cpu)?;
+    let model = minions_worker::model::BertEmbedder::load(
+        &model_dir,
+        &candle_core::Device::Cpu,
+        Precision::F32,
+    )?;
     model.embed(&texts[..64], 32)?;
 
     let mut rows = Vec::new();
@@ -631,6 +635,7 @@ fn task(job: &JobId, shard: u32) -> Result<ShardTask> {
         model_hash: ModelHash::new("b".repeat(64))?,
         family: ModelFamily::BertEmbedding,
         max_batch: 0,
+        precision: Precision::F32,
     })
 }
 
@@ -782,6 +787,7 @@ async fn scale(n: usize, secs: u64) -> Result<String> {
         },
         shard_size: 1,
         max_batch: 0,
+        precision: Precision::F32,
         shards: 1_000_000,
         records: 1_000_000,
         skipped: 0,

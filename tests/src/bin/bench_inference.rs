@@ -15,7 +15,9 @@
 //!
 //! Flags: `--texts N` (3000), `--batch B` (64, both sides), `--threads T`
 //! (PyTorch's threads; 0 = cores), `--python PATH`, `--write` (puts the
-//! Markdown into BENCHMARKS.md between markers).
+//! Markdown into BENCHMARKS.md between markers), `--ours-only` (no
+//! reference runs; for profiling our code; `--precision f32|int8` runs
+//! just one).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -23,7 +25,7 @@ use std::time::Instant;
 use candle_core::Device;
 use minions_tests::bench::{arg, flag, machine, num, utc_now, write_section};
 use minions_tests::{Result, out, real_model_dir, workspace_root};
-use minions_worker::model::BertEmbedder;
+use minions_worker::model::{BertEmbedder, Precision};
 
 /// One throughput measurement and the vectors it produced.
 struct Run {
@@ -120,6 +122,27 @@ fn flags_shown() -> String {
     shown
 }
 
+/// `--ours-only`: our precisions alone, for profiling; int8 is compared
+/// with f32.
+fn ours_only(model_dir: &Path, texts: &[String], batch: usize) -> Result<()> {
+    let mut runs = Vec::new();
+    let only = arg("--precision");
+    for precision in [Precision::F32, Precision::Int8] {
+        if only.as_deref().is_some_and(|p| p != precision.as_str()) {
+            continue;
+        }
+        let model = BertEmbedder::load(model_dir, &Device::Cpu, precision)?;
+        let r = ours(precision.as_str(), &model, texts, batch)?;
+        out!("{}: {:.1} texts/s", r.name, r.texts_per_s);
+        runs.push((r, model.dim()));
+    }
+    if let [(f, dim), (q, _)] = &runs[..] {
+        let (max, cos) = compare(&q.vectors, &f.vectors, *dim)?;
+        out!("int8 against f32: max abs diff {max:.2e}, mean cosine {cos:.6}");
+    }
+    Ok(())
+}
+
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -133,8 +156,13 @@ fn main() -> Result<()> {
         0 => cores,
         t => t,
     };
+    let venv = workspace_root().join(".tools/bench-venv/bin/python");
+    // Without the venv, `--ours-only` needs Python only to cut the texts.
     let python = arg("--python").map_or_else(
-        || workspace_root().join(".tools/bench-venv/bin/python"),
+        || match venv.exists() {
+            true => venv,
+            false => PathBuf::from("python3"),
+        },
         PathBuf::from,
     );
     let model_dir = real_model_dir()?;
@@ -158,19 +186,23 @@ fn main() -> Result<()> {
         })
         .collect::<std::result::Result<_, _>>()?;
 
+    if flag("--ours-only") {
+        return ours_only(&model_dir, &texts, batch as usize);
+    }
     let before = reference(&python, &model_dir, &texts_path, batch, threads)?;
     out!("{}: {:.1} texts/s", before.name, before.texts_per_s);
-    let model = BertEmbedder::load(&model_dir, &Device::Cpu)?;
-    let dim = model.dim();
     let mut runs = Vec::new();
-    let r = ours(
-        "Minions worker (candle f32, CPU)",
-        &model,
-        &texts,
-        batch as usize,
-    )?;
-    out!("{}: {:.1} texts/s", r.name, r.texts_per_s);
-    runs.push(r);
+    let mut dim = 0;
+    for (name, precision) in [
+        ("Minions worker (f32, CPU)", Precision::F32),
+        ("Minions worker (int8, CPU)", Precision::Int8),
+    ] {
+        let model = BertEmbedder::load(&model_dir, &Device::Cpu, precision)?;
+        dim = model.dim();
+        let r = ours(name, &model, &texts, batch as usize)?;
+        out!("{}: {:.1} texts/s", r.name, r.texts_per_s);
+        runs.push(r);
+    }
     let after = reference(&python, &model_dir, &texts_path, batch, threads)?;
     out!("{}: {:.1} texts/s", after.name, after.texts_per_s);
     let base = (before.texts_per_s + after.texts_per_s) / 2.0;

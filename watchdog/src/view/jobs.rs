@@ -239,6 +239,7 @@ mod tests {
             },
             shard_size: 10,
             max_batch: 0,
+            precision: minions_schemas::messages::Precision::F32,
             shards: 3,
             records: 25,
             skipped: 0,

@@ -13,6 +13,7 @@ use tokenizers::{Tokenizer, TruncationParams};
 
 use super::encoder::{Encoder, mean_pool_normalise};
 use super::{Model, ModelError};
+use minions_schemas::messages::Precision;
 
 const FAMILY: &str = "bert-embedding";
 
@@ -45,8 +46,8 @@ struct SentenceBertConfig {
 impl BertEmbedder {
     /// Loads `config.json`, `tokenizer.json` and `model.safetensors` from
     /// `dir` (plus `sentence_bert_config.json` for the max sequence length,
-    /// when present) onto `device`.
-    pub fn load(dir: &Path, device: &Device) -> Result<Self, ModelError> {
+    /// when present) onto `device`, its linear layers in `precision`.
+    pub fn load(dir: &Path, device: &Device, precision: Precision) -> Result<Self, ModelError> {
         let config: Config = serde_json::from_slice(&read(dir, "config.json")?)
             .map_err(|e| invalid(format!("config.json: {e}")))?;
         let max_len = match read(dir, "sentence_bert_config.json") {
@@ -73,8 +74,8 @@ impl BertEmbedder {
         let weights = read(dir, "model.safetensors")?;
         let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, device)
             .map_err(|e| invalid(format!("model.safetensors: {e}")))?;
-        let model =
-            Encoder::load(vb, &config).map_err(|e| invalid(format!("model.safetensors: {e}")))?;
+        let model = Encoder::load(vb, &config, precision)
+            .map_err(|e| invalid(format!("model.safetensors: {e}")))?;
         Ok(Self {
             model,
             tokenizer,

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::Device;
 use futures::StreamExt;
-use minions_schemas::messages::{ModelFamily, ModelManifest};
+use minions_schemas::messages::{ModelFamily, ModelManifest, Precision};
 use minions_schemas::{ModelHash, keys, limits};
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -25,7 +25,8 @@ pub struct ModelCache {
     dir: PathBuf,
     device: Device,
     keep_warm: usize,
-    loaded: Mutex<Vec<(ModelHash, Slot)>>,
+    /// Loaded models by content and precision, least recently used first.
+    loaded: Mutex<Vec<((ModelHash, Precision), Slot)>>,
     /// Most memory, MB, a model's files may take (the owner policy's cap).
     budget_mb: Option<u64>,
 }
@@ -83,14 +84,16 @@ impl ModelCache {
         &self.device
     }
 
-    /// Returns the loaded model `hash`, fetching and loading it on first use.
-    /// Concurrent callers for the same model share one load.
+    /// Returns the model `hash` loaded in `precision`, fetching and loading
+    /// it on first use. Concurrent callers for the same model share one
+    /// load; each precision is its own warm entry.
     pub async fn get(
         &self,
         hash: &ModelHash,
         family: ModelFamily,
+        precision: Precision,
     ) -> Result<Arc<dyn Model>, ModelError> {
-        let slot = self.slot(hash);
+        let slot = self.slot(hash, precision);
         let model = slot
             .get_or_try_init(|| async {
                 let manifest = self.fetch_manifest(hash).await?;
@@ -111,14 +114,16 @@ impl ModelCache {
                 }
                 let dir = self.fetch_files(hash, &manifest).await?;
                 let device = self.device.clone();
-                tracing::info!(model = hash.short(), family = %family, "loading model");
+                tracing::info!(model = hash.short(), family = %family, %precision, "loading model");
                 let started = std::time::Instant::now();
-                let model = tokio::task::spawn_blocking(move || super::load(family, &dir, &device))
-                    .await
-                    .map_err(|e| ModelError::Cache {
-                        path: String::new(),
-                        source: std::io::Error::other(e),
-                    })??;
+                let model = tokio::task::spawn_blocking(move || {
+                    super::load(family, &dir, &device, precision)
+                })
+                .await
+                .map_err(|e| ModelError::Cache {
+                    path: String::new(),
+                    source: std::io::Error::other(e),
+                })??;
                 tracing::info!(
                     model = hash.short(),
                     ms = started.elapsed().as_millis() as u64,
@@ -140,19 +145,22 @@ impl ModelCache {
         loaded.clear();
     }
 
-    fn slot(&self, hash: &ModelHash) -> Slot {
+    fn slot(&self, hash: &ModelHash, precision: Precision) -> Slot {
         let mut loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(pos) = loaded.iter().position(|(h, _)| h == hash) {
+        if let Some(pos) = loaded
+            .iter()
+            .position(|((h, p), _)| h == hash && *p == precision)
+        {
             let entry = loaded.remove(pos);
             let slot = entry.1.clone();
             loaded.push(entry);
             return slot;
         }
         let slot: Slot = Arc::new(OnceCell::new());
-        loaded.push((hash.clone(), slot.clone()));
+        loaded.push(((hash.clone(), precision), slot.clone()));
         while loaded.len() > self.keep_warm {
-            let (old, _) = loaded.remove(0);
-            tracing::info!(model = old.short(), "model evicted from memory");
+            let ((old, p), _) = loaded.remove(0);
+            tracing::info!(model = old.short(), precision = %p, "model evicted from memory");
         }
         slot
     }

@@ -13,31 +13,62 @@
 //! Only absolute position embeddings and token type 0 are supported, which
 //! is what sentence embedding models use; [`Encoder::load`] refuses others.
 
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor, k_quants::QK8_0};
 use candle_core::{D, DType, Device, Module, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{Config, HiddenAct, PositionEmbeddingType};
 
 use super::kernels::bias_gelu;
+use minions_schemas::messages::Precision;
 
-/// One linear layer, weight stored `(in, out)`.
+/// A linear layer's weight in the form its products read.
+enum Weight {
+    /// f32, stored `(in, out)`.
+    Dense(Tensor),
+    /// int8 blocks of 32 with one f16 scale each (ggml's Q8_0), stored
+    /// `(out, in)`; candle quantises the activations to the same form and
+    /// takes integer dot products.
+    Int8(QMatMul),
+}
+
+/// One linear layer.
 struct Linear {
-    w: Tensor,
+    w: Weight,
     b: Tensor,
 }
 
 impl Linear {
-    fn load(vb: &VarBuilder<'_>, inp: usize, out: usize) -> candle_core::Result<Self> {
-        let w = vb.get((out, inp), "weight")?;
-        let b = vb.get(out, "bias")?;
-        Ok(Self {
-            w: w.t()?.contiguous()?,
-            b,
-        })
+    /// `w` is `(out, in)`, as checkpoints store it.
+    fn new(w: Tensor, b: Tensor, precision: Precision) -> candle_core::Result<Self> {
+        let w = match precision {
+            Precision::F32 => Weight::Dense(w.t()?.contiguous()?),
+            Precision::Int8 => Weight::Int8(QMatMul::from_qtensor(QTensor::quantize(
+                &w,
+                GgmlDType::Q8_0,
+            )?)?),
+        };
+        Ok(Self { w, b })
+    }
+
+    fn load(
+        vb: &VarBuilder<'_>,
+        inp: usize,
+        out: usize,
+        precision: Precision,
+    ) -> candle_core::Result<Self> {
+        Self::new(
+            vb.get((out, inp), "weight")?,
+            vb.get(out, "bias")?,
+            precision,
+        )
     }
 
     /// `x · W` without the bias.
     fn product(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        x.matmul(&self.w)
+        match &self.w {
+            Weight::Dense(w) => x.matmul(w),
+            Weight::Int8(q) => q.forward(x),
+        }
     }
 
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
@@ -75,7 +106,12 @@ struct Layer {
 }
 
 impl Layer {
-    fn load(vb: VarBuilder<'_>, c: &Config, head_dim: usize) -> candle_core::Result<Self> {
+    fn load(
+        vb: VarBuilder<'_>,
+        c: &Config,
+        head_dim: usize,
+        precision: Precision,
+    ) -> candle_core::Result<Self> {
         let h = c.hidden_size;
         let att = vb.pp("attention");
         let sv = att.pp("self");
@@ -86,16 +122,18 @@ impl Layer {
         let k_b = sv.pp("key").get(h, "bias")?;
         let v_w = sv.pp("value").get((h, h), "weight")?;
         let v_b = sv.pp("value").get(h, "bias")?;
-        let qkv = Linear {
-            w: Tensor::cat(&[&q_w, &k_w, &v_w], 0)?.t()?.contiguous()?,
-            b: Tensor::cat(&[&q_b, &k_b, &v_b], 0)?,
-        };
+        let qkv = Linear::new(
+            Tensor::cat(&[&q_w, &k_w, &v_w], 0)?,
+            Tensor::cat(&[&q_b, &k_b, &v_b], 0)?,
+            precision,
+        )?;
+        let i = c.intermediate_size;
         Ok(Self {
             qkv,
-            attn_out: Linear::load(&att.pp("output").pp("dense"), h, h)?,
+            attn_out: Linear::load(&att.pp("output").pp("dense"), h, h, precision)?,
             attn_norm: Norm::load(&att.pp("output").pp("LayerNorm"), h, c.layer_norm_eps)?,
-            up: Linear::load(&vb.pp("intermediate").pp("dense"), h, c.intermediate_size)?,
-            down: Linear::load(&vb.pp("output").pp("dense"), c.intermediate_size, h)?,
+            up: Linear::load(&vb.pp("intermediate").pp("dense"), h, i, precision)?,
+            down: Linear::load(&vb.pp("output").pp("dense"), i, h, precision)?,
             out_norm: Norm::load(&vb.pp("output").pp("LayerNorm"), h, c.layer_norm_eps)?,
         })
     }
@@ -145,8 +183,13 @@ pub(crate) struct Encoder {
 }
 
 impl Encoder {
-    /// Loads the weights under `vb` (with or without a `bert.` prefix).
-    pub(crate) fn load(vb: VarBuilder<'_>, c: &Config) -> Result<Self, String> {
+    /// Loads the weights under `vb` (with or without a `bert.` prefix), the
+    /// layers' linear weights in `precision`.
+    pub(crate) fn load(
+        vb: VarBuilder<'_>,
+        c: &Config,
+        precision: Precision,
+    ) -> Result<Self, String> {
         if c.position_embedding_type != PositionEmbeddingType::Absolute {
             return Err("only absolute position embeddings are supported".into());
         }
@@ -162,15 +205,27 @@ impl Encoder {
                 c.hidden_size, c.num_attention_heads
             ));
         }
+        if precision == Precision::Int8
+            && !(c.hidden_size.is_multiple_of(QK8_0) && c.intermediate_size.is_multiple_of(QK8_0))
+        {
+            return Err(format!(
+                "int8 needs hidden and intermediate sizes that are multiples of {QK8_0}, not {} and {}",
+                c.hidden_size, c.intermediate_size
+            ));
+        }
         let vb = if vb.contains_tensor("bert.embeddings.word_embeddings.weight") {
             vb.pp("bert")
         } else {
             vb
         };
-        Self::load_tensors(&vb, c).map_err(|e| e.to_string())
+        Self::load_tensors(&vb, c, precision).map_err(|e| e.to_string())
     }
 
-    fn load_tensors(vb: &VarBuilder<'_>, c: &Config) -> candle_core::Result<Self> {
+    fn load_tensors(
+        vb: &VarBuilder<'_>,
+        c: &Config,
+        precision: Precision,
+    ) -> candle_core::Result<Self> {
         let h = c.hidden_size;
         let head_dim = h / c.num_attention_heads;
         let emb = vb.pp("embeddings");
@@ -185,7 +240,7 @@ impl Encoder {
         let emb_norm = Norm::load(&emb.pp("LayerNorm"), h, c.layer_norm_eps)?;
         let enc = vb.pp("encoder");
         let layers = (0..c.num_hidden_layers)
-            .map(|i| Layer::load(enc.pp(format!("layer.{i}")), c, head_dim))
+            .map(|i| Layer::load(enc.pp(format!("layer.{i}")), c, head_dim, precision))
             .collect::<candle_core::Result<Vec<_>>>()?;
         Ok(Self {
             word,
@@ -269,7 +324,8 @@ mod tests {
                 var.set(&(t + Tensor::randn(0f32, 0.1, t.shape(), &dev)?)?)?;
             }
         }
-        let ours = Encoder::load(vb, &c)?;
+        let ours = Encoder::load(vb.clone(), &c, Precision::F32)?;
+        let ours_int8 = Encoder::load(vb, &c, Precision::Int8)?;
         let ids = Tensor::new(&[[2u32, 7, 9, 11, 3, 0], [2, 5, 3, 0, 0, 0]], &dev)?;
         let mask = Tensor::new(&[[1u32, 1, 1, 1, 1, 0], [1, 1, 1, 0, 0, 0]], &dev)?;
         let a = mean_pool_normalise(
@@ -277,8 +333,34 @@ mod tests {
             &mask,
         )?;
         let b = mean_pool_normalise(&ours.forward(&ids, &mask)?, &mask)?;
-        let diff = (a - b)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        let diff = (&a - b)?.abs()?.max_all()?.to_scalar::<f32>()?;
         assert!(diff < 1e-5, "max abs diff {diff}");
+
+        // int8: close (unit vectors, so the dot product is the cosine), not equal.
+        let q = mean_pool_normalise(&ours_int8.forward(&ids, &mask)?, &mask)?;
+        let cos = (&a * &q)?.sum(1)?.to_vec1::<f32>()?;
+        assert!(cos.iter().all(|&c| c > 0.99), "int8 cosines {cos:?}");
+        let diff = (a - q)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(diff > 1e-6, "int8 output equals f32's");
         Ok(())
+    }
+
+    /// int8 needs whole blocks of 32 along every product's inner dimension.
+    #[test]
+    fn int8_refuses_sizes_off_the_block() {
+        let c = Config {
+            hidden_size: 48,
+            num_attention_heads: 4,
+            intermediate_size: 64,
+            hidden_act: HiddenAct::Gelu,
+            ..Default::default()
+        };
+        let vb = VarBuilder::from_varmap(&VarMap::new(), DType::F32, &Device::Cpu);
+        let err = Encoder::load(vb, &c, Precision::Int8).err();
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("multiples of 32")),
+            "{err:?}"
+        );
     }
 }

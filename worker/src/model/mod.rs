@@ -23,6 +23,7 @@ pub use bert::BertEmbedder;
 pub use cache::ModelCache;
 pub use device::{DeviceChoice, describe_device, select_device};
 pub use error::ModelError;
+pub use minions_schemas::messages::Precision;
 
 /// A loaded model that turns a shard's texts into its output.
 ///
@@ -39,13 +40,14 @@ pub trait Model: Send + Sync {
     fn run(&self, texts: &[String], max_batch: usize) -> Result<OutputPayload, ModelError>;
 }
 
-/// Loads a verified model folder of `family` onto `device`.
+/// Loads a verified model folder of `family` onto `device` in `precision`.
 pub fn load(
     family: ModelFamily,
     dir: &Path,
     device: &candle_core::Device,
+    precision: Precision,
 ) -> Result<Arc<dyn Model>, ModelError> {
     match family {
-        ModelFamily::BertEmbedding => Ok(Arc::new(BertEmbedder::load(dir, device)?)),
+        ModelFamily::BertEmbedding => Ok(Arc::new(BertEmbedder::load(dir, device, precision)?)),
     }
 }

@@ -155,13 +155,13 @@ pub fn write_tiny_bert(dir: &Path, spec: TinySpec) -> Result<(), ModelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::BertEmbedder;
+    use crate::model::{BertEmbedder, Precision};
 
     #[test]
     fn tiny_model_loads_and_embeds_unit_vectors() -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
         write_tiny_bert(dir.path(), TinySpec::default())?;
-        let m = BertEmbedder::load(dir.path(), &Device::Cpu)?;
+        let m = BertEmbedder::load(dir.path(), &Device::Cpu, Precision::F32)?;
         let texts: Vec<String> = ["a man is eating food", "the quick brown fox", "zzz qqq", ""]
             .iter()
             .map(|s| (*s).to_owned())
