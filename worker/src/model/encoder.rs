@@ -6,8 +6,14 @@
 //! - query, key and value are one matrix product (their weights stacked at
 //!   load), with the 1/√head_dim attention scale folded into the query rows;
 //! - weights are stored transposed, so every product reads them row-major;
+//! - the states of a padded batch travel packed, real tokens only, through
+//!   every layer but attention, so padding costs nothing there (a worker
+//!   sorts by length within a shard, whose texts still vary);
 //! - the intermediate layer's bias and GELU are one pass of our own kernel
 //!   ([`super::kernels::bias_gelu`]);
+//! - in int8 on an x86-64 CPU with AVX2, every linear layer is our int8
+//!   kernel, with its bias, GELU and residual add in the product's
+//!   epilogue; elsewhere int8 is candle's quantized matmul (ggml's Q8_0);
 //! - softmax and layer norm are candle's fused ops.
 //!
 //! Only absolute position embeddings and token type 0 are supported, which
@@ -18,7 +24,7 @@ use candle_core::{D, DType, Device, Module, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{Config, HiddenAct, PositionEmbeddingType};
 
-use super::kernels::bias_gelu;
+use super::kernels::{Activation, Int8Weight, bias_gelu, int8_available, int8_linear};
 use minions_schemas::messages::Precision;
 
 /// A linear layer's weight in the form its products read.
@@ -27,8 +33,17 @@ enum Weight {
     Dense(Tensor),
     /// int8 blocks of 32 with one f16 scale each (ggml's Q8_0), stored
     /// `(out, in)`; candle quantises the activations to the same form and
-    /// takes integer dot products.
+    /// takes integer dot products. Off x86-64 CPUs with AVX2.
     Int8(QMatMul),
+    /// int8 with one scale per output, packed for our kernel, which also
+    /// holds the bias. On x86-64 CPUs with AVX2.
+    Int8Cpu(Int8Weight),
+}
+
+/// Whether int8 weights on `device` use our kernel rather than candle's
+/// quantized matmul.
+fn own_int8(device: &Device) -> bool {
+    device.is_cpu() && int8_available()
 }
 
 /// One linear layer.
@@ -42,6 +57,7 @@ impl Linear {
     fn new(w: Tensor, b: Tensor, precision: Precision) -> candle_core::Result<Self> {
         let w = match precision {
             Precision::F32 => Weight::Dense(w.t()?.contiguous()?),
+            Precision::Int8 if own_int8(w.device()) => Weight::Int8Cpu(Int8Weight::new(&w, &b)?),
             Precision::Int8 => Weight::Int8(QMatMul::from_qtensor(QTensor::quantize(
                 &w,
                 GgmlDType::Q8_0,
@@ -63,16 +79,37 @@ impl Linear {
         )
     }
 
-    /// `x · W` without the bias.
+    /// `x · W` without the bias (for candle's products).
     fn product(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match &self.w {
             Weight::Dense(w) => x.matmul(w),
             Weight::Int8(q) => q.forward(x),
+            Weight::Int8Cpu(q) => int8_linear(q, x, Activation::None, None)?.broadcast_sub(&self.b),
         }
     }
 
+    /// `x · W + b`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        self.product(x)?.broadcast_add(&self.b)
+        match &self.w {
+            Weight::Int8Cpu(q) => int8_linear(q, x, Activation::None, None),
+            _ => self.product(x)?.broadcast_add(&self.b),
+        }
+    }
+
+    /// `gelu(x · W + b)`.
+    fn forward_gelu(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match &self.w {
+            Weight::Int8Cpu(q) => int8_linear(q, x, Activation::Gelu, None),
+            _ => bias_gelu(&self.product(x)?, &self.b),
+        }
+    }
+
+    /// `x · W + b + residual`.
+    fn forward_add(&self, x: &Tensor, residual: &Tensor) -> candle_core::Result<Tensor> {
+        match &self.w {
+            Weight::Int8Cpu(q) => int8_linear(q, x, Activation::None, Some(residual)),
+            _ => self.forward(x)? + residual,
+        }
     }
 }
 
@@ -138,36 +175,71 @@ impl Layer {
         })
     }
 
-    /// `x`: `(batch·len, hidden)`; `mask_add`: `(batch, 1, 1, len)`, 0 for
-    /// tokens and a large negative number for padding.
-    fn forward(
-        &self,
-        x: &Tensor,
-        mask_add: &Tensor,
-        (batch, len, heads, head_dim): (usize, usize, usize, usize),
-    ) -> candle_core::Result<Tensor> {
+    /// `x`: the real tokens' states, `(tokens, hidden)`; `p` says where
+    /// they sit in the padded batch, which only attention uses.
+    fn forward(&self, x: &Tensor, p: &Packing) -> candle_core::Result<Tensor> {
+        let (batch, len, heads, head_dim) = (p.batch, p.len, p.heads, p.head_dim);
         let hidden = heads * head_dim;
-        let qkv = self
-            .qkv
-            .forward(x)?
+        let qkv = p
+            .pad(&self.qkv.forward(x)?)?
             .reshape((batch, len, 3, heads, head_dim))?
             .permute((2, 0, 3, 1, 4))?
             .contiguous()?;
         let q = qkv.get(0)?;
         let k = qkv.get(1)?;
         let v = qkv.get(2)?;
-        let scores = q.matmul(&k.t()?)?.broadcast_add(mask_add)?;
+        let scores = q.matmul(&k.t()?)?.broadcast_add(&p.mask_add)?;
         let probs = candle_nn::ops::softmax_last_dim(&scores)?;
         let ctx = probs
             .matmul(&v)?
             .transpose(1, 2)?
             .contiguous()?
             .reshape((batch * len, hidden))?;
-        let attn = (self.attn_out.forward(&ctx)? + x)?;
+        let attn = self.attn_out.forward_add(&p.unpad(&ctx)?, x)?;
         let x = self.attn_norm.forward(&attn)?;
-        let up = bias_gelu(&self.up.product(&x)?, &self.up.b)?;
-        let out = (self.down.forward(&up)? + &x)?;
+        let up = self.up.forward_gelu(&x)?;
+        let out = self.down.forward_add(&up, &x)?;
         self.out_norm.forward(&out)
+    }
+}
+
+/// Where a batch's real tokens sit in its padded `(batch, len)` layout.
+///
+/// Every layer but attention treats tokens alone, so the states travel
+/// packed, `(tokens, hidden)`, and padding costs nothing there; attention
+/// scatters them into the padded layout and gathers its result back.
+struct Packing {
+    /// Row of each real token in the padded `batch·len` rows, ascending;
+    /// `None` when there is no padding (the layouts coincide).
+    rows: Option<Tensor>,
+    batch: usize,
+    len: usize,
+    heads: usize,
+    head_dim: usize,
+    /// `(batch, 1, 1, len)`: 0 for tokens, a large negative number for
+    /// padding (exp gives 0).
+    mask_add: Tensor,
+}
+
+impl Packing {
+    /// Packed `(tokens, d)` to padded `(batch·len, d)`, zeros in padding.
+    fn pad(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match &self.rows {
+            None => Ok(x.clone()),
+            Some(rows) => {
+                let d = x.dim(1)?;
+                Tensor::zeros((self.batch * self.len, d), x.dtype(), x.device())?
+                    .index_add(rows, x, 0)
+            }
+        }
+    }
+
+    /// Padded `(batch·len, d)` to packed `(tokens, d)`.
+    fn unpad(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match &self.rows {
+            None => Ok(x.clone()),
+            Some(rows) => x.index_select(rows, 0),
+        }
     }
 }
 
@@ -206,6 +278,7 @@ impl Encoder {
             ));
         }
         if precision == Precision::Int8
+            && !own_int8(vb.device())
             && !(c.hidden_size.is_multiple_of(QK8_0) && c.intermediate_size.is_multiple_of(QK8_0))
         {
             return Err(format!(
@@ -258,19 +331,40 @@ impl Encoder {
     pub(crate) fn forward(&self, ids: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
         let (batch, len) = ids.dims2()?;
         let hidden = self.heads * self.head_dim;
-        let pos = self.position.narrow(0, 0, len)?;
+        let device = ids.device();
+        // Real tokens: their rows in the padded layout and their positions.
+        let (mut rows, mut positions) = (Vec::new(), Vec::new());
+        for (b, m) in mask.to_vec2::<u32>()?.iter().enumerate() {
+            for (t, _) in m.iter().enumerate().filter(|(_, m)| **m != 0) {
+                rows.push(u32::try_from(b * len + t).map_err(candle_core::Error::wrap)?);
+                positions.push(u32::try_from(t).map_err(candle_core::Error::wrap)?);
+            }
+        }
+        let tokens = rows.len();
+        if tokens == 0 {
+            return Tensor::zeros((batch, len, hidden), DType::F32, device);
+        }
+        let rows = Tensor::from_vec(rows, tokens, device)?;
+        let positions = Tensor::from_vec(positions, tokens, device)?;
+        let packed_ids = ids.flatten_all()?.index_select(&rows, 0)?;
         let x = self
             .word
-            .forward(ids)?
-            .broadcast_add(&pos.broadcast_add(&self.token_type0)?)?
-            .reshape((batch * len, hidden))?;
+            .forward(&packed_ids)?
+            .add(&self.position.index_select(&positions, 0)?)?
+            .broadcast_add(&self.token_type0)?;
         let mut x = self.emb_norm.forward(&x)?;
-        // 0 where attended, a large negative where padded (exp gives 0).
-        let mask_add = ((mask.to_dtype(DType::F32)? - 1.0)? * 1e30)?.reshape((batch, 1, 1, len))?;
+        let p = Packing {
+            rows: (tokens < batch * len).then_some(rows),
+            batch,
+            len,
+            heads: self.heads,
+            head_dim: self.head_dim,
+            mask_add: ((mask.to_dtype(DType::F32)? - 1.0)? * 1e30)?.reshape((batch, 1, 1, len))?,
+        };
         for layer in &self.layers {
-            x = layer.forward(&x, &mask_add, (batch, len, self.heads, self.head_dim))?;
+            x = layer.forward(&x, &p)?;
         }
-        x.reshape((batch, len, hidden))
+        p.pad(&x)?.reshape((batch, len, hidden))
     }
 
     /// The device the weights are on.
@@ -345,22 +439,35 @@ mod tests {
         Ok(())
     }
 
-    /// int8 needs whole blocks of 32 along every product's inner dimension.
+    /// candle's int8 needs whole blocks of 32 along every product's inner
+    /// dimension, and is refused without them; our kernel takes any size.
     #[test]
-    fn int8_refuses_sizes_off_the_block() {
+    fn int8_sizes_off_the_block() -> Result<(), Box<dyn std::error::Error>> {
         let c = Config {
-            hidden_size: 48,
+            vocab_size: 20,
+            hidden_size: 36,
+            num_hidden_layers: 1,
             num_attention_heads: 4,
-            intermediate_size: 64,
+            intermediate_size: 60,
             hidden_act: HiddenAct::Gelu,
+            max_position_embeddings: 8,
+            type_vocab_size: 1,
             ..Default::default()
         };
         let vb = VarBuilder::from_varmap(&VarMap::new(), DType::F32, &Device::Cpu);
-        let err = Encoder::load(vb, &c, Precision::Int8).err();
-        assert!(
-            err.as_deref()
-                .is_some_and(|e| e.contains("multiples of 32")),
-            "{err:?}"
-        );
+        let loaded = Encoder::load(vb, &c, Precision::Int8);
+        if own_int8(&Device::Cpu) {
+            let ids = Tensor::new(&[[2u32, 7, 9]], &Device::Cpu)?;
+            let out = loaded?.forward(&ids, &ids.ones_like()?)?;
+            assert_eq!(out.dims(), &[1, 3, 36]);
+        } else {
+            let err = loaded.err();
+            assert!(
+                err.as_deref()
+                    .is_some_and(|e| e.contains("multiples of 32")),
+                "{err:?}"
+            );
+        }
+        Ok(())
     }
 }

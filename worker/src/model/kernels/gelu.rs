@@ -47,7 +47,7 @@ fn erf(x: f32) -> f32 {
 
 /// GELU(x) = x/2 · (1 + erf(x/√2)).
 #[inline(always)]
-fn gelu(x: f32) -> f32 {
+pub(super) fn gelu(x: f32) -> f32 {
     0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 

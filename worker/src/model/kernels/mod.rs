@@ -3,5 +3,7 @@
 //! on contiguous f32 tensors and falls back to candle's op on other devices.
 
 mod gelu;
+mod int8;
 
 pub(crate) use gelu::bias_gelu;
+pub(crate) use int8::{Activation, Int8Weight, available as int8_available, linear as int8_linear};
