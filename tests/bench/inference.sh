@@ -12,18 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 source deploy/tools.sh --test
 
-py="${BENCH_PYTHON:-}"
-if [[ -z "$py" ]]; then
-  venv=.tools/bench-venv
-  if [[ ! -x "$venv/bin/python" ]]; then
-    echo "inference.sh: installing sentence-transformers into $venv (PyTorch is large; minutes)" >&2
-    "${PYTHON:-python3}" -m venv "$venv"
-  fi
-  if ! "$venv/bin/python" -c "import sentence_transformers" 2>/dev/null; then
-    "$venv/bin/python" -m pip --disable-pip-version-check -q install "sentence-transformers>=3,<7"
-  fi
-  py="$venv/bin/python"
-fi
+source tests/bench/venv.sh
+bench_venv "sentence_transformers" "sentence-transformers>=3,<7"
 
 cargo build --release -p minions-tests --bin bench_inference
 target/release/bench_inference --python "$py" --write "$@"

@@ -113,3 +113,45 @@ pub fn write_section(name: &str, section: &str) -> crate::Result<std::path::Path
     std::fs::write(&path, new)?;
     Ok(path)
 }
+
+/// Cuts the inference benchmarks' `n` texts with `tests/bench/texts.py`
+/// into `dir/texts.jsonl` (one `{"text": ...}` per line); returns the file
+/// and the texts.
+pub fn bench_texts(
+    python: &std::path::Path,
+    n: u64,
+    dir: &std::path::Path,
+) -> crate::Result<(std::path::PathBuf, Vec<String>)> {
+    let path = dir.join("texts.jsonl");
+    let status = std::process::Command::new(python)
+        .arg(crate::workspace_root().join("tests/bench/texts.py"))
+        .arg(&path)
+        .arg(n.to_string())
+        .status()?;
+    if !status.success() {
+        return Err(format!("texts.py failed ({status})").into());
+    }
+    let texts = std::fs::read_to_string(&path)?
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .and_then(|v| v["text"].as_str().map(str::to_owned))
+                .ok_or_else(|| format!("bad line in texts: {l}"))
+        })
+        .collect::<std::result::Result<_, _>>()?;
+    Ok((path, texts))
+}
+
+/// The Python of the inference benchmarks: `--python PATH`, else
+/// `.tools/bench-venv`'s when it exists, else `python3`.
+pub fn bench_python() -> std::path::PathBuf {
+    let venv = crate::workspace_root().join(".tools/bench-venv/bin/python");
+    arg("--python").map_or_else(
+        || match venv.exists() {
+            true => venv,
+            false => std::path::PathBuf::from("python3"),
+        },
+        std::path::PathBuf::from,
+    )
+}

@@ -17,13 +17,16 @@
 //! (PyTorch's threads; 0 = cores), `--python PATH`, `--write` (puts the
 //! Markdown into BENCHMARKS.md between markers), `--ours-only` (no
 //! reference runs; for profiling our code; `--precision f32|int8` runs
-//! just one).
+//! just one), `--shard N` (our code embeds N texts per call, as a worker
+//! does per shard; default all in one call).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use candle_core::Device;
-use minions_tests::bench::{arg, flag, machine, num, utc_now, write_section};
+use minions_tests::bench::{
+    arg, bench_python, bench_texts, flag, machine, num, utc_now, write_section,
+};
 use minions_tests::{Result, out, real_model_dir, workspace_root};
 use minions_worker::model::{BertEmbedder, Precision};
 
@@ -69,11 +72,19 @@ fn reference(python: &Path, model: &Path, texts: &Path, batch: u64, threads: u64
     })
 }
 
-/// Times `embed` over all texts after one warm-up batch.
+/// Times `embed` over all texts after one warm-up batch: in one call, or
+/// with `--shard N`, N texts per call, as a worker runs a job's shards.
 fn ours(name: &str, model: &BertEmbedder, texts: &[String], batch: usize) -> Result<Run> {
     model.embed(&texts[..batch.min(texts.len())], batch)?;
+    let shard = match num("--shard", 0)? {
+        0 => texts.len().max(1),
+        s => s as usize,
+    };
     let t = Instant::now();
-    let vectors = model.embed(texts, batch)?;
+    let mut vectors = Vec::new();
+    for chunk in texts.chunks(shard) {
+        vectors.extend(model.embed(chunk, batch)?);
+    }
     Ok(Run {
         name: name.to_owned(),
         texts_per_s: texts.len() as f64 / t.elapsed().as_secs_f64(),
@@ -156,35 +167,11 @@ fn main() -> Result<()> {
         0 => cores,
         t => t,
     };
-    let venv = workspace_root().join(".tools/bench-venv/bin/python");
     // Without the venv, `--ours-only` needs Python only to cut the texts.
-    let python = arg("--python").map_or_else(
-        || match venv.exists() {
-            true => venv,
-            false => PathBuf::from("python3"),
-        },
-        PathBuf::from,
-    );
+    let python = bench_python();
     let model_dir = real_model_dir()?;
     let dir = tempfile::tempdir()?;
-    let texts_path = dir.path().join("texts.jsonl");
-    let status = std::process::Command::new(&python)
-        .arg(workspace_root().join("tests/bench/texts.py"))
-        .arg(&texts_path)
-        .arg(n.to_string())
-        .status()?;
-    if !status.success() {
-        return Err(format!("texts.py failed ({status})").into());
-    }
-    let texts: Vec<String> = std::fs::read_to_string(&texts_path)?
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l)
-                .ok()
-                .and_then(|v| v["text"].as_str().map(str::to_owned))
-                .ok_or_else(|| format!("bad line in texts: {l}"))
-        })
-        .collect::<std::result::Result<_, _>>()?;
+    let (texts_path, texts) = bench_texts(&python, n, dir.path())?;
 
     if flag("--ours-only") {
         return ours_only(&model_dir, &texts, batch as usize);
