@@ -301,7 +301,8 @@ pub struct ModelListArgs {
 /// Flags of `minions dev`.
 #[derive(Debug, Args)]
 pub struct DevArgs {
-    /// Workers to start.
+    /// Workers to start. They split this machine's cores between them
+    /// (RAYON_NUM_THREADS each, unless it is set already).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(0..=64))]
     pub workers: u16,
     /// Port for nats-server (client connections on 127.0.0.1).

@@ -52,14 +52,31 @@ fn sibling(name: &str) -> anyhow::Result<PathBuf> {
     }
 }
 
+/// Compute threads per worker when `workers` share this machine: its
+/// cores split evenly, at least one each. `None` when `RAYON_NUM_THREADS` is
+/// set already (the workers inherit it) or there are no workers.
+fn worker_threads(workers: u16) -> Option<usize> {
+    if workers == 0 || std::env::var_os("RAYON_NUM_THREADS").is_some() {
+        return None;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    Some((cores / usize::from(workers)).max(1))
+}
+
 struct Proc {
     name: String,
     child: Child,
 }
 
-fn spawn(name: &str, program: &Path, args: &[String]) -> anyhow::Result<Proc> {
+fn spawn(
+    name: &str,
+    program: &Path,
+    args: &[String],
+    env: &[(&str, String)],
+) -> anyhow::Result<Proc> {
     let mut child = Command::new(program)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
@@ -175,7 +192,7 @@ pub async fn run(
     {
         nats_args.extend(["-m".into(), m.to_string()]);
     }
-    let nats = spawn("nats", &nats_bin, &nats_args)?;
+    let nats = spawn("nats", &nats_bin, &nats_args, &[])?;
     if !wait_for_port(args.port, Duration::from_secs(15)).await {
         stop(nats, Duration::from_secs(2)).await;
         bail!("nats-server did not start listening on port {}", args.port);
@@ -188,7 +205,14 @@ pub async fn run(
         "--listen".to_owned(),
         args.dashboard.clone(),
     ]);
-    let watchdog = spawn("watchdog", &watchdog_bin, &wd_args)?;
+    let watchdog = spawn("watchdog", &watchdog_bin, &wd_args, &[])?;
+    // The workers share this machine's cores: each computes with its share
+    // (as if each were a machine of its own), unless the user set the count.
+    let threads = worker_threads(args.workers);
+    let worker_env: Vec<(&str, String)> = threads
+        .map(|t| ("RAYON_NUM_THREADS", t.to_string()))
+        .into_iter()
+        .collect();
     let mut workers = Vec::new();
     for i in 1..=args.workers {
         let mut a = common.clone();
@@ -200,14 +224,15 @@ pub async fn run(
             "--slots".into(),
             args.slots.to_string(),
         ]);
-        workers.push(spawn(&format!("worker-{i}"), &worker_bin, &a)?);
+        workers.push(spawn(&format!("worker-{i}"), &worker_bin, &a, &worker_env)?);
     }
     let dashboard = if args.dashboard == "off" {
         "off".to_owned()
     } else {
         format!("http://{}/", args.dashboard)
     };
-    tracing::info!(nats = %nats_url, store = %store, workers = args.workers, data = %data_dir.display(),
+    tracing::info!(nats = %nats_url, store = %store, workers = args.workers,
+        threads_per_worker = ?threads, data = %data_dir.display(),
         dashboard = %dashboard,
         "local fleet running; in another terminal: MINIONS_NATS_URL={nats_url} minions submit ... (Ctrl-C stops the fleet)");
 
@@ -241,5 +266,23 @@ async fn first_exit(procs: &mut [Proc]) -> String {
             }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::worker_threads;
+
+    #[test]
+    fn workers_split_the_cores() {
+        if std::env::var_os("RAYON_NUM_THREADS").is_some() {
+            assert_eq!(worker_threads(2), None);
+            return;
+        }
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        assert_eq!(worker_threads(0), None);
+        assert_eq!(worker_threads(1), Some(cores));
+        assert_eq!(worker_threads(2), Some((cores / 2).max(1)));
+        assert_eq!(worker_threads(u16::MAX), Some(1));
     }
 }

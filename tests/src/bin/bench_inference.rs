@@ -216,7 +216,7 @@ fn main() -> Result<()> {
     let doc = format!(
         "## Inference against sentence-transformers\n\n\
          Made by `bash tests/bench/inference.sh{}` on {} UTC, {}.\n\n\
-         all-MiniLM-L6-v2 (f32), {} texts of {}–{} characters from CPython's bundled reference \
+         all-MiniLM-L6-v2 (sentence-transformers in f32), {} texts of {}–{} characters from CPython's bundled reference \
          documentation, batches of {batch}, {threads} threads. sentence-transformers runs right \
          before and right after ours (texts/s: mean (before, after)); the ratio is against the \
          mean. Differences are against the first reference run's vectors, row by row.\n\n\
