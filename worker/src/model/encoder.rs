@@ -14,7 +14,8 @@
 //! - in int8 on an x86-64 CPU with AVX2, every linear layer is our int8
 //!   kernel, with its bias, GELU and residual add in the product's
 //!   epilogue; elsewhere int8 is candle's quantized matmul (ggml's Q8_0);
-//! - softmax and layer norm are candle's fused ops.
+//! - softmax takes the padding mask in the same pass, with a vectorised
+//!   `exp` ([`super::kernels::masked_softmax`]); layer norm is candle's.
 //!
 //! Only absolute position embeddings and token type 0 are supported, which
 //! is what sentence embedding models use; [`Encoder::load`] refuses others.
@@ -24,7 +25,9 @@ use candle_core::{D, DType, Device, Module, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{Config, HiddenAct, PositionEmbeddingType};
 
-use super::kernels::{Activation, Int8Weight, bias_gelu, int8_available, int8_linear};
+use super::kernels::{
+    Activation, Int8Weight, bias_gelu, int8_available, int8_linear, masked_softmax,
+};
 use minions_schemas::messages::Precision;
 
 /// A linear layer's weight in the form its products read.
@@ -188,8 +191,7 @@ impl Layer {
         let q = qkv.get(0)?;
         let k = qkv.get(1)?;
         let v = qkv.get(2)?;
-        let scores = q.matmul(&k.t()?)?.broadcast_add(&p.mask_add)?;
-        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+        let probs = masked_softmax(&q.matmul(&k.t()?)?, &p.mask_add)?;
         let ctx = probs
             .matmul(&v)?
             .transpose(1, 2)?

@@ -4,6 +4,8 @@
 
 mod gelu;
 mod int8;
+mod softmax;
 
 pub(crate) use gelu::bias_gelu;
 pub(crate) use int8::{Activation, Int8Weight, available as int8_available, linear as int8_linear};
+pub(crate) use softmax::masked_softmax;
