@@ -82,36 +82,27 @@ impl Linear {
         )
     }
 
-    /// `x · W` without the bias (for candle's products).
-    fn product(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        match &self.w {
-            Weight::Dense(w) => x.matmul(w),
-            Weight::Int8(q) => q.forward(x),
-            Weight::Int8Cpu(q) => int8_linear(q, x, Activation::None, None)?.broadcast_sub(&self.b),
-        }
-    }
-
-    /// `x · W + b`.
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        match &self.w {
-            Weight::Int8Cpu(q) => int8_linear(q, x, Activation::None, None),
-            _ => self.product(x)?.broadcast_add(&self.b),
-        }
-    }
-
-    /// `gelu(x · W + b)`.
-    fn forward_gelu(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        match &self.w {
-            Weight::Int8Cpu(q) => int8_linear(q, x, Activation::Gelu, None),
-            _ => bias_gelu(&self.product(x)?, &self.b),
-        }
-    }
-
-    /// `x · W + b + residual`.
-    fn forward_add(&self, x: &Tensor, residual: &Tensor) -> candle_core::Result<Tensor> {
-        match &self.w {
-            Weight::Int8Cpu(q) => int8_linear(q, x, Activation::None, Some(residual)),
-            _ => self.forward(x)? + residual,
+    /// `act(x · W + b)`, plus `residual` when given. Our int8 kernel does
+    /// it all in one pass; candle's products take the bias, GELU and
+    /// residual in passes after.
+    fn apply(
+        &self,
+        x: &Tensor,
+        act: Activation,
+        residual: Option<&Tensor>,
+    ) -> candle_core::Result<Tensor> {
+        let y = match &self.w {
+            Weight::Int8Cpu(q) => return int8_linear(q, x, act, residual),
+            Weight::Dense(w) => x.matmul(w)?,
+            Weight::Int8(q) => q.forward(x)?,
+        };
+        let y = match act {
+            Activation::None => y.broadcast_add(&self.b)?,
+            Activation::Gelu => bias_gelu(&y, &self.b)?,
+        };
+        match residual {
+            Some(r) => y + r,
+            None => Ok(y),
         }
     }
 }
@@ -184,7 +175,7 @@ impl Layer {
         let (batch, len, heads, head_dim) = (p.batch, p.len, p.heads, p.head_dim);
         let hidden = heads * head_dim;
         let qkv = p
-            .pad(&self.qkv.forward(x)?)?
+            .pad(&self.qkv.apply(x, Activation::None, None)?)?
             .reshape((batch, len, 3, heads, head_dim))?
             .permute((2, 0, 3, 1, 4))?
             .contiguous()?;
@@ -197,10 +188,12 @@ impl Layer {
             .transpose(1, 2)?
             .contiguous()?
             .reshape((batch * len, hidden))?;
-        let attn = self.attn_out.forward_add(&p.unpad(&ctx)?, x)?;
+        let attn = self
+            .attn_out
+            .apply(&p.unpad(&ctx)?, Activation::None, Some(x))?;
         let x = self.attn_norm.forward(&attn)?;
-        let up = self.up.forward_gelu(&x)?;
-        let out = self.down.forward_add(&up, &x)?;
+        let up = self.up.apply(&x, Activation::Gelu, None)?;
+        let out = self.down.apply(&up, Activation::None, Some(&x))?;
         self.out_norm.forward(&out)
     }
 }

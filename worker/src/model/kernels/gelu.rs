@@ -8,6 +8,8 @@
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
+use super::contiguous_f32;
+
 /// Numerator coefficients (odd powers 1, 3, ..., 13) and denominator
 /// coefficients (even powers 0, 2, ..., 8) of a rational approximation of
 /// erf on [-4, 4], as published in Eigen's `generic_fast_erf_float`
@@ -80,16 +82,8 @@ impl CustomOp2 for BiasGelu {
         bias: &CpuStorage,
         bias_layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (CpuStorage::F32(xs), CpuStorage::F32(bias)) = (xs, bias) else {
-            candle_core::bail!("bias-gelu: f32 tensors only");
-        };
-        let (Some((a, b)), Some((c, d))) = (
-            xs_layout.contiguous_offsets(),
-            bias_layout.contiguous_offsets(),
-        ) else {
-            candle_core::bail!("bias-gelu: contiguous tensors only");
-        };
-        let (xs, bias) = (&xs[a..b], &bias[c..d]);
+        let xs = contiguous_f32("bias-gelu", xs, xs_layout)?;
+        let bias = contiguous_f32("bias-gelu", bias, bias_layout)?;
         let width = bias.len();
         if width == 0 || xs_layout.dims().last() != Some(&width) {
             candle_core::bail!(

@@ -20,7 +20,11 @@
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
+use super::contiguous_f32;
 use super::gelu::gelu;
+
+/// The op's name in errors.
+const OP: &str = "int8 linear";
 
 /// Columns per packed panel (two 8-lane registers).
 const NR: usize = 16;
@@ -288,17 +292,6 @@ fn out_shape(layout: &Layout, k: usize, n: usize) -> candle_core::Result<Shape> 
     Ok(Shape::from(dims))
 }
 
-/// Contiguous f32 values of a CPU tensor.
-fn f32s<'a>(s: &'a CpuStorage, l: &Layout) -> candle_core::Result<&'a [f32]> {
-    let CpuStorage::F32(v) = s else {
-        candle_core::bail!("int8 linear: f32 tensors only");
-    };
-    let Some((a, b)) = l.contiguous_offsets() else {
-        candle_core::bail!("int8 linear: contiguous tensors only");
-    };
-    Ok(&v[a..b])
-}
-
 struct Linear<'a>(&'a Int8Weight, Activation);
 
 impl CustomOp1 for Linear<'_> {
@@ -308,7 +301,7 @@ impl CustomOp1 for Linear<'_> {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let shape = out_shape(l, self.0.k, self.0.n)?;
-        let out = run(self.0, f32s(s, l)?, None, self.1)?;
+        let out = run(self.0, contiguous_f32(OP, s, l)?, None, self.1)?;
         Ok((CpuStorage::F32(out), shape))
     }
 }
@@ -329,7 +322,12 @@ impl CustomOp2 for Linear<'_> {
         if rl.shape() != &shape {
             candle_core::bail!("int8 linear: residual {:?}, output {shape:?}", rl.dims());
         }
-        let out = run(self.0, f32s(s, l)?, Some(f32s(rs, rl)?), self.1)?;
+        let out = run(
+            self.0,
+            contiguous_f32(OP, s, l)?,
+            Some(contiguous_f32(OP, rs, rl)?),
+            self.1,
+        )?;
         Ok((CpuStorage::F32(out), shape))
     }
 }

@@ -9,6 +9,8 @@
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
+use super::contiguous_f32;
+
 /// exp(x) to within about 2 units in the last place of f32 for x in
 /// [-87.3, 88.7]; clamped there. Below, 0: padding must add nothing.
 #[inline(always)]
@@ -138,16 +140,8 @@ impl CustomOp2 for MaskedSoftmax {
         mask: &CpuStorage,
         mask_layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (CpuStorage::F32(xs), CpuStorage::F32(mask)) = (xs, mask) else {
-            candle_core::bail!("masked-softmax: f32 tensors only");
-        };
-        let (Some((a, b)), Some((c, d))) = (
-            xs_layout.contiguous_offsets(),
-            mask_layout.contiguous_offsets(),
-        ) else {
-            candle_core::bail!("masked-softmax: contiguous tensors only");
-        };
-        let (xs, mask) = (&xs[a..b], &mask[c..d]);
+        let xs = contiguous_f32("masked-softmax", xs, xs_layout)?;
+        let mask = contiguous_f32("masked-softmax", mask, mask_layout)?;
         let (batch, heads, q, k) = xs_layout.shape().dims4()?;
         if mask_layout.dims() != [batch, 1, 1, k] {
             candle_core::bail!(
