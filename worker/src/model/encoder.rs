@@ -14,8 +14,10 @@
 //! - in int8 on an x86-64 CPU with AVX2, every linear layer is our int8
 //!   kernel, with its bias, GELU and residual add in the product's
 //!   epilogue; elsewhere int8 is candle's quantized matmul (ggml's Q8_0);
-//! - softmax takes the padding mask in the same pass, with a vectorised
-//!   `exp` ([`super::kernels::masked_softmax`]); layer norm is candle's.
+//! - on the CPU, attention is our kernel over the packed rows, text by
+//!   text ([`super::kernels::packed_attention`]); elsewhere it runs in the
+//!   padded layout, its softmax taking the padding mask in the same pass
+//!   ([`super::kernels::masked_softmax`]); layer norm is candle's.
 //!
 //! Only absolute position embeddings and token type 0 are supported, which
 //! is what sentence embedding models use; [`Encoder::load`] refuses others.
@@ -27,6 +29,7 @@ use candle_transformers::models::bert::{Config, HiddenAct, PositionEmbeddingType
 
 use super::kernels::{
     Activation, Int8Weight, bias_gelu, int8_available, int8_linear, masked_softmax,
+    packed_attention,
 };
 use minions_schemas::messages::Precision;
 
@@ -172,25 +175,13 @@ impl Layer {
     /// `x`: the real tokens' states, `(tokens, hidden)`; `p` says where
     /// they sit in the padded batch, which only attention uses.
     fn forward(&self, x: &Tensor, p: &Packing) -> candle_core::Result<Tensor> {
-        let (batch, len, heads, head_dim) = (p.batch, p.len, p.heads, p.head_dim);
-        let hidden = heads * head_dim;
-        let qkv = p
-            .pad(&self.qkv.apply(x, Activation::None, None)?)?
-            .reshape((batch, len, 3, heads, head_dim))?
-            .permute((2, 0, 3, 1, 4))?
-            .contiguous()?;
-        let q = qkv.get(0)?;
-        let k = qkv.get(1)?;
-        let v = qkv.get(2)?;
-        let probs = masked_softmax(&q.matmul(&k.t()?)?, &p.mask_add)?;
-        let ctx = probs
-            .matmul(&v)?
-            .transpose(1, 2)?
-            .contiguous()?
-            .reshape((batch * len, hidden))?;
-        let attn = self
-            .attn_out
-            .apply(&p.unpad(&ctx)?, Activation::None, Some(x))?;
+        let qkv = self.qkv.apply(x, Activation::None, None)?;
+        let ctx = if p.packed_attention {
+            packed_attention(&qkv, &p.lens, p.heads)?
+        } else {
+            p.unpad(&padded_attention(&qkv, p)?)?
+        };
+        let attn = self.attn_out.apply(&ctx, Activation::None, Some(x))?;
         let x = self.attn_norm.forward(&attn)?;
         let up = self.up.apply(&x, Activation::Gelu, None)?;
         let out = self.down.apply(&up, Activation::None, Some(&x))?;
@@ -198,15 +189,42 @@ impl Layer {
     }
 }
 
+/// Attention in the padded layout, with candle's ops (off the CPU):
+/// `qkv` packed `(tokens, 3·hidden)`; returns padded `(batch·len, hidden)`.
+fn padded_attention(qkv: &Tensor, p: &Packing) -> candle_core::Result<Tensor> {
+    let (batch, len, heads, head_dim) = (p.batch, p.len, p.heads, p.head_dim);
+    let qkv = p
+        .pad(qkv)?
+        .reshape((batch, len, 3, heads, head_dim))?
+        .permute((2, 0, 3, 1, 4))?
+        .contiguous()?;
+    let q = qkv.get(0)?;
+    let k = qkv.get(1)?;
+    let v = qkv.get(2)?;
+    let probs = masked_softmax(&q.matmul(&k.t()?)?, &p.mask_add)?;
+    probs
+        .matmul(&v)?
+        .transpose(1, 2)?
+        .contiguous()?
+        .reshape((batch * len, heads * head_dim))
+}
+
 /// Where a batch's real tokens sit in its padded `(batch, len)` layout.
 ///
 /// Every layer but attention treats tokens alone, so the states travel
-/// packed, `(tokens, hidden)`, and padding costs nothing there; attention
-/// scatters them into the padded layout and gathers its result back.
+/// packed, `(tokens, hidden)`, and padding costs nothing there. Attention
+/// on the CPU works on the packed rows text by text ([`packed_attention`]);
+/// elsewhere it scatters them into the padded layout and gathers its
+/// result back.
 struct Packing {
     /// Row of each real token in the padded `batch·len` rows, ascending;
     /// `None` when there is no padding (the layouts coincide).
     rows: Option<Tensor>,
+    /// Each text's token count, in batch order.
+    lens: Vec<usize>,
+    /// Whether attention runs on the packed rows (CPU) rather than in the
+    /// padded layout.
+    packed_attention: bool,
     batch: usize,
     len: usize,
     heads: usize,
@@ -324,16 +342,28 @@ impl Encoder {
     /// Token states `(batch, len, hidden)` for `ids` and `mask` (both
     /// `(batch, len)`, u32; mask 1 for tokens, 0 for padding).
     pub(crate) fn forward(&self, ids: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+        self.run(ids, mask, ids.device().is_cpu())
+    }
+
+    /// [`Self::forward`], attention packed or padded as asked.
+    fn run(
+        &self,
+        ids: &Tensor,
+        mask: &Tensor,
+        packed_attention: bool,
+    ) -> candle_core::Result<Tensor> {
         let (batch, len) = ids.dims2()?;
         let hidden = self.heads * self.head_dim;
         let device = ids.device();
         // Real tokens: their rows in the padded layout and their positions.
-        let (mut rows, mut positions) = (Vec::new(), Vec::new());
+        let (mut rows, mut positions, mut lens) = (Vec::new(), Vec::new(), Vec::new());
         for (b, m) in mask.to_vec2::<u32>()?.iter().enumerate() {
+            let before = rows.len();
             for (t, _) in m.iter().enumerate().filter(|(_, m)| **m != 0) {
                 rows.push(u32::try_from(b * len + t).map_err(candle_core::Error::wrap)?);
                 positions.push(u32::try_from(t).map_err(candle_core::Error::wrap)?);
             }
+            lens.push(rows.len() - before);
         }
         let tokens = rows.len();
         if tokens == 0 {
@@ -350,6 +380,8 @@ impl Encoder {
         let mut x = self.emb_norm.forward(&x)?;
         let p = Packing {
             rows: (tokens < batch * len).then_some(rows),
+            lens,
+            packed_attention,
             batch,
             len,
             heads: self.heads,
@@ -421,9 +453,15 @@ mod tests {
             &theirs.forward(&ids, &ids.zeros_like()?, Some(&mask))?,
             &mask,
         )?;
-        let b = mean_pool_normalise(&ours.forward(&ids, &mask)?, &mask)?;
-        let diff = (&a - b)?.abs()?.max_all()?.to_scalar::<f32>()?;
-        assert!(diff < 1e-5, "max abs diff {diff}");
+        // Attention packed (the CPU's) and padded (other devices').
+        for packed in [true, false] {
+            let b = mean_pool_normalise(&ours.run(&ids, &mask, packed)?, &mask)?;
+            let diff = (&a - b)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert!(
+                diff < 1e-5,
+                "packed attention {packed}: max abs diff {diff}"
+            );
+        }
 
         // int8: close (unit vectors, so the dot product is the cosine), not equal.
         let q = mean_pool_normalise(&ours_int8.forward(&ids, &mask)?, &mask)?;

@@ -69,20 +69,26 @@ fn sum(v: &[f32]) -> f32 {
     ((a + b) + (c + d)) + ((e + f) + (g + h))
 }
 
+/// `v = softmax(v)` for one row.
+#[inline(always)]
+pub(super) fn softmax_in_place(v: &mut [f32]) {
+    let top = max(v);
+    for o in v.iter_mut() {
+        *o = exp(*o - top);
+    }
+    let inv = 1.0 / sum(v);
+    for o in v.iter_mut() {
+        *o *= inv;
+    }
+}
+
 /// `out = softmax(x + mask)` for one row.
 #[inline(always)]
 fn row(x: &[f32], mask: &[f32], out: &mut [f32]) {
     for ((o, &x), &m) in out.iter_mut().zip(x).zip(mask) {
         *o = x + m;
     }
-    let top = max(out);
-    for o in out.iter_mut() {
-        *o = exp(*o - top);
-    }
-    let inv = 1.0 / sum(out);
-    for o in out.iter_mut() {
-        *o *= inv;
-    }
+    softmax_in_place(out);
 }
 
 /// What every task reads: the mask, `(batch, k)`, the row length `k`
