@@ -135,39 +135,34 @@ pub(crate) enum Activation {
     Gelu,
 }
 
-/// Quantises `rows` (each `k` long) into packed input pairs (`pairs` per
-/// row: input `2i` in the low half of pair `i`, `2i + 1` in the high half)
-/// and per-row scales.
+/// Quantises `rows` (each `k` long) with one scale per row, and packs
+/// them in micro-tiles of [`MR`] rows: tile `t`, input pair `i` at
+/// `t * pairs + i`, holding for each of the tile's rows its inputs `2i`
+/// (low half) and `2i + 1` (high half). Rows past the last fill the last
+/// tile with zeros.
 #[inline(always)]
-fn quantise_rows(rows: &[f32], k: usize, pairs: usize) -> (Vec<i32>, Vec<f32>) {
+fn quantise_rows(rows: &[f32], k: usize, pairs: usize) -> (Vec<[i32; MR]>, Vec<f32>) {
     let m = rows.len() / k;
-    let mut packed = vec![0i32; m * pairs];
+    let mut packed = vec![[0i32; MR]; m.div_ceil(MR) * pairs];
     let mut scales = vec![0f32; m];
-    // x86-64 is little-endian: as i16s, each pair is (low, high).
-    let halves: &mut [i16] = pulp::bytemuck::cast_slice_mut(&mut packed);
-    for ((row, out), s) in rows
-        .chunks_exact(k)
-        .zip(halves.chunks_exact_mut(2 * pairs))
-        .zip(scales.iter_mut())
-    {
+    // One row's quantised values, zero past `k`.
+    let mut q = vec![0i16; 2 * pairs];
+    for (r, (row, s)) in rows.chunks_exact(k).zip(scales.iter_mut()).enumerate() {
         let amax = amax(row);
         *s = amax / QMAX;
         let inv = if amax > 0.0 { QMAX / amax } else { 0.0 };
-        for (o, &v) in out.iter_mut().zip(row) {
+        for (o, &v) in q.iter_mut().zip(row) {
             *o = quantise(v, inv);
+        }
+        let (t, lane) = (r / MR, r % MR);
+        for (cell, pair) in packed[t * pairs..(t + 1) * pairs]
+            .iter_mut()
+            .zip(q.chunks_exact(2))
+        {
+            cell[lane] = i32::from(pair[0] as u16) | (i32::from(pair[1]) << 16);
         }
     }
     (packed, scales)
-}
-
-/// The product of `R` packed rows with one panel: `R × 16` integer sums.
-#[inline(always)]
-fn tile<const R: usize>(
-    simd: simd::Simd,
-    rows: [&[i32]; R],
-    panel: &[[[i16; NR]; 2]],
-) -> [[i32; NR]; R] {
-    simd.tile(rows, panel)
 }
 
 /// Runs one task's rows: quantise them, then every panel × micro-tile.
@@ -185,38 +180,15 @@ fn task(
     for (p, panel) in w.panels.chunks_exact(w.pairs).enumerate() {
         let c0 = p * NR;
         let width = NR.min(w.n - c0);
-        let mut r0 = 0;
-        while r0 < m {
-            let r = MR.min(m - r0);
-            let row = |i: usize| &packed[(r0 + i) * w.pairs..(r0 + i + 1) * w.pairs];
-            let mut sums = [[0i32; NR]; MR];
-            match r {
-                6 => {
-                    sums = tile(
-                        simd,
-                        [row(0), row(1), row(2), row(3), row(4), row(5)],
-                        panel,
-                    )
-                }
-                5 => sums[..5].copy_from_slice(&tile(
-                    simd,
-                    [row(0), row(1), row(2), row(3), row(4)],
-                    panel,
-                )),
-                4 => {
-                    sums[..4].copy_from_slice(&tile(simd, [row(0), row(1), row(2), row(3)], panel))
-                }
-                3 => sums[..3].copy_from_slice(&tile(simd, [row(0), row(1), row(2)], panel)),
-                2 => sums[..2].copy_from_slice(&tile(simd, [row(0), row(1)], panel)),
-                _ => sums[..1].copy_from_slice(&tile(simd, [row(0)], panel)),
-            }
-            for (i, s) in sums.iter().take(r).enumerate() {
+        for (t, rows) in packed.chunks_exact(w.pairs).enumerate() {
+            let r0 = t * MR;
+            let sums = simd.tile(rows, panel);
+            for (i, s) in sums.iter().take(m - r0).enumerate() {
                 let at = (r0 + i) * w.n + c0;
                 let o = &mut out[at..at + width];
                 let res = residual.map(|res| &res[at..at + width]);
                 epilogue(s, sx[r0 + i], &w.scale[c0..], &w.bias[c0..], act, res, o);
             }
-            r0 += r;
         }
     }
 }
@@ -351,7 +323,7 @@ pub(crate) fn linear(
 /// intrinsics.
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::NR;
+    use super::{MR, NR};
     use pulp::bytemuck::cast;
     use pulp::x86::V3;
     use std::arch::x86_64::__m256i;
@@ -372,24 +344,21 @@ mod simd {
             self.0.vectorize(f)
         }
 
+        /// The product of one micro-tile of packed rows with one panel:
+        /// `MR × 16` integer sums.
         #[inline(always)]
-        pub(super) fn tile<const R: usize>(
-            self,
-            rows: [&[i32]; R],
-            panel: &[[[i16; NR]; 2]],
-        ) -> [[i32; NR]; R] {
+        pub(super) fn tile(self, rows: &[[i32; MR]], panel: &[[[i16; NR]; 2]]) -> [[i32; NR]; MR] {
             let v3 = self.0;
             v3.vectorize(
                 #[inline(always)]
                 || {
                     let zero = v3.avx._mm256_setzero_si256();
-                    let mut acc = [[zero; 2]; R];
-                    let rows = rows.map(|r| &r[..panel.len()]);
-                    for (i, cell) in panel.iter().enumerate() {
+                    let mut acc = [[zero; 2]; MR];
+                    for (cell, rows) in panel.iter().zip(rows) {
                         let w0: __m256i = cast(cell[0]);
                         let w1: __m256i = cast(cell[1]);
-                        for (acc, row) in acc.iter_mut().zip(rows.iter()) {
-                            let a = v3.avx._mm256_set1_epi32(row[i]);
+                        for (acc, &row) in acc.iter_mut().zip(rows) {
+                            let a = v3.avx._mm256_set1_epi32(row);
                             acc[0] = v3
                                 .avx2
                                 ._mm256_add_epi32(acc[0], v3.avx2._mm256_madd_epi16(a, w0));
@@ -415,7 +384,7 @@ mod simd {
 /// Elsewhere the kernel is not available; callers use candle's.
 #[cfg(not(target_arch = "x86_64"))]
 mod simd {
-    use super::NR;
+    use super::{MR, NR};
 
     /// Never constructed off x86-64.
     #[derive(Clone, Copy)]
@@ -430,12 +399,12 @@ mod simd {
             f()
         }
 
-        pub(super) fn tile<const R: usize>(
+        pub(super) fn tile(
             self,
-            _rows: [&[i32]; R],
+            _rows: &[[i32; MR]],
             _panel: &[[[i16; NR]; 2]],
-        ) -> [[i32; NR]; R] {
-            [[0; NR]; R]
+        ) -> [[i32; NR]; MR] {
+            [[0; NR]; MR]
         }
     }
 }
@@ -464,11 +433,13 @@ mod tests {
     fn reference(w: &Int8Weight, x: &[f32], act: Activation, res: Option<&[f32]>) -> Vec<f32> {
         let (packed, sx) = quantise_rows(x, w.k, w.pairs);
         let mut out = vec![0f32; sx.len() * w.n];
-        for (r, a) in packed.chunks_exact(w.pairs).enumerate() {
+        for r in 0..sx.len() {
+            let a = &packed[(r / MR) * w.pairs..(r / MR + 1) * w.pairs];
             for c in 0..w.n {
                 let (p, j) = (c / NR, c % NR);
                 let mut s = 0i32;
-                for (i, &pair) in a.iter().enumerate() {
+                for (i, pair) in a.iter().enumerate() {
+                    let pair = pair[r % MR];
                     let cell = &w.panels[p * w.pairs + i][j / 8];
                     let (lo, hi) = (pair << 16 >> 16, pair >> 16);
                     s += lo * i32::from(cell[(j % 8) * 2]) + hi * i32::from(cell[(j % 8) * 2 + 1]);
