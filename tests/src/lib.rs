@@ -1013,7 +1013,7 @@ impl Fleet {
         }
         let want =
             minions_worker::model::BertEmbedder::load(model, &candle_core::Device::Cpu, precision)?
-                .embed(texts, 32)?;
+                .embed(texts, minions_worker::model::Batching::texts(32))?;
         let diff = max_abs_diff(&got, &want);
         if diff > 1e-5 {
             return Err(format!("collected vectors differ from in-process ones by {diff}").into());
@@ -1139,7 +1139,7 @@ pub async fn core_job_scenario(fleet: &mut Fleet) -> Result<()> {
         &candle_core::Device::Cpu,
         minions_worker::model::Precision::F32,
     )?;
-    let want = model.embed(&texts, 64)?;
+    let want = model.embed(&texts, minions_worker::model::Batching::texts(64))?;
     let diff = max_abs_diff(&got, &want);
     eprintln!("max abs diff between collected and in-process vectors: {diff:e}");
     assert!(
@@ -1148,7 +1148,7 @@ pub async fn core_job_scenario(fleet: &mut Fleet) -> Result<()> {
     );
     // Row i is record i: spot-check a few rows individually.
     for i in [0usize, 1, 99, 100, 5_555, 9_999] {
-        let one = model.embed(&texts[i..=i], 1)?;
+        let one = model.embed(&texts[i..=i], minions_worker::model::Batching::texts(1))?;
         assert!(
             max_abs_diff(&got[i * dim..(i + 1) * dim], &one) <= 1e-5,
             "row {i} is not record {i}"

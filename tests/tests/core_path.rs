@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use minions_tests::{Fleet, Result, core_job_scenario, read_npy_f32, write_corpus};
-use minions_worker::model::{BertEmbedder, Precision};
+use minions_worker::model::{Batching, BertEmbedder, Precision};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn ten_thousand_records_on_two_workers_with_a_local_store() -> Result<()> {
@@ -44,8 +44,8 @@ fn int8_job(fleet: &Fleet) -> Result<()> {
 
     let (rows, dim, got) = read_npy_f32(&fleet.dir.path().join("int8.npy"))?;
     assert_eq!(rows, 1_000);
-    let f32s =
-        BertEmbedder::load(&model, &candle_core::Device::Cpu, Precision::F32)?.embed(&texts, 64)?;
+    let f32s = BertEmbedder::load(&model, &candle_core::Device::Cpu, Precision::F32)?
+        .embed(&texts, Batching::texts(64))?;
     // Unit vectors: the dot product is the cosine.
     let cosines: Vec<f32> = got
         .chunks_exact(dim)

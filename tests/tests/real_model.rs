@@ -3,7 +3,7 @@
 //! once in tests/fixtures/minilm_reference.json.
 
 use minions_tests::{Result, max_abs_diff, real_model_dir, workspace_root};
-use minions_worker::model::{BertEmbedder, Precision};
+use minions_worker::model::{Batching, BertEmbedder, Precision};
 
 fn cosine(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
@@ -64,7 +64,7 @@ fn embeddings_match_sentence_transformers() -> Result<()> {
     let model = load(Precision::F32)?;
     assert_eq!(model.dim(), 384);
     assert_eq!(model.max_len(), 256);
-    let got = model.embed(&sentences, 8)?;
+    let got = model.embed(&sentences, Batching::texts(8))?;
     let mut worst = 0f32;
     for (i, w) in want.iter().enumerate() {
         let d = max_abs_diff(&got[i * 384..(i + 1) * 384], w);
@@ -86,8 +86,8 @@ fn embeddings_match_sentence_transformers() -> Result<()> {
 #[test]
 fn int8_embeddings_stay_close() -> Result<()> {
     let (sentences, want) = fixture()?;
-    let got = load(Precision::Int8)?.embed(&sentences, 8)?;
-    let f32_got = load(Precision::F32)?.embed(&sentences, 8)?;
+    let got = load(Precision::Int8)?.embed(&sentences, Batching::texts(8))?;
+    let f32_got = load(Precision::F32)?.embed(&sentences, Batching::texts(8))?;
     let cosines: Vec<f32> = want
         .iter()
         .enumerate()

@@ -7,7 +7,7 @@ use clap::Parser;
 use minions_schemas::endpoints::nats::DEFAULT_NATS_URL;
 
 use crate::config::WorkerConfig;
-use crate::model::DeviceChoice;
+use crate::model::{Batching, DeviceChoice};
 
 /// Lend this machine's GPU to a Minions fleet: pull shards, run them, write
 /// their outputs to the store, acknowledge.
@@ -41,8 +41,14 @@ pub struct WorkerArgs {
     #[arg(long, global = true, value_enum, default_value_t = DeviceChoice::Auto)]
     pub device: DeviceChoice,
     /// Texts per forward pass when the job does not set one.
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    #[arg(long, default_value_t = Batching::DEFAULT_TEXTS as u32, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub max_batch: u32,
+    /// Tokens per forward pass, padding included: texts sorted by length go
+    /// into a pass until it holds --max-batch texts or this many tokens, so
+    /// short texts run in large passes and long ones in small. A text longer
+    /// than this runs alone.
+    #[arg(long, default_value_t = Batching::DEFAULT_TOKENS as u32, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub batch_tokens: u32,
     /// Seconds between heartbeats.
     #[arg(long, default_value_t = 1.0)]
     pub heartbeat_secs: f64,
@@ -139,6 +145,7 @@ impl WorkerArgs {
         c.slots = usize::from(self.slots);
         c.device = self.device;
         c.max_batch = self.max_batch as usize;
+        c.batch_tokens = self.batch_tokens as usize;
         c.heartbeat_interval = secs("heartbeat-secs", self.heartbeat_secs)?;
         c.drain_timeout = secs("drain-timeout-secs", self.drain_timeout_secs)?;
         c.work.ack_wait = secs("ack-wait-secs", self.ack_wait_secs)?;

@@ -26,6 +26,9 @@ pub struct WorkerConfig {
     pub device: DeviceChoice,
     /// Texts per forward pass when the job does not say.
     pub max_batch: usize,
+    /// Tokens per forward pass, padding included (a longer text runs
+    /// alone).
+    pub batch_tokens: usize,
     /// How often the worker publishes a heartbeat.
     pub heartbeat_interval: Duration,
     /// On shutdown, how long running shards may take to finish before they
@@ -55,7 +58,8 @@ impl WorkerConfig {
             cache_dir: default_cache_dir(),
             slots: 2,
             device: DeviceChoice::Auto,
-            max_batch: 32,
+            max_batch: crate::model::Batching::DEFAULT_TEXTS,
+            batch_tokens: crate::model::Batching::DEFAULT_TOKENS,
             heartbeat_interval: Duration::from_secs(1),
             drain_timeout: Duration::from_secs(30),
             pull_expires: Duration::from_secs(2),

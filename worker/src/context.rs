@@ -42,6 +42,7 @@ pub(crate) struct Ctx {
     pub(crate) device: String,
     pub(crate) slots: usize,
     pub(crate) max_batch: usize,
+    pub(crate) batch_tokens: usize,
     pub(crate) ack_wait: Duration,
     pub(crate) max_deliver: i64,
     pub(crate) running: Mutex<HashMap<(String, u32), Running>>,

@@ -184,6 +184,7 @@ pub async fn run(
         device: device_name,
         slots: config.slots,
         max_batch: config.max_batch,
+        batch_tokens: config.batch_tokens,
         ack_wait,
         max_deliver,
         running: Mutex::new(HashMap::new()),

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::Ctx;
 use crate::error::{Settle, ShardError, backoff};
+use crate::model::Batching;
 
 /// What a successful run produced.
 struct Done {
@@ -171,10 +172,13 @@ async fn run(ctx: &Ctx, task: &ShardTask, attempt: u64) -> Result<Done, ShardErr
         .get(&task.model_hash, task.family, task.precision)
         .await?;
     let input = read_input(ctx.store.as_ref(), task).await?;
-    let max_batch = if task.max_batch > 0 {
-        task.max_batch as usize
-    } else {
-        ctx.max_batch
+    let batching = Batching {
+        max_texts: if task.max_batch > 0 {
+            task.max_batch as usize
+        } else {
+            ctx.max_batch
+        },
+        max_tokens: ctx.batch_tokens,
     };
     let permit = ctx
         .compute
@@ -183,7 +187,7 @@ async fn run(ctx: &Ctx, task: &ShardTask, attempt: u64) -> Result<Done, ShardErr
         .map_err(|_| ShardError::Stopping)?;
     let compute_started = Instant::now();
     let texts = input.texts;
-    let payload = tokio::task::spawn_blocking(move || model.run(&texts, max_batch))
+    let payload = tokio::task::spawn_blocking(move || model.run(&texts, batching))
         .await
         .map_err(|e| ShardError::Transient(format!("inference task failed: {e}")))??;
     let compute_ms = compute_started.elapsed().as_millis() as u64;

@@ -44,6 +44,7 @@ use minions_tests::bench::{
 };
 use minions_tests::out;
 use minions_tests::{Fleet, NatsServer, Result, SLOW, real_model_dir, write_corpus};
+use minions_worker::model::Batching;
 use minions_worker::model::tiny::TinySpec;
 
 /// The near no-op model of the dispatch and latency runs.
@@ -224,14 +225,14 @@ async fn overhead(texts_n: usize) -> Result<String> {
         &candle_core::Device::Cpu,
         Precision::F32,
     )?;
-    model.embed(&texts[..64], 32)?;
+    model.embed(&texts[..64], Batching::texts(32))?;
 
     let mut rows = Vec::new();
     for shard_size in [64u32, 256, 1024] {
         let shards = texts_n.div_ceil(shard_size as usize);
         let job = format!("overhead{shard_size}");
         let t = Instant::now();
-        model.embed(&texts, 32)?;
+        model.embed(&texts, Batching::texts(32))?;
         let before = texts_n as f64 / t.elapsed().as_secs_f64();
         let mut w = JobWatch::new(&client, &job).await?;
         let t0 = now_ms();
@@ -239,7 +240,7 @@ async fn overhead(texts_n: usize) -> Result<String> {
         let t1 = w.all_done(shards, Duration::from_secs(3600)).await?;
         let through = texts_n as f64 / ((t1 - t0) as f64 / 1000.0);
         let t = Instant::now();
-        model.embed(&texts, 32)?;
+        model.embed(&texts, Batching::texts(32))?;
         let after = texts_n as f64 / t.elapsed().as_secs_f64();
         let here = (before + after) / 2.0;
         out!("overhead: shard size {shard_size}: Minions {through:.1}/s, in-process {here:.1}/s");

@@ -13,7 +13,9 @@
 //!
 //!   target/release/bench_inference --python .tools/bench-venv/bin/python --write
 //!
-//! Flags: `--texts N` (3000), `--batch B` (64, both sides), `--threads T`
+//! Flags: `--texts N` (3000), `--batch B` (sentence-transformers' batch,
+//! 64), `--our-batch B` and `--batch-tokens T` (our passes: at most B
+//! texts and T tokens each; the worker's defaults), `--threads T`
 //! (PyTorch's threads; 0 = cores), `--python PATH`, `--write` (puts the
 //! Markdown into BENCHMARKS.md between markers), `--ours-only` (no
 //! reference runs; for profiling our code; `--precision f32|int8` runs
@@ -28,7 +30,7 @@ use minions_tests::bench::{
     arg, bench_python, bench_texts, flag, machine, num, utc_now, write_section,
 };
 use minions_tests::{Result, out, real_model_dir, workspace_root};
-use minions_worker::model::{BertEmbedder, Precision};
+use minions_worker::model::{Batching, BertEmbedder, Precision};
 
 /// One throughput measurement and the vectors it produced.
 struct Run {
@@ -74,8 +76,8 @@ fn reference(python: &Path, model: &Path, texts: &Path, batch: u64, threads: u64
 
 /// Times `embed` over all texts after one warm-up batch: in one call, or
 /// with `--shard N`, N texts per call, as a worker runs a job's shards.
-fn ours(name: &str, model: &BertEmbedder, texts: &[String], batch: usize) -> Result<Run> {
-    model.embed(&texts[..batch.min(texts.len())], batch)?;
+fn ours(name: &str, model: &BertEmbedder, texts: &[String], batch: Batching) -> Result<Run> {
+    model.embed(&texts[..batch.max_texts.min(texts.len())], batch)?;
     let shard = match num("--shard", 0)? {
         0 => texts.len().max(1),
         s => s as usize,
@@ -135,7 +137,7 @@ fn flags_shown() -> String {
 
 /// `--ours-only`: our precisions alone, for profiling; int8 is compared
 /// with f32.
-fn ours_only(model_dir: &Path, texts: &[String], batch: usize) -> Result<()> {
+fn ours_only(model_dir: &Path, texts: &[String], batch: Batching) -> Result<()> {
     let mut runs = Vec::new();
     let only = arg("--precision");
     for precision in [Precision::F32, Precision::Int8] {
@@ -173,8 +175,12 @@ fn main() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let (texts_path, texts) = bench_texts(&python, n, dir.path())?;
 
+    let ours_batch = Batching {
+        max_texts: num("--our-batch", Batching::DEFAULT_TEXTS as u64)?.max(1) as usize,
+        max_tokens: num("--batch-tokens", Batching::DEFAULT_TOKENS as u64)?.max(1) as usize,
+    };
     if flag("--ours-only") {
-        return ours_only(&model_dir, &texts, batch as usize);
+        return ours_only(&model_dir, &texts, ours_batch);
     }
     let before = reference(&python, &model_dir, &texts_path, batch, threads)?;
     out!("{}: {:.1} texts/s", before.name, before.texts_per_s);
@@ -186,7 +192,7 @@ fn main() -> Result<()> {
     ] {
         let model = BertEmbedder::load(&model_dir, &Device::Cpu, precision)?;
         dim = model.dim();
-        let r = ours(name, &model, &texts, batch as usize)?;
+        let r = ours(name, &model, &texts, ours_batch)?;
         out!("{}: {:.1} texts/s", r.name, r.texts_per_s);
         runs.push(r);
     }
@@ -217,7 +223,9 @@ fn main() -> Result<()> {
         "## Inference against sentence-transformers\n\n\
          Made by `bash tests/bench/inference.sh{}` on {} UTC, {}.\n\n\
          all-MiniLM-L6-v2 (sentence-transformers in f32), {} texts of {}–{} characters from CPython's bundled reference \
-         documentation, batches of {batch}, {threads} threads. sentence-transformers runs right \
+         documentation, {threads} threads. sentence-transformers runs batches of {batch} texts; ours \
+         runs passes of at most {} texts and {} tokens, as a worker does by default. \
+         sentence-transformers runs right \
          before and right after ours (texts/s: mean (before, after)); the ratio is against the \
          mean. Differences are against the first reference run's vectors, row by row.\n\n\
          | what | texts/s | ratio | max abs diff | mean cosine |\n|---|---:|---:|---:|---:|\n{}\n",
@@ -227,6 +235,8 @@ fn main() -> Result<()> {
         texts.len(),
         lens.iter().min().unwrap_or(&0),
         lens.iter().max().unwrap_or(&0),
+        ours_batch.max_texts,
+        ours_batch.max_tokens,
         rows.join("\n")
     );
     out!("\n{doc}");

@@ -12,7 +12,7 @@ use minions_schemas::messages::{ModelFamily, OutputPayload};
 use tokenizers::{Tokenizer, TruncationParams};
 
 use super::encoder::{Encoder, mean_pool_normalise};
-use super::{Model, ModelError};
+use super::{Batching, Model, ModelError};
 use minions_schemas::messages::Precision;
 
 const FAMILY: &str = "bert-embedding";
@@ -97,10 +97,10 @@ impl BertEmbedder {
 
     /// Embeds `texts`, returning `texts.len() × dim` floats in input order.
     ///
-    /// Texts are sorted by token length and run `max_batch` at a time, so
-    /// each batch pads little; rows are put back in input order.
-    pub fn embed(&self, texts: &[String], max_batch: usize) -> Result<Vec<f32>, ModelError> {
-        let max_batch = max_batch.max(1);
+    /// Texts are sorted by token length and run in passes cut as
+    /// `batching` says, so each pass pads little; rows are put back in
+    /// input order.
+    pub fn embed(&self, texts: &[String], batching: Batching) -> Result<Vec<f32>, ModelError> {
         let encodings = self
             .tokenizer
             .encode_batch(texts.to_vec(), true)
@@ -108,7 +108,12 @@ impl BertEmbedder {
         let mut order: Vec<usize> = (0..encodings.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(encodings[i].get_ids().len()));
         let mut out = vec![0f32; texts.len() * self.dim];
-        for chunk in order.chunks(max_batch) {
+        let lens: Vec<usize> = order
+            .iter()
+            .map(|&i| encodings[i].get_ids().len())
+            .collect();
+        for pass in batching.passes(&lens) {
+            let chunk = &order[pass];
             let len = chunk
                 .iter()
                 .map(|&i| encodings[i].get_ids().len())
@@ -154,8 +159,8 @@ impl Model for BertEmbedder {
         ModelFamily::BertEmbedding
     }
 
-    fn run(&self, texts: &[String], max_batch: usize) -> Result<OutputPayload, ModelError> {
-        let vectors = self.embed(texts, max_batch)?;
+    fn run(&self, texts: &[String], batching: Batching) -> Result<OutputPayload, ModelError> {
+        let vectors = self.embed(texts, batching)?;
         let mut data = Vec::with_capacity(vectors.len() * 4);
         for v in vectors {
             data.extend_from_slice(&v.to_le_bytes());

@@ -166,14 +166,14 @@ mod tests {
             .iter()
             .map(|s| (*s).to_owned())
             .collect();
-        let v = m.embed(&texts, 2)?;
+        let v = m.embed(&texts, crate::model::Batching::texts(2))?;
         assert_eq!(v.len(), texts.len() * m.dim());
         for row in v.chunks(m.dim()) {
             let n: f32 = row.iter().map(|x| x * x).sum::<f32>().sqrt();
             assert!((n - 1.0).abs() < 1e-5, "norm {n}");
         }
         // Batching and order do not change a row beyond rounding.
-        let one = m.embed(&texts[1..2], 1)?;
+        let one = m.embed(&texts[1..2], crate::model::Batching::texts(1))?;
         let d = m.dim();
         let max = one
             .iter()
