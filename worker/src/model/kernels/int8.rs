@@ -20,8 +20,8 @@
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::contiguous_f32;
 use super::gelu::gelu;
+use super::{contiguous_f32, fold8};
 
 /// The op's name in errors.
 const OP: &str = "int8 linear";
@@ -110,20 +110,10 @@ fn quantise(v: f32, inv: f32) -> i16 {
     (v * inv).round_ties_even().clamp(-QMAX, QMAX) as i16
 }
 
-/// The largest magnitude in `v`, eight lanes at a time so that it
-/// vectorises.
+/// The largest magnitude in `v`.
 #[inline(always)]
 fn amax(v: &[f32]) -> f32 {
-    let mut lanes = [0f32; 8];
-    let chunks = v.chunks_exact(8);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (l, x) in lanes.iter_mut().zip(c) {
-            *l = l.max(x.abs());
-        }
-    }
-    let m = tail.iter().fold(0f32, |m, x| m.max(x.abs()));
-    lanes.iter().fold(m, |a, &b| a.max(b))
+    fold8(v, 0.0, |m, x| m.max(x.abs()))
 }
 
 /// What the epilogue does after scaling back and adding the bias.

@@ -9,7 +9,7 @@
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::contiguous_f32;
+use super::{contiguous_f32, fold8};
 
 /// exp(x) to within about 2 units in the last place of f32 for x in
 /// [-87.3, 88.7]; clamped there. Below, 0: padding must add nothing.
@@ -38,19 +38,10 @@ fn exp(x: f32) -> f32 {
     if x > -87.3 { p * scale } else { 0.0 }
 }
 
-/// The largest value of `v`, eight lanes at a time.
+/// The largest value of `v`.
 #[inline(always)]
 fn max(v: &[f32]) -> f32 {
-    let mut lanes = [f32::NEG_INFINITY; 8];
-    let chunks = v.chunks_exact(8);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (l, &x) in lanes.iter_mut().zip(c) {
-            *l = l.max(x);
-        }
-    }
-    let m = tail.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-    lanes.iter().fold(m, |a, &b| a.max(b))
+    fold8(v, f32::NEG_INFINITY, f32::max)
 }
 
 /// The sum of `v`, eight lanes at a time: element `i` always goes to lane
