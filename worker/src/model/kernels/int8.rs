@@ -21,7 +21,7 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 use super::gelu::gelu;
-use super::{contiguous_f32, fold8};
+use super::{contiguous_f32, fold8, round_even};
 
 /// The op's name in errors.
 const OP: &str = "int8 linear";
@@ -53,7 +53,7 @@ pub(crate) struct Int8Weight {
     panels: Vec<[[i16; NR]; 2]>,
     /// One scale per output column, padded with zeros to whole panels.
     scale: Vec<f32>,
-    /// The layer's bias, `n` long.
+    /// The layer's bias, padded with zeros to whole panels.
     bias: Vec<f32>,
 }
 
@@ -63,12 +63,13 @@ impl Int8Weight {
     pub(crate) fn new(w: &Tensor, b: &Tensor) -> candle_core::Result<Self> {
         let (n, k) = w.dims2()?;
         let w: Vec<Vec<f32>> = w.to_vec2()?;
-        let bias: Vec<f32> = b.to_vec1()?;
+        let mut bias: Vec<f32> = b.to_vec1()?;
         if bias.len() != n {
             candle_core::bail!("int8 linear: bias of {} for {n} outputs", bias.len());
         }
         let pairs = k.div_ceil(2);
         let n_panels = n.div_ceil(NR);
+        bias.resize(n_panels * NR, 0.0);
         let mut scale = vec![0f32; n_panels * NR];
         let mut q = vec![0i16; n_panels * NR * pairs * 2];
         for (col, row) in w.iter().enumerate() {
@@ -107,7 +108,7 @@ impl Int8Weight {
 /// `v · inv` rounded to the nearest integer (ties to even) in [-127, 127].
 #[inline(always)]
 fn quantise(v: f32, inv: f32) -> i16 {
-    (v * inv).round_ties_even().clamp(-QMAX, QMAX) as i16
+    round_even((v * inv).clamp(-QMAX, QMAX)).0 as i16
 }
 
 /// The largest magnitude in `v`.
@@ -167,45 +168,75 @@ fn task(
 ) {
     let (packed, sx) = quantise_rows(x, w.k, w.pairs);
     let m = sx.len();
-    for (p, panel) in w.panels.chunks_exact(w.pairs).enumerate() {
+    let scales = w.scale.chunks_exact(NR);
+    let biases = w.bias.chunks_exact(NR);
+    for (p, ((panel, sw), b)) in w
+        .panels
+        .chunks_exact(w.pairs)
+        .zip(scales)
+        .zip(biases)
+        .enumerate()
+    {
+        let (Ok(sw), Ok(b)) = (<&[f32; NR]>::try_from(sw), <&[f32; NR]>::try_from(b)) else {
+            continue;
+        };
         let c0 = p * NR;
         let width = NR.min(w.n - c0);
         for (t, rows) in packed.chunks_exact(w.pairs).enumerate() {
             let r0 = t * MR;
             let sums = simd.tile(rows, panel);
             for (i, s) in sums.iter().take(m - r0).enumerate() {
+                let v = epilogue(s, sx[r0 + i], sw, b, act);
                 let at = (r0 + i) * w.n + c0;
-                let o = &mut out[at..at + width];
-                let res = residual.map(|res| &res[at..at + width]);
-                epilogue(s, sx[r0 + i], &w.scale[c0..], &w.bias[c0..], act, res, o);
+                store(
+                    &v,
+                    residual.map(|res| &res[at..at + width]),
+                    &mut out[at..at + width],
+                );
             }
         }
     }
 }
 
-/// `o[j] = act(s[j] · sx · sw[j] + b[j]) (+ res[j])`, in passes over the
-/// (at most 16) values that each vectorise.
+/// `act(s[j] · sx · sw[j] + b[j])` for one row of a tile: whole 16-wide
+/// arrays, so that it compiles to straight SIMD code.
 #[inline(always)]
-fn epilogue(
-    s: &[i32; NR],
-    sx: f32,
-    sw: &[f32],
-    b: &[f32],
-    act: Activation,
-    res: Option<&[f32]>,
-    o: &mut [f32],
-) {
-    for (((o, &s), &sw), &b) in o.iter_mut().zip(s).zip(sw).zip(b) {
-        *o = s as f32 * (sx * sw) + b;
+fn epilogue(s: &[i32; NR], sx: f32, sw: &[f32; NR], b: &[f32; NR], act: Activation) -> [f32; NR] {
+    let mut v = [0f32; NR];
+    for (((v, &s), &sw), &b) in v.iter_mut().zip(s).zip(sw).zip(b) {
+        *v = s as f32 * (sx * sw) + b;
     }
     if act == Activation::Gelu {
-        for o in o.iter_mut() {
-            *o = gelu(*o);
+        for v in &mut v {
+            *v = gelu(*v);
         }
     }
-    if let Some(res) = res {
-        for (o, &r) in o.iter_mut().zip(res) {
-            *o += r;
+    v
+}
+
+/// `o = v (+ res)`, `o` the row's columns of this panel (16, or fewer in
+/// the last panel).
+#[inline(always)]
+fn store(v: &[f32; NR], res: Option<&[f32]>, o: &mut [f32]) {
+    if let (Ok(o), Some(Ok(res))) = (
+        <&mut [f32; NR]>::try_from(&mut *o),
+        res.map(<&[f32; NR]>::try_from),
+    ) {
+        for ((o, &v), &r) in o.iter_mut().zip(v).zip(res) {
+            *o = v + r;
+        }
+        return;
+    }
+    match res {
+        Some(res) => {
+            for ((o, &v), &r) in o.iter_mut().zip(v).zip(res) {
+                *o = v + r;
+            }
+        }
+        None => {
+            for (o, &v) in o.iter_mut().zip(v) {
+                *o = v;
+            }
         }
     }
 }
@@ -357,14 +388,7 @@ mod simd {
                                 ._mm256_add_epi32(acc[1], v3.avx2._mm256_madd_epi16(a, w1));
                         }
                     }
-                    acc.map(|[lo, hi]| {
-                        let lo: [i32; 8] = cast(lo);
-                        let hi: [i32; 8] = cast(hi);
-                        let mut out = [0i32; NR];
-                        out[..8].copy_from_slice(&lo);
-                        out[8..].copy_from_slice(&hi);
-                        out
-                    })
+                    cast(acc)
                 },
             )
         }
@@ -434,20 +458,12 @@ mod tests {
                     let (lo, hi) = (pair << 16 >> 16, pair >> 16);
                     s += lo * i32::from(cell[(j % 8) * 2]) + hi * i32::from(cell[(j % 8) * 2 + 1]);
                 }
-                let mut one = [0f32];
-                let mut sums = [0i32; NR];
-                sums[0] = s;
                 let at = r * w.n + c;
-                epilogue(
-                    &sums,
-                    sx[r],
-                    &w.scale[c..],
-                    &w.bias[c..],
-                    act,
-                    res.map(|res| &res[at..]),
-                    &mut one,
-                );
-                out[at] = one[0];
+                let mut v = s as f32 * (sx[r] * w.scale[c]) + w.bias[c];
+                if act == Activation::Gelu {
+                    v = gelu(v);
+                }
+                out[at] = v + res.map_or(0.0, |res| res[at]);
             }
         }
         out

@@ -9,7 +9,7 @@
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::{contiguous_f32, fold8};
+use super::{contiguous_f32, fold8, round_even};
 
 /// exp(x) to within about 2 units in the last place of f32 for x in
 /// [-87.3, 88.7]; clamped there. Below, 0: padding must add nothing.
@@ -18,7 +18,7 @@ fn exp(x: f32) -> f32 {
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
     let x = x.clamp(-87.3, 88.7);
-    let n = (x * std::f32::consts::LOG2_E).round_ties_even();
+    let (ni, n) = round_even(x * std::f32::consts::LOG2_E);
     let r = (x - n * LN2_HI) - n * LN2_LO;
     // Taylor series of e^r to r^7 on |r| ≤ ln2/2: error below 5e-9.
     let mut p = 1.0 / 5040.0;
@@ -34,7 +34,7 @@ fn exp(x: f32) -> f32 {
         p = p * r + c;
     }
     // 2^n from its exponent bits; n is in [-126, 128) after the clamp.
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    let scale = f32::from_bits((ni + 127).cast_unsigned() << 23);
     if x > -87.3 { p * scale } else { 0.0 }
 }
 
