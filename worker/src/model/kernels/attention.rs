@@ -15,14 +15,17 @@ use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 use super::contiguous_f32;
+use super::lanes::{Lanes, Plain};
 use super::softmax::softmax_in_place;
 
 /// The op's name in errors.
 const OP: &str = "packed attention";
-/// Lanes per register-sized block of columns.
-const LANES: usize = 8;
 /// Rows per micro-tile.
 const ROWS: usize = 4;
+/// Columns per micro-tile: two eight-lane registers.
+const COLS: usize = 16;
+/// A micro-tile's row of columns.
+type Block = [f32; COLS];
 
 /// The shape every task shares.
 struct Dims {
@@ -33,149 +36,208 @@ struct Dims {
     heads: usize,
 }
 
-/// One head's query, key and value for one text, copied out of the packed
-/// product into zero-padded blocks the tiles read whole, with its scores.
+/// One text's queries, keys and values, copied out of the packed product
+/// in one pass into the layouts the micro-tiles read in order, head after
+/// head, and one row tile's probabilities. Padding (rows past the text,
+/// columns past the head) is zero: the load writes real rows and columns
+/// only.
 struct Scratch {
-    /// `(n4, hd8)`: the text's query rows.
-    q: Vec<f32>,
-    /// `(hd8, n8)`: the keys, transposed.
-    kt: Vec<f32>,
-    /// `(n, hd8)`: the values.
-    v: Vec<f32>,
-    /// `(n4, n8)`: scores, then probabilities.
+    /// Query tiles: head `h`, tile `t`, column `c` at `(h·tiles + t)·hd +
+    /// c`, holding that column for the tile's [`ROWS`] rows.
+    q: Vec<[f32; ROWS]>,
+    /// Key blocks: head `h`, block `b`, column `c` at `(h·blocks + b)·hd +
+    /// c`, holding that column for the block's [`COLS`] keys.
+    k: Vec<Block>,
+    /// Value blocks: head `h`, column block `b`, token `j` at
+    /// `(h·vblocks + b)·n + j`.
+    v: Vec<Block>,
+    /// One row tile's scores, then probabilities: [`ROWS`] rows of `nc`.
     p: Vec<f32>,
+    /// The same probabilities by token: token `j` at `j`, one per row.
+    pt: Vec<[f32; ROWS]>,
+    /// Tokens.
     n: usize,
-    n8: usize,
-    hd8: usize,
+    /// Tokens rounded up to whole key blocks.
+    nc: usize,
+    /// Columns per head.
+    hd: usize,
 }
 
 impl Scratch {
-    fn new(n: usize, head_dim: usize) -> Self {
-        let (n4, n8, hd8) = (
-            n.next_multiple_of(ROWS),
-            n.next_multiple_of(LANES),
-            head_dim.next_multiple_of(LANES),
-        );
+    fn new(n: usize, hd: usize, heads: usize) -> Self {
+        let nc = n.next_multiple_of(COLS);
         Self {
-            q: vec![0.0; n4 * hd8],
-            kt: vec![0.0; hd8 * n8],
-            v: vec![0.0; n * hd8],
-            p: vec![0.0; n4 * n8],
+            q: vec![[0.0; ROWS]; heads * n.div_ceil(ROWS) * hd],
+            k: vec![[0.0; COLS]; heads * nc / COLS * hd],
+            v: vec![[0.0; COLS]; heads * hd.div_ceil(COLS) * n],
+            p: vec![0.0; ROWS * nc],
+            pt: vec![[0.0; ROWS]; n],
             n,
-            n8,
-            hd8,
+            nc,
+            hd,
         }
     }
 
-    /// Copies head `h` of the text's rows `qkv` (`(n, 3·hidden)`) in.
-    /// Padding stays zero: only the real rows and columns are written.
+    /// Copies the text's rows `qkv` (`(n, 3·hidden)`) in, row by row.
     #[inline(always)]
-    fn load(&mut self, d: &Dims, qkv: &[f32], h: usize) {
-        let (hd, hd8, n8) = (d.head_dim, self.hd8, self.n8);
-        let at = h * hd;
+    fn load(&mut self, d: &Dims, qkv: &[f32]) {
+        let (hd, n) = (self.hd, self.n);
+        let (tiles, blocks) = (n.div_ceil(ROWS), self.nc / COLS);
+        let vblocks = hd.div_ceil(COLS);
         for (i, row) in qkv.chunks_exact(3 * d.hidden).enumerate() {
-            let q = &row[at..at + hd];
-            let k = &row[d.hidden + at..d.hidden + at + hd];
-            let v = &row[2 * d.hidden + at..2 * d.hidden + at + hd];
-            self.q[i * hd8..i * hd8 + hd].copy_from_slice(q);
-            self.v[i * hd8..i * hd8 + hd].copy_from_slice(v);
-            for (c, &k) in k.iter().enumerate() {
-                self.kt[c * n8 + i] = k;
+            let (qs, rest) = row.split_at(d.hidden);
+            let (ks, vs) = rest.split_at(d.hidden);
+            let (t, r) = (i / ROWS, i % ROWS);
+            let (b, l) = (i / COLS, i % COLS);
+            for (h, ((q, k), v)) in qs
+                .chunks_exact(hd)
+                .zip(ks.chunks_exact(hd))
+                .zip(vs.chunks_exact(hd))
+                .enumerate()
+            {
+                let at = (h * tiles + t) * hd;
+                for (cell, &q) in self.q[at..at + hd].iter_mut().zip(q) {
+                    cell[r] = q;
+                }
+                let at = (h * blocks + b) * hd;
+                for (cell, &k) in self.k[at..at + hd].iter_mut().zip(k) {
+                    cell[l] = k;
+                }
+                for (vb, v) in v.chunks(COLS).enumerate() {
+                    let cell = &mut self.v[(h * vblocks + vb) * n + i];
+                    match <&Block>::try_from(v) {
+                        Ok(v) => *cell = *v,
+                        Err(_) => cell[..v.len()].copy_from_slice(v),
+                    }
+                }
             }
         }
     }
 
-    /// Scores `q · kᵀ` (the scale is in the query), then softmax per row.
+    /// Probabilities of head `h`, row tile `t`: scores `q · kᵀ` (the scale
+    /// is in the query), softmax per row, then transposed into `pt`.
     #[inline(always)]
-    fn probabilities(&mut self, head_dim: usize) {
-        let (n, n8, hd8) = (self.n, self.n8, self.hd8);
-        for (i0, (q, p)) in self
-            .q
-            .chunks_exact(ROWS * hd8)
-            .zip(self.p.chunks_exact_mut(ROWS * n8))
+    fn probabilities<S: Lanes>(&mut self, s: S, h: usize, t: usize) {
+        let (n, nc, hd) = (self.n, self.nc, self.hd);
+        let at = (h * n.div_ceil(ROWS) + t) * hd;
+        let q = &self.q[at..at + hd];
+        let keys = nc / COLS * hd;
+        for (b, k) in self.k[h * keys..(h + 1) * keys]
+            .chunks_exact(hd)
             .enumerate()
         {
-            for j0 in (0..n8).step_by(LANES) {
-                let mut acc = [[0f32; LANES]; ROWS];
-                for c in 0..head_dim {
-                    let k = &self.kt[c * n8 + j0..c * n8 + j0 + LANES];
-                    for (r, acc) in acc.iter_mut().enumerate() {
-                        let qv = q[r * hd8 + c];
-                        for (a, &k) in acc.iter_mut().zip(k) {
-                            *a += qv * k;
-                        }
-                    }
-                }
-                for (r, acc) in acc.iter().enumerate() {
-                    p[r * n8 + j0..r * n8 + j0 + LANES].copy_from_slice(acc);
+            let mut acc = [[s.zero(); 2]; ROWS];
+            for (k, q) in k.iter().zip(q) {
+                let k = split(s, k);
+                for (acc, &q) in acc.iter_mut().zip(q) {
+                    let q = s.splat(q);
+                    acc[0] = s.mul_add(q, k[0], acc[0]);
+                    acc[1] = s.mul_add(q, k[1], acc[1]);
                 }
             }
-            for r in 0..ROWS.min(n.saturating_sub(i0 * ROWS)) {
-                softmax_in_place(&mut p[r * n8..r * n8 + n]);
+            for (row, acc) in self.p.chunks_exact_mut(nc).zip(&acc) {
+                if let Ok(out) = <&mut Block>::try_from(&mut row[b * COLS..(b + 1) * COLS]) {
+                    *out = join(s, acc);
+                }
+            }
+        }
+        let rows = ROWS.min(n - t * ROWS);
+        for row in self.p.chunks_exact_mut(nc).take(rows) {
+            softmax_in_place(&mut row[..n]);
+        }
+        for (r, row) in self.p.chunks_exact(nc).enumerate() {
+            for (cell, &p) in self.pt.iter_mut().zip(row) {
+                cell[r] = p;
             }
         }
     }
 
-    /// `p · v` for head `h`, into the text's rows `out` (`(n, hidden)`).
+    /// `p · v` for row tile `t` of head `h`, into the text's rows `out`
+    /// (`(n, hidden)`).
     #[inline(always)]
-    fn context(&self, d: &Dims, h: usize, out: &mut [f32]) {
-        let (n, n8, hd8, hd) = (self.n, self.n8, self.hd8, d.head_dim);
-        for (i0, p) in self.p.chunks_exact(ROWS * n8).enumerate() {
-            let rows = ROWS.min(n - i0 * ROWS);
-            for c0 in (0..hd8).step_by(LANES) {
-                let mut acc = [[0f32; LANES]; ROWS];
-                for (j, v) in self.v.chunks_exact(hd8).enumerate() {
-                    let v = &v[c0..c0 + LANES];
-                    for (r, acc) in acc.iter_mut().enumerate() {
-                        let pv = p[r * n8 + j];
-                        for (a, &v) in acc.iter_mut().zip(v) {
-                            *a += pv * v;
+    fn context<S: Lanes>(&self, s: S, d: &Dims, t: usize, h: usize, out: &mut [f32]) {
+        let (n, hd) = (self.n, self.hd);
+        let rows = ROWS.min(n - t * ROWS);
+        let values = hd.div_ceil(COLS) * n;
+        for (b, v) in self.v[h * values..(h + 1) * values]
+            .chunks_exact(n)
+            .enumerate()
+        {
+            let mut acc = [[s.zero(); 2]; ROWS];
+            for (v, p) in v.iter().zip(&self.pt) {
+                let v = split(s, v);
+                for (acc, &p) in acc.iter_mut().zip(p) {
+                    let p = s.splat(p);
+                    acc[0] = s.mul_add(p, v[0], acc[0]);
+                    acc[1] = s.mul_add(p, v[1], acc[1]);
+                }
+            }
+            let c0 = b * COLS;
+            let cols = COLS.min(hd - c0);
+            for (r, acc) in acc.iter().enumerate().take(rows) {
+                let at = (t * ROWS + r) * d.hidden + h * hd + c0;
+                let block = join(s, acc);
+                match <&mut Block>::try_from(&mut out[at..at + cols]) {
+                    Ok(o) => *o = block,
+                    Err(_) => {
+                        for (o, &x) in out[at..at + cols].iter_mut().zip(&block) {
+                            *o = x;
                         }
                     }
-                }
-                let cols = LANES.min(hd - c0);
-                for (r, acc) in acc.iter().enumerate().take(rows) {
-                    let at = (i0 * ROWS + r) * d.hidden + h * hd + c0;
-                    out[at..at + cols].copy_from_slice(&acc[..cols]);
                 }
             }
         }
     }
+}
+
+/// A block as two registers.
+#[inline(always)]
+fn split<S: Lanes>(s: S, b: &Block) -> [S::V; 2] {
+    let [lo, hi]: [[f32; 8]; 2] = pulp::cast(*b);
+    [s.load(lo), s.load(hi)]
+}
+
+/// Two registers as a block.
+#[inline(always)]
+fn join<S: Lanes>(s: S, v: &[S::V; 2]) -> Block {
+    pulp::cast([s.store(v[0]), s.store(v[1])])
 }
 
 /// Attention for one text: `qkv` its rows of the product, `out` its rows
 /// of the result.
 #[inline(always)]
-fn text(d: &Dims, qkv: &[f32], out: &mut [f32]) {
+fn text<S: Lanes>(s: S, d: &Dims, qkv: &[f32], out: &mut [f32]) {
     let n = qkv.len() / (3 * d.hidden);
-    if n == 0 {
+    if n == 0 || d.head_dim == 0 {
         return;
     }
-    let mut s = Scratch::new(n, d.head_dim);
+    let mut scratch = Scratch::new(n, d.head_dim, d.heads);
+    scratch.load(d, qkv);
     for h in 0..d.heads {
-        s.load(d, qkv, h);
-        s.probabilities(d.head_dim);
-        s.context(d, h, out);
+        for t in 0..n.div_ceil(ROWS) {
+            scratch.probabilities(s, h, t);
+            scratch.context(s, d, t, h, out);
+        }
     }
 }
 
-/// [`text`] compiled for x86-64-v3 (AVX2, FMA).
-#[cfg(target_arch = "x86_64")]
+/// [`text`] compiled for the instruction set of `S`.
 #[inline(always)]
-fn vectorized(simd: pulp::x86::V3, d: &Dims, qkv: &[f32], out: &mut [f32]) {
-    struct Task<'a, 'b> {
+fn run<S: Lanes>(s: S, d: &Dims, qkv: &[f32], out: &mut [f32]) {
+    struct Task<'a, 'b, S> {
+        s: S,
         d: &'a Dims,
         qkv: &'a [f32],
         out: &'b mut [f32],
     }
-    impl pulp::NullaryFnOnce for Task<'_, '_> {
+    impl<S: Lanes> pulp::NullaryFnOnce for Task<'_, '_, S> {
         type Output = ();
         #[inline(always)]
         fn call(self) {
-            text(self.d, self.qkv, self.out);
+            text(self.s, self.d, self.qkv, self.out);
         }
     }
-    simd.vectorize(Task { d, qkv, out });
+    s.run(Task { s, d, qkv, out });
 }
 
 /// The op: the texts' token counts, in packed order, and the head count.
@@ -213,29 +275,39 @@ impl CustomOp1 for PackedAttention<'_> {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let qkv = contiguous_f32(OP, s, l)?;
         let d = self.dims(l)?;
-        let tokens = qkv.len() / (3 * d.hidden);
-        let mut out = vec![0f32; tokens * d.hidden];
-        // Each text's rows of the input and of the output.
-        let mut texts = Vec::with_capacity(self.lens.len());
-        let (mut inp, mut rest) = (qkv, out.as_mut_slice());
-        for &n in self.lens {
-            let (i, i_rest) = inp.split_at(n * 3 * d.hidden);
-            let (o, o_rest) = rest.split_at_mut(n * d.hidden);
-            texts.push((i, o));
-            (inp, rest) = (i_rest, o_rest);
-        }
-        let d = &d;
-        // Compiled for AVX2 and FMA where the CPU has them.
+        // AVX2 and FMA where the CPU has them.
         #[cfg(target_arch = "x86_64")]
         if let Some(simd) = pulp::x86::V3::try_new() {
-            texts
-                .into_par_iter()
-                .for_each(|(i, o)| vectorized(simd, d, i, o));
-            return Ok((CpuStorage::F32(out), Shape::from((tokens, d.hidden))));
+            let out = all_texts(simd, &d, qkv, self.lens);
+            return Ok((
+                CpuStorage::F32(out),
+                Shape::from((qkv.len() / (3 * d.hidden), d.hidden)),
+            ));
         }
-        texts.into_par_iter().for_each(|(i, o)| text(d, i, o));
-        Ok((CpuStorage::F32(out), Shape::from((tokens, d.hidden))))
+        let out = all_texts(Plain, &d, qkv, self.lens);
+        Ok((
+            CpuStorage::F32(out),
+            Shape::from((qkv.len() / (3 * d.hidden), d.hidden)),
+        ))
     }
+}
+
+/// Every text of `qkv` (whose token counts `lens` cover its rows), one
+/// parallel task each; `(tokens, hidden)` values.
+fn all_texts<S: Lanes + Send + Sync>(s: S, d: &Dims, qkv: &[f32], lens: &[usize]) -> Vec<f32> {
+    let tokens = qkv.len() / (3 * d.hidden);
+    let mut out = vec![0f32; tokens * d.hidden];
+    // Each text's rows of the input and of the output.
+    let mut texts = Vec::with_capacity(lens.len());
+    let (mut inp, mut rest) = (qkv, out.as_mut_slice());
+    for &n in lens {
+        let (i, i_rest) = inp.split_at(n * 3 * d.hidden);
+        let (o, o_rest) = rest.split_at_mut(n * d.hidden);
+        texts.push((i, o));
+        (inp, rest) = (i_rest, o_rest);
+    }
+    texts.into_par_iter().for_each(|(i, o)| run(s, d, i, o));
+    out
 }
 
 /// Self-attention of packed texts: `qkv` is `(tokens, 3·hidden)`, each
@@ -298,8 +370,18 @@ mod tests {
             let qkv = Tensor::randn(0f32, 1.0, (tokens, 3 * heads * hd), &dev)?;
             let ours = packed_attention(&qkv, &lens, heads)?;
             let theirs = reference(&qkv, &lens, heads)?;
-            let diff = (ours - theirs)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            let diff = (ours - &theirs)?.abs()?.max_all()?.to_scalar::<f32>()?;
             assert!(diff < 1e-5, "lens {lens:?}: max diff {diff}");
+            // The portable path, which other CPUs take.
+            let d = Dims {
+                hidden: heads * hd,
+                head_dim: hd,
+                heads,
+            };
+            let plain = all_texts(Plain, &d, &qkv.flatten_all()?.to_vec1()?, &lens);
+            let plain = Tensor::from_vec(plain, theirs.shape(), &dev)?;
+            let diff = (plain - &theirs)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert!(diff < 1e-5, "plain, lens {lens:?}: max diff {diff}");
         }
         Ok(())
     }

@@ -5,6 +5,7 @@
 mod attention;
 mod gelu;
 mod int8;
+mod lanes;
 mod softmax;
 
 pub(crate) use attention::packed_attention;
