@@ -13,7 +13,7 @@ cd "$(dirname "$0")/../.."
 source deploy/tools.sh --test
 
 source tests/bench/venv.sh
-bench_venv "sentence_transformers" "sentence-transformers>=3,<7"
+bench_venv "sentence_transformers, numpy" "sentence-transformers>=3,<7" numpy
 
 cargo build --release -p minions-tests --bin bench_inference
 target/release/bench_inference --python "$py" --write "$@"

@@ -18,6 +18,16 @@ pub fn arg(name: &str) -> Option<String> {
         .and_then(|i| args.get(i + 1).cloned())
 }
 
+/// Whether `--help` or `-h` is on the command line; prints `usage` when it
+/// is, so that a benchmark binary can return before running anything.
+pub fn help(usage: &str) -> bool {
+    let asked = flag("--help") || flag("-h");
+    if asked {
+        crate::out!("{}", usage.trim());
+    }
+    asked
+}
+
 /// CPU seconds (user + system) process `pid` has used, from `/proc`.
 pub fn cpu_secs(pid: u32) -> crate::Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;

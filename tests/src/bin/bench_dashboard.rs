@@ -19,7 +19,7 @@ use minions_schemas::messages::{
 };
 use minions_schemas::time::now_ms;
 use minions_schemas::{JobId, ModelHash, ModelName, SCHEMA_VERSION, WorkerId, encode, subjects};
-use minions_tests::bench::{arg, cpu_secs, status_mb};
+use minions_tests::bench::{arg, cpu_secs, help, status_mb};
 use minions_tests::out;
 use minions_tests::web::{Browser, get};
 use minions_tests::{NatsServer, Proc, Result, bin, free_port, scratch, workspace_root};
@@ -162,8 +162,22 @@ fn median(v: &mut [f64]) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
+/// What `--help` prints.
+const USAGE: &str = "\
+The watchdog and its dashboard with a large simulated fleet.
+
+Usage: bench_dashboard [--workers N,M,...] [--secs S]
+  (cargo build --release -p minions-watchdog first)
+
+  --workers LIST   fleet sizes to measure, side by side (10,1000)
+  --secs S         seconds per fleet size (20)
+";
+
 #[tokio::main]
 async fn main() -> Result<()> {
+    if help(USAGE) {
+        return Ok(());
+    }
     let sizes: Vec<usize> = arg("--workers")
         .unwrap_or_else(|| "10,1000".into())
         .split(',')

@@ -20,7 +20,9 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use minions_tests::bench::{bench_python, bench_texts, flag, machine, num, utc_now, write_section};
+use minions_tests::bench::{
+    bench_python, bench_texts, flag, help, machine, num, utc_now, write_section,
+};
 use minions_tests::{Fleet, Result, out, read_npy_f32, real_model_dir, workspace_root};
 
 /// Runs `tests/bench/ray_reference.py` once: its name and texts/s.
@@ -114,7 +116,25 @@ fn job(
     Ok(n as f64 / secs)
 }
 
+/// What `--help` prints.
+const USAGE: &str = "\
+One embedding job end to end: Minions against Ray Data, same machine, texts and model.
+
+Usage: bench_e2e [--python PATH] [--write] [FLAGS]
+  (bash tests/bench/e2e.sh installs Ray, builds, runs, writes)
+
+  --texts N        texts to embed (3000)
+  --workers W      Minions workers and Ray actors (2)
+  --shard-size S   texts per shard (256, the default of `minions submit`)
+  --batch B        Ray's batch (64)
+  --python PATH    a Python with sentence-transformers and Ray Data
+  --write          put the Markdown into BENCHMARKS.md between its markers
+";
+
 fn main() -> Result<()> {
+    if help(USAGE) {
+        return Ok(());
+    }
     let started = Instant::now();
     let n = num("--texts", 3000)?;
     let workers = num("--workers", 2)?;

@@ -40,7 +40,7 @@ use minions_schemas::{
     JobId, ModelHash, SCHEMA_VERSION, WorkerId, decode, encode, limits, streams, subjects,
 };
 use minions_tests::bench::{
-    arg, command_line, cpu_secs, flag, machine, num, status_mb, utc_now, write_section,
+    arg, command_line, cpu_secs, flag, help, machine, num, status_mb, utc_now, write_section,
 };
 use minions_tests::out;
 use minions_tests::{Fleet, NatsServer, Result, SLOW, real_model_dir, write_corpus};
@@ -1020,8 +1020,22 @@ fn machine_with_nats() -> String {
     format!("{}, {nats}", machine())
 }
 
+/// What `--help` prints.
+const USAGE: &str = "\
+What Minions costs next to the work it carries: overhead, dispatch, latency, scale, submission.
+
+Usage: bench_fleet [--only SECTIONS] [--write]
+  (source deploy/tools.sh --test; cargo build --release --workspace --bins first)
+
+  --only LIST   comma-separated: overhead,dispatch,latency,scale,submit (all)
+  --write       put the Markdown into BENCHMARKS.md between its markers
+";
+
 #[tokio::main]
 async fn main() -> Result<()> {
+    if help(USAGE) {
+        return Ok(());
+    }
     let only: Option<Vec<String>> =
         arg("--only").map(|s| s.split(',').map(str::to_owned).collect());
     let runs = |s: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == s));

@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use candle_core::Device;
 use minions_tests::bench::{
-    arg, bench_python, bench_texts, flag, machine, num, utc_now, write_section,
+    arg, bench_python, bench_texts, flag, help, machine, num, utc_now, write_section,
 };
 use minions_tests::{Result, out, real_model_dir, workspace_root};
 use minions_worker::model::{Batching, BertEmbedder, Precision};
@@ -159,7 +159,29 @@ fn ours_only(model_dir: &Path, texts: &[String], batch: Batching) -> Result<()> 
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// What `--help` prints.
+const USAGE: &str = "\
+Minions' model code next to sentence-transformers on this machine, in one run.
+
+Usage: bench_inference [--python PATH] [--write] [FLAGS]
+  (bash tests/bench/inference.sh installs sentence-transformers, builds, runs, writes)
+
+  --texts N          texts to embed (3000)
+  --batch B          sentence-transformers' batch (64)
+  --our-batch B      our passes: at most B texts each (the worker's default)
+  --batch-tokens T   our passes: at most T tokens each, padding included (the worker's default)
+  --threads T        PyTorch's threads; 0 = cores (0)
+  --python PATH      a Python with sentence-transformers
+  --ours-only        our precisions only, no reference runs (for profiling)
+  --precision P      with --ours-only: f32 or int8 alone
+  --shard N          our code embeds N texts per call, as a worker per shard (all in one)
+  --write            put the Markdown into BENCHMARKS.md between its markers
+";
+
 fn main() -> Result<()> {
+    if help(USAGE) {
+        return Ok(());
+    }
     minions_worker::process_env::fix_process_env();
     let started = Instant::now();
     let n = num("--texts", 3000)?;
