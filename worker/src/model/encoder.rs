@@ -28,8 +28,8 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{Config, HiddenAct, PositionEmbeddingType};
 
 use super::kernels::{
-    Activation, Int8Weight, bias_gelu, int8_available, int8_linear, masked_softmax,
-    packed_attention,
+    Activation, Int8Weight, NormParams, bias_gelu, int8_available, int8_linear, layer_norm,
+    masked_softmax, packed_attention,
 };
 use minions_schemas::messages::Precision;
 
@@ -85,17 +85,20 @@ impl Linear {
         )
     }
 
-    /// `act(x · W + b)`, plus `residual` when given. Our int8 kernel does
-    /// it all in one pass; candle's products take the bias, GELU and
-    /// residual in passes after.
+    /// `act(x · W + b)`, plus `residual` when given, then `norm` when
+    /// given. Our int8 kernel does it all in one pass; candle's products
+    /// take the bias, GELU, residual and norm in passes after.
     fn apply(
         &self,
         x: &Tensor,
         act: Activation,
         residual: Option<&Tensor>,
+        norm: Option<&Norm>,
     ) -> candle_core::Result<Tensor> {
         let y = match &self.w {
-            Weight::Int8Cpu(q) => return int8_linear(q, x, act, residual),
+            Weight::Int8Cpu(q) => {
+                return int8_linear(q, x, act, residual, norm.map(|n| &n.params));
+            }
             Weight::Dense(w) => x.matmul(w)?,
             Weight::Int8(q) => q.forward(x)?,
         };
@@ -103,30 +106,40 @@ impl Linear {
             Activation::None => y.broadcast_add(&self.b)?,
             Activation::Gelu => bias_gelu(&y, &self.b)?,
         };
-        match residual {
-            Some(r) => y + r,
+        let y = match residual {
+            Some(r) => (y + r)?,
+            None => y,
+        };
+        match norm {
+            Some(n) => n.forward(&y),
             None => Ok(y),
         }
     }
 }
 
+/// A layer norm: candle's op off the CPU, ours on it.
 struct Norm {
     w: Tensor,
     b: Tensor,
     eps: f32,
+    /// The same weights as plain values, for our kernels.
+    params: NormParams,
 }
 
 impl Norm {
     fn load(vb: &VarBuilder<'_>, size: usize, eps: f64) -> candle_core::Result<Self> {
-        Ok(Self {
-            w: vb.get(size, "weight")?,
-            b: vb.get(size, "bias")?,
-            eps: eps as f32,
-        })
+        let (w, b) = (vb.get(size, "weight")?, vb.get(size, "bias")?);
+        let eps = eps as f32;
+        let params = NormParams::new(w.to_vec1()?, b.to_vec1()?, eps)?;
+        Ok(Self { w, b, eps, params })
     }
 
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        candle_nn::ops::layer_norm(&x.contiguous()?, &self.w, &self.b, self.eps)
+        if x.device().is_cpu() && x.dtype() == DType::F32 {
+            layer_norm(x, &self.params)
+        } else {
+            candle_nn::ops::layer_norm(&x.contiguous()?, &self.w, &self.b, self.eps)
+        }
     }
 }
 
@@ -175,17 +188,18 @@ impl Layer {
     /// `x`: the real tokens' states, `(tokens, hidden)`; `p` says where
     /// they sit in the padded batch, which only attention uses.
     fn forward(&self, x: &Tensor, p: &Packing) -> candle_core::Result<Tensor> {
-        let qkv = self.qkv.apply(x, Activation::None, None)?;
+        let qkv = self.qkv.apply(x, Activation::None, None, None)?;
         let ctx = if p.packed_attention {
             packed_attention(&qkv, &p.lens, p.heads)?
         } else {
             p.unpad(&padded_attention(&qkv, p)?)?
         };
-        let attn = self.attn_out.apply(&ctx, Activation::None, Some(x))?;
-        let x = self.attn_norm.forward(&attn)?;
-        let up = self.up.apply(&x, Activation::Gelu, None)?;
-        let out = self.down.apply(&up, Activation::None, Some(&x))?;
-        self.out_norm.forward(&out)
+        let x = self
+            .attn_out
+            .apply(&ctx, Activation::None, Some(x), Some(&self.attn_norm))?;
+        let up = self.up.apply(&x, Activation::Gelu, None, None)?;
+        self.down
+            .apply(&up, Activation::None, Some(&x), Some(&self.out_norm))
     }
 }
 

@@ -21,6 +21,7 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 use super::gelu::gelu;
+use super::layer_norm::{NormParams, normalise};
 use super::{contiguous_f32, fold8, round_even};
 
 /// The op's name in errors.
@@ -164,6 +165,7 @@ fn task(
     x: &[f32],
     residual: Option<&[f32]>,
     act: Activation,
+    norm: Option<&NormParams>,
     out: &mut [f32],
 ) {
     let (packed, sx) = quantise_rows(x, w.k, w.pairs);
@@ -194,6 +196,12 @@ fn task(
                     &mut out[at..at + width],
                 );
             }
+        }
+    }
+    // The task's rows are whole now, and still in cache.
+    if let Some(norm) = norm {
+        for row in out.chunks_exact_mut(w.n) {
+            normalise(row, norm);
         }
     }
 }
@@ -241,12 +249,14 @@ fn store(v: &[f32; NR], res: Option<&[f32]>, o: &mut [f32]) {
     }
 }
 
-/// `act(x · Wᵀ + b) (+ residual)` for `x` of `m × k` rows.
+/// `act(x · Wᵀ + b) (+ residual)`, then layer-normed when `norm` is given,
+/// for `x` of `m × k` rows.
 fn run(
     w: &Int8Weight,
     x: &[f32],
     residual: Option<&[f32]>,
     act: Activation,
+    norm: Option<&NormParams>,
 ) -> candle_core::Result<Vec<f32>> {
     let Some(simd) = simd::Simd::try_new() else {
         candle_core::bail!("int8 linear: this CPU lacks AVX2");
@@ -257,6 +267,15 @@ fn run(
     let m = x.len() / w.k;
     if residual.is_some_and(|r| r.len() != m * w.n) {
         candle_core::bail!("int8 linear: residual is not {m} rows of {}", w.n);
+    }
+    if let Some(norm) = norm
+        && norm.len() != w.n
+    {
+        candle_core::bail!(
+            "int8 linear: layer norm of {} after {} outputs",
+            norm.len(),
+            w.n
+        );
     }
     let mut out = vec![0f32; m * w.n];
     out.par_chunks_mut(ROWS_PER_TASK * w.n)
@@ -269,7 +288,7 @@ fn run(
             // for it.
             simd.vectorize(
                 #[inline(always)]
-                || task(simd, w, x, res, act, o),
+                || task(simd, w, x, res, act, norm, o),
             );
         });
     Ok(out)
@@ -285,7 +304,8 @@ fn out_shape(layout: &Layout, k: usize, n: usize) -> candle_core::Result<Shape> 
     Ok(Shape::from(dims))
 }
 
-struct Linear<'a>(&'a Int8Weight, Activation);
+/// The op: the weight, the activation, and the layer norm after it.
+struct Linear<'a>(&'a Int8Weight, Activation, Option<&'a NormParams>);
 
 impl CustomOp1 for Linear<'_> {
     fn name(&self) -> &'static str {
@@ -294,7 +314,7 @@ impl CustomOp1 for Linear<'_> {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let shape = out_shape(l, self.0.k, self.0.n)?;
-        let out = run(self.0, contiguous_f32(OP, s, l)?, None, self.1)?;
+        let out = run(self.0, contiguous_f32(OP, s, l)?, None, self.1, self.2)?;
         Ok((CpuStorage::F32(out), shape))
     }
 }
@@ -320,23 +340,27 @@ impl CustomOp2 for Linear<'_> {
             contiguous_f32(OP, s, l)?,
             Some(contiguous_f32(OP, rs, rl)?),
             self.1,
+            self.2,
         )?;
         Ok((CpuStorage::F32(out), shape))
     }
 }
 
-/// `act(x · Wᵀ + b)`, plus `residual` when given; `x` a contiguous f32 CPU
-/// tensor whose last dimension is the weight's input size.
+/// `act(x · Wᵀ + b)`, plus `residual` when given, then layer-normed when
+/// `norm` is given; `x` an f32 CPU tensor whose last dimension is the
+/// weight's input size.
 pub(crate) fn linear(
     w: &Int8Weight,
     x: &Tensor,
     act: Activation,
     residual: Option<&Tensor>,
+    norm: Option<&NormParams>,
 ) -> candle_core::Result<Tensor> {
     let x = x.contiguous()?;
+    let op = Linear(w, act, norm);
     match residual {
-        None => x.apply_op1_no_bwd(&Linear(w, act)),
-        Some(r) => x.apply_op2_no_bwd(&r.contiguous()?, &Linear(w, act)),
+        None => x.apply_op1_no_bwd(&op),
+        Some(r) => x.apply_op2_no_bwd(&r.contiguous()?, &op),
     }
 }
 
@@ -490,13 +514,26 @@ mod tests {
         let xs = values(m * k, 3);
         let rs = values(m * n, 4);
         for act in [Activation::None, Activation::Gelu] {
-            let ours = linear(&q, &x, act, None)?.flatten_all()?.to_vec1::<f32>()?;
+            let ours = linear(&q, &x, act, None, None)?
+                .flatten_all()?
+                .to_vec1::<f32>()?;
             assert_eq!(max_diff(&ours, &reference(&q, &xs, act, None)), 0.0);
-            let ours = linear(&q, &x, act, Some(&r))?
+            let ours = linear(&q, &x, act, Some(&r), None)?
                 .flatten_all()?
                 .to_vec1::<f32>()?;
             assert_eq!(max_diff(&ours, &reference(&q, &xs, act, Some(&rs))), 0.0);
         }
+        // With the layer norm fused: the same as normalising afterwards.
+        let p = NormParams::new(values(n, 5), values(n, 6), 1e-12)?;
+        let ours = linear(&q, &x, Activation::None, Some(&r), Some(&p))?;
+        let mut theirs = reference(&q, &xs, Activation::None, Some(&rs));
+        for row in theirs.chunks_exact_mut(n) {
+            normalise(row, &p);
+        }
+        assert_eq!(max_diff(&ours.flatten_all()?.to_vec1()?, &theirs), 0.0);
+        let wrong = NormParams::new(vec![1.0; n + 1], vec![0.0; n + 1], 1e-12)?;
+        let err = linear(&q, &x, Activation::None, None, Some(&wrong)).err();
+        assert!(err.is_some_and(|e| e.to_string().contains("layer norm of 38 after 37")));
         Ok(())
     }
 
@@ -512,7 +549,7 @@ mod tests {
         let b = Tensor::from_vec(values(n, 6), n, &dev)?;
         let x = Tensor::from_vec(values(m * k, 7), (2, m / 2, k), &dev)?;
         let q = Int8Weight::new(&w, &b)?;
-        let ours = linear(&q, &x, Activation::None, None)?;
+        let ours = linear(&q, &x, Activation::None, None, None)?;
         assert_eq!(ours.dims(), &[2, m / 2, n]);
         let f32s = x.broadcast_matmul(&w.t()?)?.broadcast_add(&b)?;
         // Relative error, root mean square: with outliers 8× the typical
@@ -538,7 +575,7 @@ mod tests {
         let b = Tensor::zeros(8, candle_core::DType::F32, &dev)?;
         let q = Int8Weight::new(&w, &b)?;
         let x = Tensor::zeros((3, 5), candle_core::DType::F32, &dev)?;
-        let err = linear(&q, &x, Activation::None, None)
+        let err = linear(&q, &x, Activation::None, None, None)
             .err()
             .map(|e| e.to_string());
         assert!(err.is_some_and(|e| e.contains("inner size 4")));
@@ -563,7 +600,10 @@ mod speed {
             let x = Tensor::randn(0f32, 1.0, (m, k), &dev)?;
             let wt = w.t()?.contiguous()?;
             let q = Int8Weight::new(&w, &b)?;
-            let (mut f, mut i) = (x.matmul(&wt)?, linear(&q, &x, Activation::None, None)?);
+            let (mut f, mut i) = (
+                x.matmul(&wt)?,
+                linear(&q, &x, Activation::None, None, None)?,
+            );
             let t = std::time::Instant::now();
             for _ in 0..reps {
                 f = x.matmul(&wt)?;
@@ -571,7 +611,7 @@ mod speed {
             let tf = t.elapsed().as_secs_f64() / f64::from(reps);
             let t = std::time::Instant::now();
             for _ in 0..reps {
-                i = linear(&q, &x, Activation::None, None)?;
+                i = linear(&q, &x, Activation::None, None, None)?;
             }
             let ti = t.elapsed().as_secs_f64() / f64::from(reps);
             let err = (&f - &i)?.sqr()?.mean_all()?.sqrt()?.to_scalar::<f32>()?;

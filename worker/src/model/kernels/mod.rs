@@ -6,11 +6,13 @@ mod attention;
 mod gelu;
 mod int8;
 mod lanes;
+mod layer_norm;
 mod softmax;
 
 pub(crate) use attention::packed_attention;
 pub(crate) use gelu::bias_gelu;
 pub(crate) use int8::{Activation, Int8Weight, available as int8_available, linear as int8_linear};
+pub(crate) use layer_norm::{NormParams, layer_norm};
 pub(crate) use softmax::masked_softmax;
 
 /// `v` folded by `f` from `init`, eight lanes at a time so that it
@@ -28,6 +30,22 @@ fn fold8(v: &[f32], init: f32, f: impl Fn(f32, f32) -> f32) -> f32 {
     }
     let m = tail.iter().fold(init, |m, &x| f(m, x));
     lanes.iter().fold(m, |a, &b| f(a, b))
+}
+
+/// The sum of `v`, eight lanes at a time: element `i` always goes to lane
+/// `i % 8`, so padding appended to a row (adding nothing) leaves the sum of
+/// its tokens bit for bit the same. A text's vector then does not depend on
+/// how long the other texts of its batch are.
+#[inline(always)]
+fn sum8(v: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    for c in v.chunks(8) {
+        for (l, &x) in lanes.iter_mut().zip(c) {
+            *l += x;
+        }
+    }
+    let [a, b, c, d, e, f, g, h] = lanes;
+    ((a + b) + (c + d)) + ((e + f) + (g + h))
 }
 
 /// 1.5 · 2^23. Added to an f32 of magnitude below 2^22 it leaves the

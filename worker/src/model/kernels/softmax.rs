@@ -9,7 +9,7 @@
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::{contiguous_f32, fold8, round_even};
+use super::{contiguous_f32, fold8, round_even, sum8};
 
 /// exp(x) to within about 2 units in the last place of f32 for x in
 /// [-87.3, 88.7]; clamped there. Below, 0: padding must add nothing.
@@ -44,22 +44,6 @@ fn max(v: &[f32]) -> f32 {
     fold8(v, f32::NEG_INFINITY, f32::max)
 }
 
-/// The sum of `v`, eight lanes at a time: element `i` always goes to lane
-/// `i % 8`, so padding appended to a row (adding nothing) leaves the sum of
-/// its tokens bit for bit the same. A text's vector then does not depend on
-/// how long the other texts of its batch are.
-#[inline(always)]
-fn sum(v: &[f32]) -> f32 {
-    let mut lanes = [0f32; 8];
-    for c in v.chunks(8) {
-        for (l, &x) in lanes.iter_mut().zip(c) {
-            *l += x;
-        }
-    }
-    let [a, b, c, d, e, f, g, h] = lanes;
-    ((a + b) + (c + d)) + ((e + f) + (g + h))
-}
-
 /// `v = softmax(v)` for one row.
 #[inline(always)]
 pub(super) fn softmax_in_place(v: &mut [f32]) {
@@ -67,7 +51,7 @@ pub(super) fn softmax_in_place(v: &mut [f32]) {
     for o in v.iter_mut() {
         *o = exp(*o - top);
     }
-    let inv = 1.0 / sum(v);
+    let inv = 1.0 / sum8(v);
     for o in v.iter_mut() {
         *o *= inv;
     }
