@@ -13,11 +13,13 @@
 //!   ([`super::kernels::bias_gelu`]);
 //! - in int8 on an x86-64 CPU with AVX2, every linear layer is our int8
 //!   kernel, with its bias, GELU and residual add in the product's
-//!   epilogue; elsewhere int8 is candle's quantized matmul (ggml's Q8_0);
+//!   epilogue and the layer norm that follows it on the finished rows;
+//!   elsewhere int8 is candle's quantized matmul (ggml's Q8_0);
 //! - on the CPU, attention is our kernel over the packed rows, text by
-//!   text ([`super::kernels::packed_attention`]); elsewhere it runs in the
+//!   text ([`super::kernels::packed_attention`]), and layer norm is ours
+//!   ([`super::kernels::layer_norm`]); elsewhere attention runs in the
 //!   padded layout, its softmax taking the padding mask in the same pass
-//!   ([`super::kernels::masked_softmax`]); layer norm is candle's.
+//!   ([`super::kernels::masked_softmax`]), and layer norm is candle's.
 //!
 //! Only absolute position embeddings and token type 0 are supported, which
 //! is what sentence embedding models use; [`Encoder::load`] refuses others.
