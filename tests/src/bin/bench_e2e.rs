@@ -13,9 +13,7 @@
 //!
 //!   bash tests/bench/e2e.sh            # installs Ray, builds, runs, writes
 //!
-//! Flags: `--texts N` (3000), `--workers W` (2, and as many Ray actors),
-//! `--shard-size S` (256, the default of `minions submit`), `--batch B` (64, Ray's batch), `--python PATH`,
-//! `--write` (puts the Markdown into BENCHMARKS.md between markers).
+//! Its flags are in [`USAGE`], which `--help` prints.
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -13,14 +13,7 @@
 //!
 //!   target/release/bench_inference --python .tools/bench-venv/bin/python --write
 //!
-//! Flags: `--texts N` (3000), `--batch B` (sentence-transformers' batch,
-//! 64), `--our-batch B` and `--batch-tokens T` (our passes: at most B
-//! texts and T tokens each; the worker's defaults), `--threads T`
-//! (PyTorch's threads; 0 = cores), `--python PATH`, `--write` (puts the
-//! Markdown into BENCHMARKS.md between markers), `--ours-only` (no
-//! reference runs; for profiling our code; `--precision f32|int8` runs
-//! just one), `--shard N` (our code embeds N texts per call, as a worker
-//! does per shard; default all in one call).
+//! Its flags are in [`USAGE`], which `--help` prints.
 
 use std::path::Path;
 use std::time::Instant;

@@ -61,29 +61,52 @@ struct Scratch {
     nc: usize,
     /// Columns per head.
     hd: usize,
+    /// Query tiles per head.
+    tiles: usize,
+    /// Key blocks per head.
+    blocks: usize,
+    /// Value column blocks per head.
+    vblocks: usize,
 }
 
 impl Scratch {
     fn new(n: usize, hd: usize, heads: usize) -> Self {
         let nc = n.next_multiple_of(COLS);
+        let (tiles, blocks, vblocks) = (n.div_ceil(ROWS), nc / COLS, hd.div_ceil(COLS));
         Self {
-            q: vec![[0.0; ROWS]; heads * n.div_ceil(ROWS) * hd],
-            k: vec![[0.0; COLS]; heads * nc / COLS * hd],
-            v: vec![[0.0; COLS]; heads * hd.div_ceil(COLS) * n],
+            q: vec![[0.0; ROWS]; heads * tiles * hd],
+            k: vec![[0.0; COLS]; heads * blocks * hd],
+            v: vec![[0.0; COLS]; heads * vblocks * n],
             p: vec![0.0; ROWS * nc],
             pt: vec![[0.0; ROWS]; n],
             n,
             nc,
             hd,
+            tiles,
+            blocks,
+            vblocks,
         }
+    }
+
+    /// Where query tile `t` of head `h` starts in `q`.
+    fn q_at(&self, h: usize, t: usize) -> usize {
+        (h * self.tiles + t) * self.hd
+    }
+
+    /// Where key block `b` of head `h` starts in `k`.
+    fn k_at(&self, h: usize, b: usize) -> usize {
+        (h * self.blocks + b) * self.hd
+    }
+
+    /// Where value column block `b` of head `h` starts in `v`.
+    fn v_at(&self, h: usize, b: usize) -> usize {
+        (h * self.vblocks + b) * self.n
     }
 
     /// Copies the text's rows `qkv` (`(n, 3·hidden)`) in, row by row.
     #[inline(always)]
     fn load(&mut self, d: &Dims, qkv: &[f32]) {
-        let (hd, n) = (self.hd, self.n);
-        let (tiles, blocks) = (n.div_ceil(ROWS), self.nc / COLS);
-        let vblocks = hd.div_ceil(COLS);
+        let hd = self.hd;
         for (i, row) in qkv.chunks_exact(3 * d.hidden).enumerate() {
             let (qs, rest) = row.split_at(d.hidden);
             let (ks, vs) = rest.split_at(d.hidden);
@@ -95,16 +118,17 @@ impl Scratch {
                 .zip(vs.chunks_exact(hd))
                 .enumerate()
             {
-                let at = (h * tiles + t) * hd;
+                let at = self.q_at(h, t);
                 for (cell, &q) in self.q[at..at + hd].iter_mut().zip(q) {
                     cell[r] = q;
                 }
-                let at = (h * blocks + b) * hd;
+                let at = self.k_at(h, b);
                 for (cell, &k) in self.k[at..at + hd].iter_mut().zip(k) {
                     cell[l] = k;
                 }
                 for (vb, v) in v.chunks(COLS).enumerate() {
-                    let cell = &mut self.v[(h * vblocks + vb) * n + i];
+                    let at = self.v_at(h, vb) + i;
+                    let cell = &mut self.v[at];
                     match <&Block>::try_from(v) {
                         Ok(v) => *cell = *v,
                         Err(_) => cell[..v.len()].copy_from_slice(v),
@@ -119,10 +143,8 @@ impl Scratch {
     #[inline(always)]
     fn probabilities<S: Lanes>(&mut self, s: S, h: usize, t: usize) {
         let (n, nc, hd) = (self.n, self.nc, self.hd);
-        let at = (h * n.div_ceil(ROWS) + t) * hd;
-        let q = &self.q[at..at + hd];
-        let keys = nc / COLS * hd;
-        for (b, k) in self.k[h * keys..(h + 1) * keys]
+        let q = &self.q[self.q_at(h, t)..self.q_at(h, t + 1)];
+        for (b, k) in self.k[self.k_at(h, 0)..self.k_at(h + 1, 0)]
             .chunks_exact(hd)
             .enumerate()
         {
@@ -136,9 +158,8 @@ impl Scratch {
                 }
             }
             for (row, acc) in self.p.chunks_exact_mut(nc).zip(&acc) {
-                if let Ok(out) = <&mut Block>::try_from(&mut row[b * COLS..(b + 1) * COLS]) {
-                    *out = join(s, acc);
-                }
+                // Rows are whole blocks long.
+                row.as_chunks_mut::<COLS>().0[b] = join(s, acc);
             }
         }
         let rows = ROWS.min(n - t * ROWS);
@@ -158,8 +179,7 @@ impl Scratch {
     fn context<S: Lanes>(&self, s: S, d: &Dims, t: usize, h: usize, out: &mut [f32]) {
         let (n, hd) = (self.n, self.hd);
         let rows = ROWS.min(n - t * ROWS);
-        let values = hd.div_ceil(COLS) * n;
-        for (b, v) in self.v[h * values..(h + 1) * values]
+        for (b, v) in self.v[self.v_at(h, 0)..self.v_at(h + 1, 0)]
             .chunks_exact(n)
             .enumerate()
         {
@@ -179,11 +199,7 @@ impl Scratch {
                 let block = join(s, acc);
                 match <&mut Block>::try_from(&mut out[at..at + cols]) {
                     Ok(o) => *o = block,
-                    Err(_) => {
-                        for (o, &x) in out[at..at + cols].iter_mut().zip(&block) {
-                            *o = x;
-                        }
-                    }
+                    Err(_) => out[at..at + cols].copy_from_slice(&block[..cols]),
                 }
             }
         }
@@ -214,7 +230,7 @@ fn text<S: Lanes>(s: S, d: &Dims, qkv: &[f32], out: &mut [f32]) {
     let mut scratch = Scratch::new(n, d.head_dim, d.heads);
     scratch.load(d, qkv);
     for h in 0..d.heads {
-        for t in 0..n.div_ceil(ROWS) {
+        for t in 0..scratch.tiles {
             scratch.probabilities(s, h, t);
             scratch.context(s, d, t, h, out);
         }
@@ -275,20 +291,13 @@ impl CustomOp1 for PackedAttention<'_> {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let qkv = contiguous_f32(OP, s, l)?;
         let d = self.dims(l)?;
+        let shape = Shape::from((qkv.len() / (3 * d.hidden), d.hidden));
         // AVX2 and FMA where the CPU has them.
         #[cfg(target_arch = "x86_64")]
         if let Some(simd) = pulp::x86::V3::try_new() {
-            let out = all_texts(simd, &d, qkv, self.lens);
-            return Ok((
-                CpuStorage::F32(out),
-                Shape::from((qkv.len() / (3 * d.hidden), d.hidden)),
-            ));
+            return Ok((CpuStorage::F32(all_texts(simd, &d, qkv, self.lens)), shape));
         }
-        let out = all_texts(Plain, &d, qkv, self.lens);
-        Ok((
-            CpuStorage::F32(out),
-            Shape::from((qkv.len() / (3 * d.hidden), d.hidden)),
-        ))
+        Ok((CpuStorage::F32(all_texts(Plain, &d, qkv, self.lens)), shape))
     }
 }
 

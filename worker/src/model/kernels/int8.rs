@@ -170,8 +170,9 @@ fn task(
 ) {
     let (packed, sx) = quantise_rows(x, w.k, w.pairs);
     let m = sx.len();
-    let scales = w.scale.chunks_exact(NR);
-    let biases = w.bias.chunks_exact(NR);
+    // Scale and bias are padded to whole panels.
+    let (scales, _) = w.scale.as_chunks::<NR>();
+    let (biases, _) = w.bias.as_chunks::<NR>();
     for (p, ((panel, sw), b)) in w
         .panels
         .chunks_exact(w.pairs)
@@ -179,9 +180,6 @@ fn task(
         .zip(biases)
         .enumerate()
     {
-        let (Ok(sw), Ok(b)) = (<&[f32; NR]>::try_from(sw), <&[f32; NR]>::try_from(b)) else {
-            continue;
-        };
         let c0 = p * NR;
         let width = NR.min(w.n - c0);
         for (t, rows) in packed.chunks_exact(w.pairs).enumerate() {

@@ -11,7 +11,7 @@ use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 use super::lanes::{Lanes, Plain};
-use super::{contiguous_f32, sum8};
+use super::{contiguous_f32, sum8, sum8_by};
 
 /// The op's name in errors.
 const OP: &str = "layer norm";
@@ -52,13 +52,7 @@ pub(super) fn normalise(row: &mut [f32], p: &NormParams) {
     for x in row.iter_mut() {
         *x -= mean;
     }
-    let mut lanes = [0f32; 8];
-    for c in row.chunks(8) {
-        for (l, &x) in lanes.iter_mut().zip(c) {
-            *l += x * x;
-        }
-    }
-    let var = lanes.iter().sum::<f32>() / n;
+    let var = sum8_by(row, |x| x * x) / n;
     let inv = 1.0 / (var + p.eps).sqrt();
     for ((x, &g), &b) in row.iter_mut().zip(&p.gamma).zip(&p.beta) {
         *x = *x * inv * g + b;

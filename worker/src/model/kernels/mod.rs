@@ -32,20 +32,26 @@ fn fold8(v: &[f32], init: f32, f: impl Fn(f32, f32) -> f32) -> f32 {
     lanes.iter().fold(m, |a, &b| f(a, b))
 }
 
-/// The sum of `v`, eight lanes at a time: element `i` always goes to lane
-/// `i % 8`, so padding appended to a row (adding nothing) leaves the sum of
-/// its tokens bit for bit the same. A text's vector then does not depend on
-/// how long the other texts of its batch are.
+/// The sum of `f(x)` over `v`, eight lanes at a time: element `i` always
+/// goes to lane `i % 8`, so padding appended to a row (adding nothing)
+/// leaves the sum of its tokens bit for bit the same. A text's vector then
+/// does not depend on how long the other texts of its batch are.
 #[inline(always)]
-fn sum8(v: &[f32]) -> f32 {
+fn sum8_by(v: &[f32], f: impl Fn(f32) -> f32) -> f32 {
     let mut lanes = [0f32; 8];
     for c in v.chunks(8) {
         for (l, &x) in lanes.iter_mut().zip(c) {
-            *l += x;
+            *l += f(x);
         }
     }
     let [a, b, c, d, e, f, g, h] = lanes;
     ((a + b) + (c + d)) + ((e + f) + (g + h))
+}
+
+/// The sum of `v`, as [`sum8_by`] adds.
+#[inline(always)]
+fn sum8(v: &[f32]) -> f32 {
+    sum8_by(v, |x| x)
 }
 
 /// 1.5 · 2^23. Added to an f32 of magnitude below 2^22 it leaves the
