@@ -23,7 +23,9 @@ use minions_tests::bench::{
     arg, bench_python, bench_texts, flag, help, machine, num, utc_now, write_section,
 };
 use minions_tests::{Result, out, real_model_dir, workspace_root};
-use minions_worker::model::{Batching, BertEmbedder, Precision};
+use minions_worker::model::{
+    Batching, BertEmbedder, DeviceChoice, Precision, describe_device, select_device,
+};
 
 /// One throughput measurement and the vectors it produced.
 struct Run {
@@ -33,7 +35,14 @@ struct Run {
 }
 
 /// Runs `tests/bench/reference.py` once.
-fn reference(python: &Path, model: &Path, texts: &Path, batch: u64, threads: u64) -> Result<Run> {
+fn reference(
+    python: &Path,
+    model: &Path,
+    texts: &Path,
+    batch: u64,
+    threads: u64,
+    torch_device: &str,
+) -> Result<Run> {
     let dir = tempfile::tempdir()?;
     let vectors = dir.path().join("vectors.f32");
     let script = workspace_root().join("tests/bench/reference.py");
@@ -47,6 +56,8 @@ fn reference(python: &Path, model: &Path, texts: &Path, batch: u64, threads: u64
             &batch.to_string(),
             "--threads",
             &threads.to_string(),
+            "--device",
+            torch_device,
         ])
         .stderr(std::process::Stdio::inherit())
         .output()?;
@@ -130,14 +141,14 @@ fn flags_shown() -> String {
 
 /// `--ours-only`: our precisions alone, for profiling; int8 is compared
 /// with f32.
-fn ours_only(model_dir: &Path, texts: &[String], batch: Batching) -> Result<()> {
+fn ours_only(model_dir: &Path, device: &Device, texts: &[String], batch: Batching) -> Result<()> {
     let mut runs = Vec::new();
     let only = arg("--precision");
     for precision in [Precision::F32, Precision::Int8] {
         if only.as_deref().is_some_and(|p| p != precision.as_str()) {
             continue;
         }
-        let model = BertEmbedder::load(model_dir, &Device::Cpu, precision)?;
+        let model = BertEmbedder::load(model_dir, device, precision)?;
         let r = ours(precision.as_str(), &model, texts, batch)?;
         out!("{}: {:.1} texts/s", r.name, r.texts_per_s);
         runs.push((r, model.dim()));
@@ -164,6 +175,9 @@ Usage: bench_inference [--python PATH] [--write] [FLAGS]
   --our-batch B      our passes: at most B texts each (the worker's default)
   --batch-tokens T   our passes: at most T tokens each, padding included (the worker's default)
   --threads T        PyTorch's threads; 0 = cores (0)
+  --device D         cpu (default), metal or cuda: ours on that device, sentence-transformers
+                     on PyTorch's matching one (mps, cuda); metal and cuda need this binary
+                     built with --features minions-worker/metal or minions-worker/cuda
   --python PATH      a Python with sentence-transformers
   --ours-only        our precisions only, no reference runs (for profiling)
   --precision P      with --ours-only: f32 or int8 alone
@@ -194,24 +208,44 @@ fn main() -> Result<()> {
         max_texts: num("--our-batch", Batching::DEFAULT_TEXTS as u64)?.max(1) as usize,
         max_tokens: num("--batch-tokens", Batching::DEFAULT_TOKENS as u64)?.max(1) as usize,
     };
+    // Ours on the asked device; the reference on PyTorch's name for it.
+    let (device, torch_device) = match arg("--device").as_deref().unwrap_or("cpu") {
+        "cpu" => (Device::Cpu, "cpu"),
+        "metal" => (select_device(DeviceChoice::Metal)?, "mps"),
+        "cuda" => (select_device(DeviceChoice::Cuda)?, "cuda"),
+        other => return Err(format!("--device {other}: expected cpu, metal or cuda").into()),
+    };
     if flag("--ours-only") {
-        return ours_only(&model_dir, &texts, ours_batch);
+        return ours_only(&model_dir, &device, &texts, ours_batch);
     }
-    let before = reference(&python, &model_dir, &texts_path, batch, threads)?;
+    let on = match &device {
+        Device::Cpu => "CPU".to_owned(),
+        Device::Metal(_) => "Metal".to_owned(),
+        d => describe_device(d),
+    };
+    let reference = || {
+        reference(
+            &python,
+            &model_dir,
+            &texts_path,
+            batch,
+            threads,
+            torch_device,
+        )
+    };
+    let before = reference()?;
     out!("{}: {:.1} texts/s", before.name, before.texts_per_s);
     let mut runs = Vec::new();
     let mut dim = 0;
-    for (name, precision) in [
-        ("Minions worker (f32, CPU)", Precision::F32),
-        ("Minions worker (int8, CPU)", Precision::Int8),
-    ] {
-        let model = BertEmbedder::load(&model_dir, &Device::Cpu, precision)?;
+    for precision in [Precision::F32, Precision::Int8] {
+        let model = BertEmbedder::load(&model_dir, &device, precision)?;
         dim = model.dim();
-        let r = ours(name, &model, &texts, ours_batch)?;
+        let name = format!("Minions worker ({}, {on})", precision.as_str());
+        let r = ours(&name, &model, &texts, ours_batch)?;
         out!("{}: {:.1} texts/s", r.name, r.texts_per_s);
         runs.push(r);
     }
-    let after = reference(&python, &model_dir, &texts_path, batch, threads)?;
+    let after = reference()?;
     out!("{}: {:.1} texts/s", after.name, after.texts_per_s);
     let base = (before.texts_per_s + after.texts_per_s) / 2.0;
 
