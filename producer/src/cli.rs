@@ -216,6 +216,32 @@ pub struct SubmitArgs {
     /// uses the same one; a worker keeps one loaded copy per precision.
     #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
     pub precision: PrecisionArg,
+    /// Generation jobs: tokens to generate per record unless the record
+    /// says (`max_tokens`, or OpenAI's `max_completion_tokens`). Must fit
+    /// the model's context together with the prompt.
+    #[arg(long, default_value_t = minions_schemas::messages::SamplingParams::DEFAULT_MAX_TOKENS,
+          value_parser = clap::value_parser!(u32).range(1..), help_heading = "Generation")]
+    pub max_tokens: u32,
+    /// Generation jobs: sampling temperature unless the record says; 0
+    /// picks the most likely token every step (greedy, reproducible).
+    #[arg(long, default_value_t = 0.0, help_heading = "Generation")]
+    pub temperature: f32,
+    /// Generation jobs: nucleus sampling mass unless the record says (1 = off).
+    #[arg(long, default_value_t = 1.0, help_heading = "Generation")]
+    pub top_p: f32,
+    /// Generation jobs: sample among the k most likely tokens unless the
+    /// record says (0 = off).
+    #[arg(long, default_value_t = 0, help_heading = "Generation")]
+    pub top_k: u32,
+    /// Generation jobs: the job's seed. A record without its own `seed`
+    /// gets one derived from this and its position, so sampled outputs are
+    /// the same on every rerun and on any worker.
+    #[arg(long, default_value_t = 0, help_heading = "Generation")]
+    pub seed: u64,
+    /// Generation jobs: stop before this string (repeatable) unless the
+    /// record gives `stop`.
+    #[arg(long, help_heading = "Generation")]
+    pub stop: Vec<String>,
 }
 
 /// `--precision` values.
@@ -264,9 +290,27 @@ pub struct WatchArgs {
 pub struct CollectArgs {
     /// The job id.
     pub job: String,
-    /// Output file: `.npy` (float32 [N, dim], row i = i-th input record).
+    /// Output file. Embedding jobs: `.npy` (float32 [N, dim], row i = i-th
+    /// input record). Generation jobs: JSON Lines, one line per input record
+    /// in input order.
     #[arg(long, short)]
     pub output: PathBuf,
+    /// Generation jobs: the lines' shape. `jsonl` writes `{"id", "text",
+    /// "finish_reason", "prompt_tokens", "completion_tokens"}` (and "error"
+    /// for a record that could not run); `openai` writes OpenAI Batch API
+    /// output lines (`custom_id`, `response.body.choices[0].message.content`,
+    /// `usage`), which tools made for OpenAI's batches read as they are.
+    #[arg(long, value_enum, default_value_t = CollectFormat::Jsonl)]
+    pub format: CollectFormat,
+}
+
+/// `collect --format` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CollectFormat {
+    /// One result object per line.
+    Jsonl,
+    /// OpenAI Batch API output lines.
+    Openai,
 }
 
 /// `minions model ...`
@@ -282,8 +326,12 @@ pub enum ModelCommand {
 /// Flags of `minions model push`.
 #[derive(Debug, Args)]
 pub struct ModelPushArgs {
-    /// The model folder (for bert-embedding: config.json, tokenizer.json,
-    /// model.safetensors, optionally sentence_bert_config.json).
+    /// The model: a folder (bert-embedding: config.json, tokenizer.json,
+    /// model.safetensors, optionally sentence_bert_config.json), or a GGUF
+    /// file (llm-generation: llama architecture, e.g. SmolLM2 or Llama 3.x,
+    /// quantized or not), or a folder holding exactly one. A GGUF file is
+    /// checked before upload: complete, a supported architecture and
+    /// tokenizer, a chat template that compiles.
     pub dir: PathBuf,
     /// The name jobs will use.
     #[arg(long)]

@@ -4,13 +4,20 @@
 
 use std::io::BufRead;
 
+use minions_schemas::messages::GenerationRecord;
+
+use crate::prompts::{self, GenDefaults};
+
 /// One accepted record.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Record {
-    /// The record's id, when the reader was given an id field.
+    /// The record's id, when the reader was given an id field (or, for
+    /// generation records, when the line has one).
     pub id: Option<String>,
-    /// The text to run the model on.
+    /// The text to run the model on (embedding jobs; empty otherwise).
     pub text: String,
+    /// The prompt and sampling settings (generation jobs).
+    pub generation: Option<GenerationRecord>,
 }
 
 /// A problem with one input line.
@@ -40,7 +47,11 @@ pub struct JsonlReader<R> {
     text_field: String,
     id_field: Option<String>,
     max_line_bytes: usize,
+    /// Set for generation jobs: lines are prompts, parsed with these defaults.
+    generation: Option<GenDefaults>,
     line: u64,
+    /// Records accepted so far.
+    accepted: u64,
     buf: Vec<u8>,
     /// Bytes read so far (for progress and hashing callers).
     pub bytes_read: u64,
@@ -55,10 +66,19 @@ impl<R: BufRead> JsonlReader<R> {
             text_field: text_field.to_owned(),
             id_field: id_field.map(str::to_owned),
             max_line_bytes,
+            generation: None,
             line: 0,
+            accepted: 0,
             buf: Vec::new(),
             bytes_read: 0,
         }
+    }
+
+    /// Reads generation records (`prompt` or `messages`, or OpenAI batch
+    /// lines) instead of texts, filling absent fields from `defaults`.
+    pub fn for_generation(mut self, defaults: GenDefaults) -> Self {
+        self.generation = Some(defaults);
+        self
     }
 
     /// The next record: `Ok(None)` at the end, `Err(ReadError::Line)` for a
@@ -86,7 +106,11 @@ impl<R: BufRead> JsonlReader<R> {
             if text.is_empty() {
                 continue;
             }
-            return self.parse(text).map(Some).map_err(|problem| {
+            let parsed = self.parse(text);
+            if parsed.is_ok() {
+                self.accepted += 1;
+            }
+            return parsed.map(Some).map_err(|problem| {
                 LineError {
                     line: self.line,
                     problem,
@@ -112,6 +136,14 @@ impl<R: BufRead> JsonlReader<R> {
         let obj = value
             .as_object()
             .ok_or_else(|| "expected a JSON object".to_owned())?;
+        if let Some(d) = &self.generation {
+            let (id, record) = prompts::parse(obj, self.id_field.as_deref(), self.accepted, d)?;
+            return Ok(Record {
+                id,
+                text: String::new(),
+                generation: Some(record),
+            });
+        }
         let text = match obj.get(&self.text_field) {
             Some(serde_json::Value::String(s)) => s.clone(),
             Some(other) => {
@@ -152,7 +184,11 @@ impl<R: BufRead> JsonlReader<R> {
                 None => return Err(format!("no id field {f:?}")),
             },
         };
-        Ok(Record { id, text })
+        Ok(Record {
+            id,
+            text,
+            generation: None,
+        })
     }
 }
 
@@ -288,6 +324,7 @@ mod tests {
         assert_eq!(
             r.next_record()?,
             Some(Record {
+                generation: None,
                 id: Some("7".into()),
                 text: "a".into()
             })

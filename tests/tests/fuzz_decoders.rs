@@ -221,6 +221,7 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
                 compute_ms: 700,
                 already_done: false,
                 sha256: "cd".repeat(32),
+                tokens: 0,
             })?,
             event(EventKind::Requeued)?,
             event(EventKind::HandedBack {
@@ -292,6 +293,7 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
         first_row: 768,
         ids: Some(vec!["a1".into(), "a2".into()]),
         texts: vec!["a man eats food".into(), "the girl rides a horse".into()],
+        records: vec![],
     };
     let s = seeds("shard input", &[input])?;
     v.push((
@@ -362,6 +364,7 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
         family: ModelFamily::BertEmbedding,
         bytes: 90_000_000,
         pushed_ms: 1_764_000_000_000,
+        context: None,
     };
     let s = seeds("model record", &[record])?;
     v.push((

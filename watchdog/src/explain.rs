@@ -226,6 +226,8 @@ mod tests {
             rate: 0.0,
             eta_secs: None,
             created_ms: 0,
+            tokens: 0,
+            token_rate: 0.0,
             failed_shards: Vec::new(),
         }
     }

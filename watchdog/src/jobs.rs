@@ -74,7 +74,9 @@ impl JobTrack {
                 s.failed = None;
             }
             EventKind::Requeued => s.failed = None,
-            EventKind::HandedBack { .. } | EventKind::Submitted { .. } => {}
+            EventKind::HandedBack { .. }
+            | EventKind::Submitted { .. }
+            | EventKind::Progress { .. } => {}
             EventKind::Failed { reason, permanent } => {
                 if *permanent && s.done.is_none() && s.failed.is_none() {
                     s.failed = Some(reason.clone());
@@ -397,6 +399,7 @@ mod tests {
                     compute_ms: 1,
                     already_done: false,
                     sha256: "00".into(),
+                    tokens: 0,
                 },
                 2 => EventKind::Requeued,
                 3 => EventKind::Failed {

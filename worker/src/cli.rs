@@ -49,6 +49,23 @@ pub struct WorkerArgs {
     /// than this runs alone.
     #[arg(long, default_value_t = Batching::DEFAULT_TOKENS as u32, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub batch_tokens: u32,
+    /// Generation shards: sequences generated at once (continuous batching:
+    /// when one ends, the next record of the shard takes its place). More
+    /// is faster until the device is saturated, and needs more KV memory.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1024), help_heading = "Generation")]
+    pub max_seqs: u32,
+    /// Generation shards: memory, MB, the key/value caches of the sequences
+    /// in flight may take together. A sequence reserves room for its prompt
+    /// plus its max_tokens before it starts, so this bounds memory exactly.
+    /// Counts with the model's size against --max-memory-pct: a model that
+    /// does not fit with it goes to a machine that can hold it.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(16..), help_heading = "Generation")]
+    pub kv_budget_mb: u32,
+    /// Generation shards: seconds between checkpoints of finished records.
+    /// A shard redelivered after a crash resumes from its last checkpoint;
+    /// one handed back (owner's return, drain) checkpoints first.
+    #[arg(long, default_value_t = 10.0, help_heading = "Generation")]
+    pub checkpoint_secs: f64,
     /// Seconds between heartbeats.
     #[arg(long, default_value_t = 1.0)]
     pub heartbeat_secs: f64,
@@ -146,6 +163,11 @@ impl WorkerArgs {
         c.device = self.device;
         c.max_batch = self.max_batch as usize;
         c.batch_tokens = self.batch_tokens as usize;
+        c.generation = crate::generation::GenSettings {
+            max_seqs: self.max_seqs as usize,
+            kv_budget_bytes: (self.kv_budget_mb as usize) << 20,
+            checkpoint_every: secs("checkpoint-secs", self.checkpoint_secs)?,
+        };
         c.heartbeat_interval = secs("heartbeat-secs", self.heartbeat_secs)?;
         c.drain_timeout = secs("drain-timeout-secs", self.drain_timeout_secs)?;
         c.work.ack_wait = secs("ack-wait-secs", self.ack_wait_secs)?;

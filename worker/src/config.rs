@@ -46,6 +46,9 @@ pub struct WorkerConfig {
     pub work: WorkSettings,
     /// The owner-first policy; `None` lends the machine whenever it runs.
     pub policy: Option<crate::owner::Policy>,
+    /// How generation shards run: sequences at once, KV-cache memory,
+    /// checkpoint interval.
+    pub generation: crate::generation::GenSettings,
 }
 
 impl WorkerConfig {
@@ -67,6 +70,7 @@ impl WorkerConfig {
             name: None,
             work: WorkSettings::default(),
             policy: None,
+            generation: Default::default(),
         }
     }
 }

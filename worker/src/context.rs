@@ -43,6 +43,7 @@ pub(crate) struct Ctx {
     pub(crate) slots: usize,
     pub(crate) max_batch: usize,
     pub(crate) batch_tokens: usize,
+    pub(crate) generation: crate::generation::GenSettings,
     pub(crate) ack_wait: Duration,
     pub(crate) max_deliver: i64,
     pub(crate) running: Mutex<HashMap<(String, u32), Running>>,

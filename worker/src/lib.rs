@@ -12,10 +12,12 @@
 //! - [`doctor`] — what this machine brings and what stands in the way.
 //! - [`service`] — install as a systemd user unit or launchd LaunchAgent.
 //! - `shard`: one delivery from message to settlement.
+//! - [`generation`] — generation shards: continuous batching, checkpoints.
 //! - `heartbeat`: the periodic sign of life (and the last one on leaving).
 //! - `control`: drain, resume, evict, rejoin requests and job cancellations.
 //! - [`error`] — failure kinds and how each is settled.
-//! - [`model`] — the `Model` trait, the BERT embedding family, the model cache.
+//! - [`model`] — the model cache; the `Model` trait and the families
+//!   themselves live in the `minions-engine` crate (`worker/engine/`).
 //! - [`owner`] — owner signals, the lending policy, yield and resume.
 
 pub mod cli;
@@ -24,6 +26,7 @@ mod context;
 mod control;
 pub mod doctor;
 pub mod error;
+pub mod generation;
 mod heartbeat;
 pub mod model;
 pub mod owner;

@@ -175,7 +175,8 @@ pub async fn run(
         js,
         store: store.clone(),
         cache: ModelCache::new(store, config.cache_dir.clone(), device, config.keep_warm)
-            .with_budget_mb(mem_budget_mb),
+            .with_budget_mb(mem_budget_mb)
+            .with_kv_mb((config.generation.kv_budget_bytes >> 20) as u64),
         mem_budget_mb: mem_budget_mb.unwrap_or(0),
         compute: Semaphore::new(1),
         worker: RwLock::new(worker.clone()),
@@ -185,6 +186,7 @@ pub async fn run(
         slots: config.slots,
         max_batch: config.max_batch,
         batch_tokens: config.batch_tokens,
+        generation: config.generation,
         ack_wait,
         max_deliver,
         running: Mutex::new(HashMap::new()),

@@ -30,6 +30,8 @@ use crate::model::Batching;
 /// What a successful run produced.
 struct Done {
     rows: u64,
+    /// Tokens generated (generation shards).
+    tokens: u64,
     sha256: String,
     output_bytes: u64,
     compute_ms: u64,
@@ -92,10 +94,16 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) -> Handled {
     let progress = CancellationToken::new();
     let keepalive = tokio::spawn(keep_alive(ctx.clone(), reply, progress.clone()));
     let started = Instant::now();
-    let result = tokio::select! {
-        r = run(ctx, &task, attempt) => r,
-        _ = hand_back.cancelled() => Err(ShardError::Stopping),
-        _ = cancel.cancelled() => Err(ShardError::Cancelled),
+    let result = if task.family.generates() {
+        // A generation shard watches both tokens itself, to checkpoint what
+        // it finished before it lets go.
+        run(ctx, &task, attempt, &hand_back, &cancel).await
+    } else {
+        tokio::select! {
+            r = run(ctx, &task, attempt, &hand_back, &cancel) => r,
+            _ = hand_back.cancelled() => Err(ShardError::Stopping),
+            _ = cancel.cancelled() => Err(ShardError::Cancelled),
+        }
     };
     progress.cancel();
     let _ = keepalive.await;
@@ -152,7 +160,13 @@ async fn keep_alive(ctx: Arc<Ctx>, reply: String, stop: CancellationToken) {
     }
 }
 
-async fn run(ctx: &Ctx, task: &ShardTask, attempt: u64) -> Result<Done, ShardError> {
+async fn run(
+    ctx: &Ctx,
+    task: &ShardTask,
+    attempt: u64,
+    hand_back: &CancellationToken,
+    cancel: &CancellationToken,
+) -> Result<Done, ShardError> {
     if ctx.is_cancelled(task.job.as_str()) {
         return Err(ShardError::Cancelled);
     }
@@ -167,11 +181,35 @@ async fn run(ctx: &Ctx, task: &ShardTask, attempt: u64) -> Result<Done, ShardErr
             Err(e) => return Err(e.into()),
         }
     }
-    let model = ctx
-        .cache
-        .get(&task.model_hash, task.family, task.precision)
-        .await?;
-    let input = read_input(ctx.store.as_ref(), task).await?;
+    let (model, input) = tokio::select! {
+        r = async {
+            let model = ctx
+                .cache
+                .get(&task.model_hash, task.family, task.precision)
+                .await?;
+            let input = read_input(ctx.store.as_ref(), task).await?;
+            Ok::<_, ShardError>((model, input))
+        } => r?,
+        _ = hand_back.cancelled() => return Err(ShardError::Stopping),
+        _ = cancel.cancelled() => return Err(ShardError::Cancelled),
+    };
+    let (payload, compute_ms, tokens) = if task.family.generates() {
+        let g = crate::generation::run(ctx, task, attempt, model, input, hand_back, cancel).await?;
+        (g.payload, g.compute_ms, g.tokens)
+    } else {
+        let (payload, compute_ms) = embed(ctx, task, model, input).await?;
+        (payload, compute_ms, 0)
+    };
+    write_output(ctx, task, &out_key, payload, compute_ms, tokens).await
+}
+
+/// Runs an embedding shard's texts on the device.
+async fn embed(
+    ctx: &Ctx,
+    task: &ShardTask,
+    model: std::sync::Arc<dyn crate::model::Model>,
+    input: ShardInput,
+) -> Result<(minions_schemas::messages::OutputPayload, u64), ShardError> {
     let batching = Batching {
         max_texts: if task.max_batch > 0 {
             task.max_batch as usize
@@ -192,6 +230,19 @@ async fn run(ctx: &Ctx, task: &ShardTask, attempt: u64) -> Result<Done, ShardErr
         .map_err(|e| ShardError::Transient(format!("inference task failed: {e}")))??;
     let compute_ms = compute_started.elapsed().as_millis() as u64;
     drop(permit);
+    Ok((payload, compute_ms))
+}
+
+/// Writes a computed output create-only ("already exists": an earlier
+/// delivery finished it, verify that one instead).
+async fn write_output(
+    ctx: &Ctx,
+    task: &ShardTask,
+    out_key: &StorePath,
+    payload: minions_schemas::messages::OutputPayload,
+    compute_ms: u64,
+    tokens: u64,
+) -> Result<Done, ShardError> {
     let output = ShardOutput {
         v: SCHEMA_VERSION,
         job: task.job.clone(),
@@ -211,20 +262,25 @@ async fn run(ctx: &Ctx, task: &ShardTask, attempt: u64) -> Result<Done, ShardErr
         mode: PutMode::Create,
         ..Default::default()
     };
-    match ctx.store.put_opts(&out_key, bytes.into(), opts).await {
-        Ok(_) => Ok(Done {
+    let done = match ctx.store.put_opts(out_key, bytes.into(), opts).await {
+        Ok(_) => Done {
             rows: output.rows,
+            tokens,
             sha256,
             output_bytes,
             compute_ms,
             already_done: false,
-        }),
+        },
         Err(object_store::Error::AlreadyExists { .. }) => {
             tracing::info!(job = %task.job, shard = task.shard, "output written meanwhile by an earlier delivery");
-            verify_existing(ctx, task, &out_key).await
+            verify_existing(ctx, task, out_key).await?
         }
-        Err(e) => Err(e.into()),
+        Err(e) => return Err(e.into()),
+    };
+    if task.family.generates() {
+        crate::generation::forget(ctx, task).await;
     }
+    Ok(done)
 }
 
 async fn read_input(store: &dyn ObjectStore, task: &ShardTask) -> Result<ShardInput, ShardError> {
@@ -250,13 +306,12 @@ async fn read_input(store: &dyn ObjectStore, task: &ShardTask) -> Result<ShardIn
     let bytes = got.bytes().await?;
     let input: ShardInput = decode("shard input", &bytes, limits::MAX_SHARD_INPUT_BYTES)
         .map_err(|e| ShardError::Permanent(format!("{key}: {e}")))?;
-    if input.job != task.job || input.shard != task.shard || input.texts.len() != task.rows as usize
-    {
+    if input.job != task.job || input.shard != task.shard || input.len() != task.rows as usize {
         return Err(ShardError::Permanent(format!(
             "shard input {key} holds job {} shard {} with {} records; the task expects job {} shard {} with {}",
             input.job,
             input.shard,
-            input.texts.len(),
+            input.len(),
             task.job,
             task.shard,
             task.rows
@@ -281,8 +336,15 @@ async fn verify_existing(ctx: &Ctx, task: &ShardTask, key: &StorePath) -> Result
         )));
     }
     out.check_shape().map_err(ShardError::Permanent)?;
+    let tokens = match &out.payload {
+        minions_schemas::messages::OutputPayload::Generations { records } => {
+            records.iter().map(|g| u64::from(g.completion_tokens)).sum()
+        }
+        _ => 0,
+    };
     Ok(Done {
         rows: out.rows,
+        tokens,
         sha256: hex::encode(Sha256::digest(&bytes)),
         output_bytes: 0,
         compute_ms: 0,
@@ -307,6 +369,7 @@ async fn settle(
                 compute_ms: done.compute_ms,
                 already_done: done.already_done,
                 sha256: done.sha256,
+                tokens: done.tokens,
             };
             if !done.already_done {
                 ctx.record_duration(duration_ms);
@@ -429,7 +492,7 @@ async fn term(ctx: &Ctx, msg: &Message, reason: &str) {
 /// the stream to store it; without, as a plain publish the stream stores
 /// without answering (nobody would read the answer). Returns whether it was
 /// sent (and, with `confirm`, stored).
-async fn publish_event(
+pub(crate) async fn publish_event(
     ctx: &Ctx,
     task: &ShardTask,
     attempt: u64,

@@ -1,17 +1,21 @@
 //! `minions collect`: merge a finished job's shard outputs, in input order,
-//! into one `.npy` file (float32 `[records, dim]`).
+//! into one `.npy` file (float32 `[records, dim]`) for embedding jobs, or
+//! one JSON line per record for generation jobs (ours, or OpenAI's batch
+//! output shape).
 
 use std::io::Write;
 use std::path::Path;
 
 use anyhow::{Context, bail};
 use futures::StreamExt;
-use minions_schemas::messages::{JobSpec, OutputPayload, ShardOutput};
+use minions_schemas::messages::{
+    FinishReason, Generation, JobSpec, OutputPayload, ShardInput, ShardOutput,
+};
 use minions_schemas::{JobId, keys, limits};
 use object_store::ObjectStore;
 use object_store::path::Path as StorePath;
 
-use crate::cli::{CollectArgs, Endpoints};
+use crate::cli::{CollectArgs, CollectFormat, Endpoints};
 use crate::npy;
 use crate::store_io::{get_doc, job_spec};
 
@@ -23,8 +27,10 @@ const FETCH_WINDOW: usize = 8;
 pub struct CollectReport {
     /// Rows written.
     pub rows: u64,
-    /// Vector length.
+    /// Vector length (0 for generation jobs).
     pub dim: u32,
+    /// Records that could not run (generation jobs).
+    pub errors: u64,
 }
 
 /// Runs `minions collect`.
@@ -42,7 +48,11 @@ pub async fn run(endpoints: &Endpoints, args: &CollectArgs) -> anyhow::Result<Co
             shown.join(", ")
         );
     }
-    write_npy(store, &spec, &args.output).await
+    if spec.family.generates() {
+        write_jsonl(store, &spec, &args.output, args.format).await
+    } else {
+        write_npy(store, &spec, &args.output).await
+    }
 }
 
 async fn missing_outputs(store: &dyn ObjectStore, spec: &JobSpec) -> anyhow::Result<Vec<u32>> {
@@ -100,7 +110,9 @@ async fn write_npy(
     let mut rows = 0u64;
     while let Some(out) = outputs.next().await {
         let out = out?;
-        let OutputPayload::Embeddings { dim: d, data } = &out.payload;
+        let OutputPayload::Embeddings { dim: d, data } = &out.payload else {
+            bail!("shard {} holds generations, not vectors", out.shard);
+        };
         match dim {
             None => {
                 npy::write_f32_header(&mut w, spec.records, u64::from(*d))?;
@@ -126,5 +138,142 @@ async fn write_npy(
     std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
     let dim = dim.unwrap_or(0);
     tracing::info!(job = %spec.job, rows, dim, output = %path.display(), "collected");
-    Ok(CollectReport { rows, dim })
+    Ok(CollectReport {
+        rows,
+        dim,
+        errors: 0,
+    })
+}
+
+async fn write_jsonl(
+    store: std::sync::Arc<dyn ObjectStore>,
+    spec: &JobSpec,
+    path: &Path,
+    format: CollectFormat,
+) -> anyhow::Result<CollectReport> {
+    let tmp = path.with_extension("jsonl.part");
+    let file =
+        std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
+    let ids = futures::stream::iter(0..spec.shards)
+        .map(|s| {
+            let store = store.clone();
+            async move {
+                let key = StorePath::from(keys::shard_input(&spec.job, s));
+                let input: Option<ShardInput> = get_doc(
+                    store.as_ref(),
+                    &key,
+                    "shard input",
+                    limits::MAX_SHARD_INPUT_BYTES,
+                )
+                .await?;
+                anyhow::Ok(input.and_then(|i| i.ids))
+            }
+        })
+        .buffered(FETCH_WINDOW);
+    let mut outputs = futures::stream::iter(0..spec.shards)
+        .map(|s| fetch(store.clone(), spec, s))
+        .buffered(FETCH_WINDOW)
+        .zip(ids);
+    let (mut rows, mut errors) = (0u64, 0u64);
+    let created = minions_schemas::time::now_ms() / 1000;
+    while let Some((out, ids)) = outputs.next().await {
+        let (out, ids) = (out?, ids?);
+        let OutputPayload::Generations { records } = &out.payload else {
+            bail!("shard {} holds vectors, not generations", out.shard);
+        };
+        for (i, g) in records.iter().enumerate() {
+            let row = out.first_row + i as u64;
+            let id = ids
+                .as_ref()
+                .and_then(|v| v.get(i).cloned())
+                .unwrap_or_else(|| row.to_string());
+            if g.finish_reason == FinishReason::Error {
+                errors += 1;
+            }
+            let line = match format {
+                CollectFormat::Jsonl => jsonl_line(&id, g),
+                CollectFormat::Openai => openai_line(&id, row, g, spec, created),
+            };
+            serde_json::to_writer(&mut w, &line)?;
+            w.write_all(b"\n")?;
+        }
+        rows += out.rows;
+    }
+    w.flush()?;
+    drop(w);
+    if rows != spec.records {
+        bail!(
+            "outputs hold {rows} rows, the job has {} records",
+            spec.records
+        );
+    }
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    tracing::info!(job = %spec.job, rows, errors, output = %path.display(), "collected");
+    Ok(CollectReport {
+        rows,
+        dim: 0,
+        errors,
+    })
+}
+
+/// Our line: `{"id", "text", "finish_reason", "prompt_tokens",
+/// "completion_tokens"}`, plus `"error"` for a record that could not run.
+fn jsonl_line(id: &str, g: &Generation) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "id": id,
+        "text": g.text,
+        "finish_reason": g.finish_reason.as_str(),
+        "prompt_tokens": g.prompt_tokens,
+        "completion_tokens": g.completion_tokens,
+    });
+    if let Some(e) = &g.error {
+        v["error"] = serde_json::Value::String(e.clone());
+    }
+    v
+}
+
+/// An OpenAI Batch API output line for the request `custom_id`.
+fn openai_line(
+    custom_id: &str,
+    row: u64,
+    g: &Generation,
+    spec: &JobSpec,
+    created: u64,
+) -> serde_json::Value {
+    let request_id = format!("{}-{row}", spec.job);
+    if let Some(e) = &g.error {
+        return serde_json::json!({
+            "id": format!("batch_req_{request_id}"),
+            "custom_id": custom_id,
+            "response": null,
+            "error": {"code": "invalid_request", "message": e},
+        });
+    }
+    serde_json::json!({
+        "id": format!("batch_req_{request_id}"),
+        "custom_id": custom_id,
+        "response": {
+            "status_code": 200,
+            "request_id": request_id,
+            "body": {
+                "id": format!("chatcmpl-{request_id}"),
+                "object": "chat.completion",
+                "created": created,
+                "model": spec.model_name.as_str(),
+                "choices": [{
+                    "index": 0,
+                    "message": {"role": "assistant", "content": g.text},
+                    "logprobs": null,
+                    "finish_reason": g.finish_reason.as_str(),
+                }],
+                "usage": {
+                    "prompt_tokens": g.prompt_tokens,
+                    "completion_tokens": g.completion_tokens,
+                    "total_tokens": g.prompt_tokens + g.completion_tokens,
+                },
+            },
+        },
+        "error": null,
+    })
 }

@@ -19,8 +19,23 @@ use tokio::io::AsyncWriteExt;
 use crate::cli::{Endpoints, ModelListArgs, ModelPushArgs};
 use crate::store_io::model_records;
 
-/// Which family a folder holds, from the files it has.
+/// Which family a folder holds, from the files it has: one `.gguf` file
+/// is a generation model, otherwise the named files decide.
 pub fn detect_family(names: &[String]) -> anyhow::Result<ModelFamily> {
+    let ggufs: Vec<&String> = names.iter().filter(|n| is_gguf(n)).collect();
+    match ggufs.len() {
+        0 => {}
+        1 => return Ok(ModelFamily::LlmGeneration),
+        _ => bail!(
+            "the folder holds {} .gguf files ({}); a generation model is exactly one: push the file itself",
+            ggufs.len(),
+            ggufs
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
     let mut wants = Vec::new();
     for family in ModelFamily::ALL {
         let missing: Vec<&str> = family
@@ -38,7 +53,14 @@ pub fn detect_family(names: &[String]) -> anyhow::Result<ModelFamily> {
             missing.join(", ")
         ));
     }
+    wants.push("an llm-generation model is one .gguf file".into());
     bail!("not a model folder Minions knows: {}", wants.join("; "))
+}
+
+fn is_gguf(name: &str) -> bool {
+    Path::new(name)
+        .extension()
+        .is_some_and(|x| x.eq_ignore_ascii_case("gguf"))
 }
 
 fn hash_file(path: &Path) -> anyhow::Result<(u64, String)> {
@@ -54,13 +76,39 @@ fn hash_file(path: &Path) -> anyhow::Result<(u64, String)> {
 pub async fn push(endpoints: &Endpoints, args: ModelPushArgs) -> anyhow::Result<ModelRecord> {
     let name = ModelName::new(&args.name).context("--name")?;
     let store = minions_schemas::endpoints::store::open(&endpoints.store_url())?;
-    let entries = std::fs::read_dir(&args.dir)
-        .with_context(|| format!("cannot read model folder {}", args.dir.display()))?;
+    // A single file (a GGUF model) is pushed as a folder holding it alone.
+    let (dir, only) = if args.dir.is_file() {
+        let name = args
+            .dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .with_context(|| format!("{} has no file name", args.dir.display()))?;
+        let parent = args
+            .dir
+            .parent()
+            .map(|p| {
+                if p.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    p
+                }
+            })
+            .unwrap_or(Path::new("."))
+            .to_owned();
+        (parent, Some(name))
+    } else {
+        (args.dir.clone(), None)
+    };
+    let entries = std::fs::read_dir(&dir)
+        .with_context(|| format!("cannot read model folder {}", dir.display()))?;
     let mut names = Vec::new();
     for entry in entries {
         let entry = entry?;
         let file_name = entry.file_name().to_string_lossy().into_owned();
         if file_name.starts_with('.') || !entry.file_type()?.is_file() {
+            continue;
+        }
+        if only.as_ref().is_some_and(|o| *o != file_name) {
             continue;
         }
         if !keys::valid_model_file_name(&file_name) {
@@ -71,9 +119,22 @@ pub async fn push(endpoints: &Endpoints, args: ModelPushArgs) -> anyhow::Result<
     }
     names.sort();
     let family = detect_family(&names).with_context(|| format!("{}", args.dir.display()))?;
+    let mut context = None;
+    if family == ModelFamily::LlmGeneration {
+        // A generation model is one GGUF file; the rest of a folder stays home.
+        names.retain(|n| is_gguf(n));
+        let path = dir.join(&names[0]);
+        let summary = tokio::task::spawn_blocking(move || minions_engine::llm::inspect(&path))
+            .await?
+            .map_err(anyhow::Error::new)
+            .context("the model cannot be pushed")?;
+        tracing::info!(arch = %summary.arch, context = summary.context, vocab = summary.vocab,
+            chat_template = summary.chat_template, "GGUF model checked");
+        context = Some(u32::try_from(summary.context).unwrap_or(u32::MAX));
+    }
     let mut files = Vec::new();
     for n in &names {
-        let path = args.dir.join(n);
+        let path = dir.join(n);
         let (bytes, sha256) = tokio::task::spawn_blocking(move || hash_file(&path)).await??;
         files.push(ModelFile {
             name: n.clone(),
@@ -96,7 +157,7 @@ pub async fn push(endpoints: &Endpoints, args: ModelPushArgs) -> anyhow::Result<
             continue;
         }
         tracing::info!(file = %f.name, bytes = f.bytes, "uploading");
-        let mut src = tokio::fs::File::open(args.dir.join(&f.name)).await?;
+        let mut src = tokio::fs::File::open(dir.join(&f.name)).await?;
         let mut dst = BufWriter::new(store.clone(), key.clone());
         tokio::io::copy(&mut src, &mut dst)
             .await
@@ -117,6 +178,7 @@ pub async fn push(endpoints: &Endpoints, args: ModelPushArgs) -> anyhow::Result<
         family,
         bytes: manifest.total_bytes(),
         pushed_ms: now_ms(),
+        context,
     };
     store
         .put(
@@ -167,6 +229,25 @@ pub async fn list(endpoints: &Endpoints, args: &ModelListArgs) -> anyhow::Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_gguf_file_is_a_generation_model() {
+        let names = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert!(matches!(
+            detect_family(&names(&["README.md", "m.Q4_1.gguf"])),
+            Ok(ModelFamily::LlmGeneration)
+        ));
+        let err = detect_family(&names(&["a.gguf", "b.GGUF"]))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("2 .gguf files"), "{err}");
+        let err = detect_family(&names(&["README.md"]))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains(".gguf"), "{err}");
+    }
 
     #[test]
     fn detects_bert_and_names_missing_files() {

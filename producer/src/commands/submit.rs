@@ -12,7 +12,9 @@ use anyhow::{Context, bail};
 use async_nats::jetstream;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use minions_schemas::messages::{EventKind, InputDescription, JobSpec, ShardInput};
+use minions_schemas::messages::{
+    EventKind, GenerationRecord, InputDescription, JobSpec, ShardInput,
+};
 use minions_schemas::time::now_ms;
 use minions_schemas::{JobId, ModelName, SCHEMA_VERSION, encode, keys, subjects};
 use object_store::path::Path as StorePath;
@@ -21,6 +23,7 @@ use sha2::{Digest, Sha256};
 
 use crate::cli::{Endpoints, SubmitArgs};
 use crate::jsonl::{JsonlReader, ReadError, Record};
+use crate::prompts::GenDefaults;
 use crate::store_io::{get_doc, model_record};
 
 /// Uploads in flight at once.
@@ -89,13 +92,17 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
         args.id_field.as_deref(),
         args.max_line_bytes,
     );
+    let generates = record.family.generates();
+    if generates {
+        reader = reader.for_generation(gen_defaults(&args, record.context)?);
+    }
     let source = args.input.display().to_string();
     tracing::info!(job = %job, input = %source, bytes = input_bytes, shard_size = args.shard_size, "reading input");
 
     // Pass: read, cut, upload. Nothing is published yet.
     let started = Instant::now();
     let mut uploads = FuturesUnordered::new();
-    let mut cutter = Cutter::new(&job, args.shard_size, args.id_field.is_some());
+    let mut cutter = Cutter::new(&job, args.shard_size, args.id_field.is_some() || generates);
     let mut skipped: u64 = 0;
     let mut last_report = Instant::now();
     loop {
@@ -157,7 +164,11 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
             source,
             sha256,
             bytes: input_bytes,
-            text_field: args.text_field.clone(),
+            text_field: if generates {
+                "prompt|messages".into()
+            } else {
+                args.text_field.clone()
+            },
             id_field: args.id_field.clone(),
         },
         shard_size: args.shard_size,
@@ -227,6 +238,36 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
     Ok(report)
 }
 
+/// The job-level defaults of a generation job, checked.
+fn gen_defaults(args: &SubmitArgs, context: Option<u32>) -> anyhow::Result<GenDefaults> {
+    if !(args.temperature >= 0.0 && args.temperature.is_finite()) {
+        bail!("--temperature {} must be 0 or more", args.temperature);
+    }
+    if !(args.top_p > 0.0 && args.top_p <= 1.0) {
+        bail!("--top-p {} must be above 0 and at most 1", args.top_p);
+    }
+    if let Some(ctx) = context
+        && args.max_tokens > ctx
+    {
+        bail!(
+            "--max-tokens {} exceeds the model's context of {ctx} tokens",
+            args.max_tokens
+        );
+    }
+    if args.stop.iter().any(String::is_empty) {
+        bail!("--stop needs a non-empty string");
+    }
+    Ok(GenDefaults {
+        max_tokens: args.max_tokens,
+        temperature: args.temperature,
+        top_p: args.top_p,
+        top_k: args.top_k,
+        seed: args.seed,
+        stop: args.stop.clone(),
+        context,
+    })
+}
+
 fn reader_hash<R: std::io::Read>(reader: JsonlReader<BufReader<HashingReader<R>>>) -> Vec<u8> {
     reader.into_inner().into_inner().hasher.finalize().to_vec()
 }
@@ -255,6 +296,7 @@ struct Cutter {
     /// Records taken so far.
     records: u64,
     texts: Vec<String>,
+    gens: Vec<GenerationRecord>,
     ids: Vec<String>,
 }
 
@@ -267,18 +309,34 @@ impl Cutter {
             shard: 0,
             records: 0,
             texts: Vec::new(),
+            gens: Vec::new(),
             ids: Vec::new(),
         }
     }
 
+    /// Records in the shard being filled.
+    fn pending(&self) -> usize {
+        self.texts.len() + self.gens.len()
+    }
+
     /// Takes a record; returns a shard input when one is full.
     fn push(&mut self, rec: Record) -> anyhow::Result<Option<ShardInput>> {
+        let row = self.records;
         self.records += 1;
-        self.texts.push(rec.text);
-        if let Some(id) = rec.id {
-            self.ids.push(id);
+        match rec.generation {
+            Some(g) => {
+                self.gens.push(g);
+                // Every generation record has an id: its own, else its row.
+                self.ids.push(rec.id.unwrap_or_else(|| row.to_string()));
+            }
+            None => {
+                self.texts.push(rec.text);
+                if let Some(id) = rec.id {
+                    self.ids.push(id);
+                }
+            }
         }
-        if self.texts.len() == self.shard_size {
+        if self.pending() == self.shard_size {
             return self.cut().map(Some);
         }
         Ok(None)
@@ -286,7 +344,7 @@ impl Cutter {
 
     /// The last, partly filled shard input, if any.
     fn finish(&mut self) -> anyhow::Result<Option<ShardInput>> {
-        if self.texts.is_empty() {
+        if self.pending() == 0 {
             return Ok(None);
         }
         self.cut().map(Some)
@@ -297,9 +355,10 @@ impl Cutter {
             v: SCHEMA_VERSION,
             job: self.job.clone(),
             shard: self.shard,
-            first_row: self.records - self.texts.len() as u64,
+            first_row: self.records - self.pending() as u64,
             ids: self.with_ids.then(|| std::mem::take(&mut self.ids)),
             texts: std::mem::take(&mut self.texts),
+            records: std::mem::take(&mut self.gens),
         };
         self.shard = self
             .shard
@@ -373,6 +432,7 @@ mod tests {
         let mut cut = Vec::new();
         for i in 0..5 {
             let rec = Record {
+                generation: None,
                 id: Some(i.to_string()),
                 text: format!("t{i}"),
             };

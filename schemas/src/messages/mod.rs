@@ -4,6 +4,7 @@
 
 mod control;
 mod dead_letter;
+mod generation;
 mod heartbeat;
 mod job_manifest;
 mod job_spec;
@@ -15,11 +16,14 @@ mod worker_record;
 
 pub use control::{Control, ControlCommand, ControlReply};
 pub use dead_letter::DeadLetter;
+pub use generation::{
+    ChatTurn, FinishReason, Generation, GenerationRecord, Prompt, SamplingParams,
+};
 pub use heartbeat::{Heartbeat, InFlight};
 pub use job_manifest::{JobManifest, ManifestShard};
 pub use job_spec::{InputDescription, JobSpec};
 pub use model::{ModelFamily, ModelFile, ModelManifest, ModelRecord, Precision};
 pub use shard_event::{EventKind, ShardEvent};
-pub use shard_io::{OutputPayload, ShardInput, ShardOutput};
+pub use shard_io::{OutputPayload, ShardCheckpoint, ShardInput, ShardOutput};
 pub use shard_task::ShardTask;
 pub use worker_record::{WorkerRecord, WorkerState};

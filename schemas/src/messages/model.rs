@@ -11,6 +11,9 @@ pub enum ModelFamily {
     /// BERT sentence embeddings, mean pooling, L2 normalised
     /// (sentence-transformers' all-MiniLM-L6-v2 layout).
     BertEmbedding,
+    /// A language model in one GGUF file (llama architecture), generating
+    /// text for prompts or chat messages.
+    LlmGeneration,
 }
 
 impl ModelFamily {
@@ -18,17 +21,26 @@ impl ModelFamily {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::BertEmbedding => "bert-embedding",
+            Self::LlmGeneration => "llm-generation",
         }
     }
 
     /// Every family, for detection and help texts.
-    pub const ALL: [ModelFamily; 1] = [Self::BertEmbedding];
+    pub const ALL: [ModelFamily; 2] = [Self::BertEmbedding, Self::LlmGeneration];
 
-    /// The files a model folder of this family must hold.
+    /// The files a model folder of this family must hold by name (a
+    /// generation model instead holds exactly one `.gguf` file).
     pub fn required_files(self) -> &'static [&'static str] {
         match self {
             Self::BertEmbedding => &["config.json", "tokenizer.json", "model.safetensors"],
+            Self::LlmGeneration => &[],
         }
+    }
+
+    /// Whether this family generates text (its records are prompts, its
+    /// outputs generations) rather than embedding texts.
+    pub fn generates(self) -> bool {
+        matches!(self, Self::LlmGeneration)
     }
 }
 
@@ -130,6 +142,11 @@ pub struct ModelRecord {
     pub bytes: u64,
     /// When it was pushed (ms since the epoch).
     pub pushed_ms: u64,
+    /// A generation model's context length in tokens (prompt plus output),
+    /// read from the file at push time so that `submit` can refuse a
+    /// `max_tokens` no record could use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<u32>,
 }
 
 #[cfg(test)]

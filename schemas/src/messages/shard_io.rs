@@ -1,10 +1,11 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{JobId, ModelHash, WorkerId};
+use crate::messages::{Generation, GenerationRecord};
 
 /// One shard's input records, stored at [`crate::keys::shard_input`].
 /// Limit: [`crate::limits::MAX_SHARD_INPUT_BYTES`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ShardInput {
     /// Schema version.
     pub v: u16,
@@ -16,8 +17,23 @@ pub struct ShardInput {
     pub first_row: u64,
     /// The records' ids from the input, when the job names an id field.
     pub ids: Option<Vec<String>>,
-    /// The records' texts, in input order.
+    /// The records' texts, in input order (embedding jobs).
     pub texts: Vec<String>,
+    /// The records, in input order (generation jobs; `texts` is empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub records: Vec<GenerationRecord>,
+}
+
+impl ShardInput {
+    /// Records in this shard, whichever kind it holds.
+    pub fn len(&self) -> usize {
+        self.texts.len().max(self.records.len())
+    }
+
+    /// Whether it holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// A shard's result, by model family.
@@ -31,6 +47,11 @@ pub enum OutputPayload {
         /// `rows × dim × 4` bytes.
         #[serde(with = "serde_bytes")]
         data: Vec<u8>,
+    },
+    /// One generation per record, in input order.
+    Generations {
+        /// The results.
+        records: Vec<Generation>,
     },
 }
 
@@ -58,7 +79,8 @@ pub struct ShardOutput {
 
 impl ShardOutput {
     /// Checks that the payload's size matches `rows` (a defence against a
-    /// truncated or forged output); returns the vector length.
+    /// truncated or forged output); returns the vector length (0 for
+    /// generations).
     pub fn check_shape(&self) -> Result<u32, String> {
         match &self.payload {
             OutputPayload::Embeddings { dim, data } => {
@@ -78,6 +100,38 @@ impl ShardOutput {
                 }
                 Ok(*dim)
             }
+            OutputPayload::Generations { records } => {
+                if records.len() as u64 != self.rows {
+                    return Err(format!(
+                        "output of shard {} holds {} generations for {} rows",
+                        self.shard,
+                        records.len(),
+                        self.rows
+                    ));
+                }
+                Ok(0)
+            }
         }
     }
+}
+
+/// Records a delivery of a long shard has finished so far, stored at
+/// [`crate::keys::shard_checkpoint`] (overwritten as the shard goes on).
+/// A redelivery keeps these and runs only the rest; each record's result
+/// depends on the record alone, so the output is the same either way.
+/// Limit: [`crate::limits::MAX_SHARD_OUTPUT_BYTES`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardCheckpoint {
+    /// Schema version.
+    pub v: u16,
+    /// The job.
+    pub job: JobId,
+    /// The shard.
+    pub shard: u32,
+    /// Records in the shard.
+    pub rows: u64,
+    /// The model that made the results (a checkpoint of another is ignored).
+    pub model_hash: ModelHash,
+    /// Finished records: index within the shard, and result.
+    pub done: Vec<(u32, Generation)>,
 }

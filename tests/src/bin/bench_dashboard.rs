@@ -129,6 +129,7 @@ async fn simulate(
                         compute_ms: 8_000,
                         already_done: false,
                         sha256: "0".repeat(64),
+                        tokens: 0,
                     },
                 ),
                 (shard, EventKind::Started),

@@ -699,6 +699,7 @@ async fn sim_worker(
                     compute_ms: 0,
                     already_done: false,
                     sha256: "0".repeat(64),
+                    tokens: 0,
                 },
             );
             js.publish(

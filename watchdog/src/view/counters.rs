@@ -75,6 +75,8 @@ pub struct Counters {
     pub owner_handbacks: u64,
     /// Records embedded (of shards done).
     pub records: u64,
+    /// Tokens generated (of generation shards done).
+    pub tokens: u64,
     /// Deliveries beyond a shard's first.
     pub redeliveries: u64,
     /// Wall time of shards done, seconds.
@@ -90,6 +92,7 @@ impl Default for Counters {
             handed_back: 0,
             owner_handbacks: 0,
             records: 0,
+            tokens: 0,
             redeliveries: 0,
             durations: Histogram::new(&DURATION_BOUNDS),
         }

@@ -115,12 +115,20 @@ impl JobsView {
         let c = &mut self.counters;
         match &e.kind {
             EventKind::Started if e.attempt > 1 => c.redeliveries += 1,
-            EventKind::Submitted { .. } | EventKind::Started | EventKind::Requeued => {}
-            EventKind::Done { duration_ms, .. } => {
+            EventKind::Submitted { .. }
+            | EventKind::Started
+            | EventKind::Requeued
+            | EventKind::Progress { .. } => {}
+            EventKind::Done {
+                duration_ms,
+                tokens,
+                ..
+            } => {
                 if !was_done && j.fold.is_done(e.shard) {
                     let rows = j.fold.spec().shard_rows(e.shard);
                     c.done += 1;
                     c.records += rows;
+                    c.tokens += tokens;
                     c.durations.observe(*duration_ms as f64 / 1000.0);
                     record_minute(&mut self.minutes, e.at_ms, rows);
                     if let Some(w) = self.recent.get_mut(&e.worker) {
@@ -268,6 +276,7 @@ mod tests {
             compute_ms: ms,
             already_done: false,
             sha256: String::new(),
+            tokens: 0,
         }
     }
 

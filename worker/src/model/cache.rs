@@ -17,6 +17,11 @@ use tokio::sync::OnceCell;
 
 use super::{Model, ModelError};
 
+/// A store failure while fetching a model.
+fn store_err(e: object_store::Error) -> ModelError {
+    ModelError::Store(Box::new(e))
+}
+
 type Slot = Arc<OnceCell<Arc<dyn Model>>>;
 
 /// Fetches, verifies, loads and keeps models warm. Cheap to share behind an `Arc`.
@@ -29,6 +34,8 @@ pub struct ModelCache {
     loaded: Mutex<Vec<((ModelHash, Precision), Slot)>>,
     /// Most memory, MB, a model's files may take (the owner policy's cap).
     budget_mb: Option<u64>,
+    /// Memory, MB, a generation model's key/value caches take beside it.
+    kv_mb: u64,
 }
 
 fn cache_err(path: &Path) -> impl Fn(std::io::Error) -> ModelError + '_ {
@@ -69,6 +76,7 @@ impl ModelCache {
             keep_warm: keep_warm.max(1),
             loaded: Mutex::new(Vec::new()),
             budget_mb: None,
+            kv_mb: 0,
         }
     }
 
@@ -76,6 +84,13 @@ impl ModelCache {
     /// machine lends); such shards go back to the queue for a larger machine.
     pub fn with_budget_mb(mut self, budget_mb: Option<u64>) -> Self {
         self.budget_mb = budget_mb;
+        self
+    }
+
+    /// Counts `kv_mb` of key/value-cache memory beside every generation
+    /// model against the budget: a model fits only with room to generate.
+    pub fn with_kv_mb(mut self, kv_mb: u64) -> Self {
+        self.kv_mb = kv_mb;
         self
     }
 
@@ -97,7 +112,10 @@ impl ModelCache {
         let model = slot
             .get_or_try_init(|| async {
                 let manifest = self.fetch_manifest(hash).await?;
-                let needs_mb = manifest.total_bytes().div_ceil(1 << 20);
+                let mut needs_mb = manifest.total_bytes().div_ceil(1 << 20);
+                if manifest.family.generates() {
+                    needs_mb += self.kv_mb;
+                }
                 if let Some(budget_mb) = self.budget_mb
                     && needs_mb > budget_mb
                 {
@@ -117,7 +135,7 @@ impl ModelCache {
                 tracing::info!(model = hash.short(), family = %family, %precision, "loading model");
                 let started = std::time::Instant::now();
                 let model = tokio::task::spawn_blocking(move || {
-                    super::load(family, &dir, &device, precision)
+                    minions_engine::load(family, &dir, &device, precision)
                 })
                 .await
                 .map_err(|e| ModelError::Cache {
@@ -175,12 +193,12 @@ impl ModelCache {
                         reason: format!("manifest of {} is {} bytes", hash.short(), r.meta.size),
                     });
                 }
-                r.bytes().await?
+                r.bytes().await.map_err(store_err)?
             }
             Err(object_store::Error::NotFound { .. }) => {
                 return Err(ModelError::Unknown { hash: hash.clone() });
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(store_err(e)),
         };
         let manifest: ModelManifest =
             minions_schemas::decode("model manifest", &bytes, limits::MAX_MANIFEST_BYTES).map_err(
@@ -248,7 +266,7 @@ impl ModelCache {
                     reason: format!("model {} lacks file {name} in the store", hash.short()),
                 });
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(store_err(e)),
         };
         let tmp = path.with_extension(format!("part-{}", std::process::id()));
         let mut out = tokio::fs::File::create(&tmp)
@@ -257,7 +275,7 @@ impl ModelCache {
         let mut hasher = Sha256::new();
         let mut stream = result.into_stream();
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk?;
+            let chunk = chunk.map_err(store_err)?;
             hasher.update(&chunk);
             out.write_all(&chunk).await.map_err(cache_err(&tmp))?;
         }

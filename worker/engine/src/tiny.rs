@@ -155,7 +155,7 @@ pub fn write_tiny_bert(dir: &Path, spec: TinySpec) -> Result<(), ModelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{BertEmbedder, Precision};
+    use crate::{BertEmbedder, Precision};
 
     #[test]
     fn tiny_model_loads_and_embeds_unit_vectors() -> Result<(), Box<dyn std::error::Error>> {
@@ -166,14 +166,14 @@ mod tests {
             .iter()
             .map(|s| (*s).to_owned())
             .collect();
-        let v = m.embed(&texts, crate::model::Batching::texts(2))?;
+        let v = m.embed(&texts, crate::Batching::texts(2))?;
         assert_eq!(v.len(), texts.len() * m.dim());
         for row in v.chunks(m.dim()) {
             let n: f32 = row.iter().map(|x| x * x).sum::<f32>().sqrt();
             assert!((n - 1.0).abs() < 1e-5, "norm {n}");
         }
         // Batching and order do not change a row beyond rounding.
-        let one = m.embed(&texts[1..2], crate::model::Batching::texts(1))?;
+        let one = m.embed(&texts[1..2], crate::Batching::texts(1))?;
         let d = m.dim();
         let max = one
             .iter()

@@ -7,12 +7,14 @@ mod gelu;
 mod int8;
 mod lanes;
 mod layer_norm;
+mod quant;
 mod softmax;
 
 pub(crate) use attention::packed_attention;
 pub(crate) use gelu::bias_gelu;
 pub(crate) use int8::{Activation, Int8Weight, available as int8_available, linear as int8_linear};
 pub(crate) use layer_norm::{NormParams, layer_norm};
+pub(crate) use quant::{QuantWeight, quant_linear};
 pub(crate) use softmax::masked_softmax;
 
 /// `v` folded by `f` from `init`, eight lanes at a time so that it

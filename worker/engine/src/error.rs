@@ -55,9 +55,10 @@ pub enum ModelError {
         #[source]
         source: std::io::Error,
     },
-    /// The store failed while fetching the model.
+    /// The store failed while fetching the model (the worker's cache
+    /// reports this; the engine itself never touches the store).
     #[error("fetching model from the store: {0}")]
-    Store(#[from] object_store::Error),
+    Store(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl ModelError {

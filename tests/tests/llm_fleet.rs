@@ -1,0 +1,414 @@
+//! LLM generation through the fleet with the real SmolLM2-135M-Instruct
+//! Q4_1: a 2,000-prompt job on 2 workers, collected in input order; a
+//! worker killed (SIGKILL) mid-shard and an owner's return mid-shard, both
+//! resumed elsewhere from the shard's checkpoint with every record once;
+//! OpenAI batch files in and out; bad records, bad models.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use minions_tests::{Fleet, Result, real_gguf};
+
+/// Short raw prompts and chat prompts, each with its id.
+fn write_prompts(path: &Path, n: usize) -> Result<Vec<String>> {
+    let subjects = [
+        "cats", "rain", "rust", "tea", "maps", "snow", "bees", "jazz",
+    ];
+    let mut ids = Vec::with_capacity(n);
+    let mut out = String::new();
+    for i in 0..n {
+        let id = format!("p{i}");
+        let s = subjects[i % subjects.len()];
+        let line = if i % 5 == 4 {
+            serde_json::json!({"id": id, "messages": [{"role": "user", "content": format!("One word for {s}?")}]})
+        } else {
+            serde_json::json!({"id": id, "prompt": format!("{i} {s} are")})
+        };
+        out.push_str(&line.to_string());
+        out.push('\n');
+        ids.push(id);
+    }
+    std::fs::write(path, out)?;
+    Ok(ids)
+}
+
+fn push_smollm2(fleet: &Fleet) -> Result<()> {
+    fleet.cli(&[
+        "model",
+        "push",
+        &real_gguf()?.display().to_string(),
+        "--name",
+        "smollm2",
+    ])?;
+    Ok(())
+}
+
+fn read_lines(path: &Path) -> Result<Vec<serde_json::Value>> {
+    std::fs::read_to_string(path)?
+        .lines()
+        .map(|l| Ok(serde_json::from_str(l)?))
+        .collect()
+}
+
+fn count(log: &Path, needle: &str) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(needle))
+        .count()
+}
+
+/// The `key=value` of the last log line containing `needle`.
+fn last_value(log: &Path, needle: &str, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let line = text.lines().rev().find(|l| l.contains(needle))?;
+    let at = line.find(&format!("{key}="))? + key.len() + 1;
+    line[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_2000_prompt_job_completes_in_input_order() -> Result<()> {
+    let mut fleet = Fleet::local()?;
+    let r = big_job(&mut fleet).await;
+    fleet.explain(r)
+}
+
+async fn big_job(fleet: &mut Fleet) -> Result<()> {
+    push_smollm2(fleet)?;
+    let input = fleet.dir.path().join("prompts.jsonl");
+    let ids = write_prompts(&input, 2000)?;
+    fleet.add_watchdog(&[])?;
+    fleet.add_worker(&["--slots", "1"])?;
+    fleet.add_worker(&["--slots", "1"])?;
+    let started = Instant::now();
+    let job = fleet.cli(&[
+        "submit",
+        "--model",
+        "smollm2",
+        "--input",
+        &input.display().to_string(),
+        "--shard-size",
+        "125",
+        "--max-tokens",
+        "4",
+        "--job",
+        "gen2000",
+    ])?;
+    let status = fleet.wait_job(&job, Duration::from_secs(1500))?;
+    eprintln!(
+        "2,000 prompts done in {:.0} s; status: {} tokens, {:.1} tokens/s",
+        started.elapsed().as_secs_f64(),
+        status["tokens"],
+        status["token_rate"].as_f64().unwrap_or(0.0)
+    );
+    assert_eq!(status["state"], "done");
+    assert!(
+        status["tokens"].as_u64().unwrap_or(0) > 0,
+        "no tokens counted: {status}"
+    );
+    let out = fleet.dir.path().join("answers.jsonl");
+    fleet.cli(&["collect", &job, "--output", &out.display().to_string()])?;
+    let lines = read_lines(&out)?;
+    assert_eq!(lines.len(), 2000);
+    for (l, id) in lines.iter().zip(&ids) {
+        assert_eq!(l["id"], id.as_str());
+        let reason = l["finish_reason"].as_str().unwrap_or_default();
+        assert!(reason == "stop" || reason == "length", "{l}");
+        assert!(l["prompt_tokens"].as_u64().unwrap_or(0) > 0, "{l}");
+    }
+    Ok(())
+}
+
+/// A one-shard job whose worker is disrupted by `disrupt` once it has
+/// checkpointed some records; a second worker finishes it. Returns the
+/// records the first worker had finished and the second resumed with.
+async fn disrupted_shard(
+    fleet: &mut Fleet,
+    job: &str,
+    first_worker: &[&str],
+    disrupt: impl FnOnce(&mut Fleet) -> Result<()>,
+) -> Result<()> {
+    push_smollm2(fleet)?;
+    let input = fleet.dir.path().join(format!("{job}.jsonl"));
+    let ids = write_prompts(&input, 240)?;
+    fleet.add_watchdog(&[])?;
+    fleet.worker_env = vec![(
+        "RUST_LOG".into(),
+        "info,minions_worker::generation=debug".into(),
+    )];
+    let mut args = vec!["--slots", "1", "--checkpoint-secs", "1", "--max-seqs", "8"];
+    args.extend_from_slice(first_worker);
+    fleet.add_worker(&args)?;
+    let job = fleet.cli(&[
+        "submit",
+        "--model",
+        "smollm2",
+        "--input",
+        &input.display().to_string(),
+        "--shard-size",
+        "240",
+        "--max-tokens",
+        "12",
+        "--job",
+        job,
+    ])?;
+    let log1 = fleet.workers[0].log.clone();
+    let until = Instant::now() + Duration::from_secs(600);
+    while last_value(&log1, "checkpoint written", "records").unwrap_or(0) < 16 {
+        assert!(
+            Instant::now() < until,
+            "no checkpoint written:\n{}",
+            fleet.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    disrupt(fleet)?;
+    let finished_by_first = count(&log1, "record finished");
+    let checkpointed = last_value(&log1, "checkpoint written", "records").unwrap_or(0);
+    fleet.add_worker(&["--slots", "1", "--checkpoint-secs", "1"])?;
+    let status = fleet.wait_job(&job, Duration::from_secs(900))?;
+    assert_eq!(status["state"], "done");
+    let log2 = fleet.workers.last().ok_or("no worker")?.log.clone();
+    let resumed = last_value(&log2, "generation shard finished", "resumed").unwrap_or(0);
+    let recomputed = finished_by_first.saturating_sub(resumed as usize);
+    eprintln!(
+        "{job}: the first worker finished {finished_by_first} of 240 records and checkpointed {checkpointed}; \
+         the second resumed with {resumed}: {recomputed} records recomputed"
+    );
+    assert!(
+        resumed >= checkpointed,
+        "resumed {resumed} < checkpointed {checkpointed}"
+    );
+    assert!(resumed > 0);
+    let out = fleet.dir.path().join(format!("{job}.out.jsonl"));
+    fleet.cli(&["collect", &job, "--output", &out.display().to_string()])?;
+    let lines = read_lines(&out)?;
+    assert_eq!(lines.len(), 240, "each record once");
+    let mut seen = HashMap::new();
+    for (l, id) in lines.iter().zip(&ids) {
+        assert_eq!(l["id"], id.as_str());
+        *seen.entry(l["id"].to_string()).or_insert(0) += 1;
+    }
+    assert!(seen.values().all(|&n| n == 1));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_worker_resumes_from_the_checkpoint() -> Result<()> {
+    let mut fleet = Fleet::local()?;
+    let r = disrupted_shard(&mut fleet, "killed", &[], |f| {
+        f.workers[0].kill();
+        Ok(())
+    })
+    .await;
+    fleet.explain(r)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_owners_return_hands_back_after_a_checkpoint() -> Result<()> {
+    let mut fleet = Fleet::local()?;
+    let signal = fleet.dir.path().join("owner");
+    std::fs::write(&signal, "idle\n")?;
+    let policy = fleet.dir.path().join("policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "signals = [\"file:{}\"]\nmin_input_idle_secs = 60\nresume_after_secs = 600\nsample_every_ms = 100\n",
+            signal.display()
+        ),
+    )?;
+    let policy = policy.display().to_string();
+    let r = disrupted_shard(&mut fleet, "owned", &["--policy", &policy], |f| {
+        std::fs::write(f.dir.path().join("owner"), "active\n")?;
+        let log = f.workers[0].log.clone();
+        let until = Instant::now() + Duration::from_secs(10);
+        while count(&log, "shard handed back") == 0 {
+            if Instant::now() > until {
+                return Err("the shard was not handed back".into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    })
+    .await;
+    fleet.explain(r)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn openai_batch_files_round_trip_and_bad_input_is_named() -> Result<()> {
+    let mut fleet = Fleet::local()?;
+    let r = openai_and_bad_input(&mut fleet).await;
+    fleet.explain(r)
+}
+
+async fn openai_and_bad_input(fleet: &mut Fleet) -> Result<()> {
+    push_smollm2(fleet)?;
+    fleet.add_watchdog(&[])?;
+    fleet.add_worker(&["--slots", "1"])?;
+    let dir = fleet.dir.path().to_owned();
+    let path = |n: &str| dir.join(n).display().to_string();
+
+    // An OpenAI batch file, as OpenAI's docs shape it, submitted unchanged.
+    let mut batch = String::new();
+    for i in 0..12 {
+        let line = serde_json::json!({
+            "custom_id": format!("request-{}", 100 - i), "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "gpt-4o-mini", "messages": [
+                {"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": format!("Say hello number {i}.")}],
+                "max_tokens": 6}});
+        batch.push_str(&line.to_string());
+        batch.push('\n');
+    }
+    // One record too long for the model's context: it fails alone.
+    let long = "word ".repeat(9000);
+    batch.push_str(&serde_json::json!({"custom_id": "too-long", "method": "POST", "url": "/v1/chat/completions",
+        "body": {"messages": [{"role": "user", "content": long}], "max_tokens": 4}}).to_string());
+    batch.push('\n');
+    std::fs::write(dir.join("batch.jsonl"), batch)?;
+    let job = fleet.cli(&[
+        "submit",
+        "--model",
+        "smollm2",
+        "--input",
+        &path("batch.jsonl"),
+        "--shard-size",
+        "5",
+        "--job",
+        "openai",
+    ])?;
+    assert_eq!(
+        fleet.wait_job(&job, Duration::from_secs(600))?["state"],
+        "done"
+    );
+    fleet.cli(&[
+        "collect",
+        &job,
+        "--output",
+        &path("batch_out.jsonl"),
+        "--format",
+        "openai",
+    ])?;
+    let lines = read_lines(&dir.join("batch_out.jsonl"))?;
+    assert_eq!(lines.len(), 13);
+    for (i, l) in lines.iter().take(12).enumerate() {
+        assert_eq!(l["custom_id"], format!("request-{}", 100 - i));
+        assert_eq!(l["response"]["status_code"], 200);
+        let content = &l["response"]["body"]["choices"][0]["message"]["content"];
+        assert!(content.is_string(), "{l}");
+        assert!(
+            l["response"]["body"]["usage"]["completion_tokens"]
+                .as_u64()
+                .unwrap_or(0)
+                > 0,
+            "{l}"
+        );
+    }
+    let last = &lines[12];
+    assert_eq!(last["custom_id"], "too-long");
+    let message = last["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("exceeds the model's context"), "{last}");
+    eprintln!(
+        "OpenAI round trip: 12 answers with their custom_id; the over-long record: {message}"
+    );
+
+    // Bad records stop the submit at their line; nothing is published.
+    let cases = [
+        (
+            r#"{"id": 1, "text": "no prompt here"}"#,
+            "no \"prompt\" or \"messages\"",
+        ),
+        (
+            r#"{"id": 2, "messages": [{"role": "wizard", "content": "hi"}]}"#,
+            "role \"wizard\"",
+        ),
+        (
+            r#"{"id": 3, "prompt": "hi", "max_tokens": 100000}"#,
+            "exceeds the model's context of 8192",
+        ),
+    ];
+    for (i, (line, want)) in cases.iter().enumerate() {
+        let file = format!("bad{i}.jsonl");
+        std::fs::write(
+            dir.join(&file),
+            format!("{{\"id\": 0, \"prompt\": \"fine\"}}\n{line}\n"),
+        )?;
+        let out = fleet.cli_raw(&[
+            "submit",
+            "--model",
+            "smollm2",
+            "--input",
+            &path(&file),
+            "--job",
+            &format!("bad{i}"),
+        ])?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(err.contains("line 2") && err.contains(want), "{err}");
+        eprintln!(
+            "bad record refused: {}",
+            err.lines().last().unwrap_or_default()
+        );
+    }
+
+    // Bad models are refused at push, naming the file.
+    let real = std::fs::read(real_gguf()?)?;
+    std::fs::write(dir.join("truncated.gguf"), &real[..real.len() / 3])?;
+    let other = dir.join("mamba.gguf");
+    {
+        use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
+        let t = QTensor::quantize(
+            &candle_core::Tensor::zeros(
+                (4, 32),
+                candle_core::DType::F32,
+                &candle_core::Device::Cpu,
+            )?,
+            GgmlDType::F32,
+        )?;
+        let mut f = std::fs::File::create(&other)?;
+        gguf_file::write(
+            &mut f,
+            &[(
+                "general.architecture",
+                &gguf_file::Value::String("mamba".into()),
+            )],
+            &[("token_embd.weight", &t)],
+        )?;
+    }
+    for (file, want) in [
+        ("truncated.gguf", "truncated"),
+        ("mamba.gguf", "architecture \"mamba\" is not supported"),
+    ] {
+        let out = fleet.cli_raw(&["model", "push", &path(file), "--name", "bad"])?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(err.contains(file) && err.contains(want), "{err}");
+        eprintln!(
+            "bad model refused: {}",
+            err.lines().last().unwrap_or_default()
+        );
+    }
+    // The fleet still runs a good job after all that.
+    std::fs::write(dir.join("ok.jsonl"), "{\"prompt\": \"Hello\"}\n")?;
+    let job = fleet.cli(&[
+        "submit",
+        "--model",
+        "smollm2",
+        "--input",
+        &path("ok.jsonl"),
+        "--max-tokens",
+        "3",
+        "--job",
+        "after",
+    ])?;
+    assert_eq!(
+        fleet.wait_job(&job, Duration::from_secs(300))?["state"],
+        "done"
+    );
+    Ok(())
+}

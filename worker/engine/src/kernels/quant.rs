@@ -1,0 +1,495 @@
+//! Quantized matrix products in ggml's block formats (Q4_1, Q8_0) on the
+//! CPU, computing each output exactly as llama.cpp's CPU backend does.
+//!
+//! Activations are quantized per row in blocks of 32 (Q8_1 beside Q4_1
+//! weights, Q8_0 beside Q8_0), with ggml's scale (`amax / 127`), inverse
+//! (`127 / amax`) and round-half-to-even. Each output is one dot product
+//! over the whole row: per block, the integer products summed in eight
+//! lanes of four, scaled and accumulated with fused multiply-adds in lane
+//! order, the lanes added as ggml's `hsum_float_8` adds them, then (Q4_1)
+//! the minimums' term. So an output depends on its own row only, never on
+//! which rows share the product, and matches llama.cpp bit for bit.
+//!
+//! candle's own Q4_1 product is scalar; this one uses AVX2 where the CPU has
+//! it (`pulp`'s run-time check) and a portable path of the same arithmetic
+//! elsewhere. Four rows share each unpacked weight block.
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{CpuStorage, CustomOp1, Layout, Shape};
+use half::f16;
+use rayon::prelude::*;
+
+use super::{contiguous_f32, round_even};
+
+/// The op's name in errors.
+const OP: &str = "quantized linear";
+/// Values per block.
+const QK: usize = 32;
+/// Rows computed together against one weight block.
+const MR: usize = 4;
+/// Output columns per parallel task.
+const COLS_PER_TASK: usize = 16;
+
+/// A weight matrix `(n, k)` in one of the block formats, unpacked into
+/// arrays of scales and quants.
+pub(crate) struct QuantWeight {
+    n: usize,
+    k: usize,
+    /// Blocks per row: `k / 32`.
+    kb: usize,
+    /// Per block: scale (f16 widened).
+    d: Vec<f32>,
+    /// Per block, Q4_1 only: minimum (f16 widened).
+    m: Vec<f32>,
+    /// Per block, Q4_1: 16 bytes of nibble pairs (element j low, j + 16
+    /// high); Q8_0: 32 signed bytes.
+    q4: Vec<[u8; 16]>,
+    q8: Vec<[i8; 32]>,
+    kind: Kind,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    Q4_1,
+    Q8_0,
+}
+
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+impl QuantWeight {
+    /// Unpacks `t` (`(n, k)`, a CPU tensor) when it is Q4_1 or Q8_0 with
+    /// `k` a multiple of 32; `None` for other formats (callers use
+    /// candle's product for those).
+    pub(crate) fn from_qtensor(t: &QTensor) -> candle_core::Result<Option<Self>> {
+        let kind = match t.dtype() {
+            GgmlDType::Q4_1 => Kind::Q4_1,
+            GgmlDType::Q8_0 => Kind::Q8_0,
+            _ => return Ok(None),
+        };
+        let (n, k) = t.shape().dims2()?;
+        if k % QK != 0 {
+            return Ok(None);
+        }
+        let kb = k / QK;
+        let data = t.data()?;
+        let size = match kind {
+            Kind::Q4_1 => 20,
+            Kind::Q8_0 => 34,
+        };
+        if data.len() != n * kb * size {
+            candle_core::bail!("{OP}: {} bytes for {n} × {k} in {:?}", data.len(), kind);
+        }
+        let blocks = n * kb;
+        let mut w = Self {
+            n,
+            k,
+            kb,
+            d: Vec::with_capacity(blocks),
+            m: Vec::new(),
+            q4: Vec::new(),
+            q8: Vec::new(),
+            kind,
+        };
+        for b in data.chunks_exact(size) {
+            w.d.push(f16_at(b, 0));
+            match kind {
+                Kind::Q4_1 => {
+                    w.m.push(f16_at(b, 2));
+                    let mut q = [0u8; 16];
+                    q.copy_from_slice(&b[4..20]);
+                    w.q4.push(q);
+                }
+                Kind::Q8_0 => {
+                    let mut q = [0i8; 32];
+                    for (o, &x) in q.iter_mut().zip(&b[2..34]) {
+                        *o = x as i8;
+                    }
+                    w.q8.push(q);
+                }
+            }
+        }
+        Ok(Some(w))
+    }
+}
+
+/// Rows of activations quantized per block of 32.
+struct Acts {
+    /// Per block: scale, f16-rounded as ggml stores it.
+    d: Vec<f32>,
+    /// Per block (Q8_1): `d · Σq`, f16-rounded.
+    s: Vec<f32>,
+    q: Vec<[i8; 32]>,
+}
+
+/// ggml's `quantize_row_q8_1` / `quantize_row_q8_0` of every row of `x`.
+fn quantize(x: &[f32], rows: usize, k: usize, with_sums: bool) -> Acts {
+    let kb = k / QK;
+    let mut a = Acts {
+        d: vec![0.0; rows * kb],
+        s: if with_sums {
+            vec![0.0; rows * kb]
+        } else {
+            Vec::new()
+        },
+        q: vec![[0; 32]; rows * kb],
+    };
+    for (i, block) in x.chunks_exact(QK).enumerate() {
+        let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let mut sum = 0i32;
+        for (o, &v) in a.q[i].iter_mut().zip(block) {
+            let r = round_even((v * id).clamp(-128.0, 127.0)).0;
+            sum += r;
+            *o = r as i8;
+        }
+        a.d[i] = f16::from_f32(d).to_f32();
+        if with_sums {
+            a.s[i] = f16::from_f32(d * sum as f32).to_f32();
+        }
+    }
+    a
+}
+
+/// ggml's `hsum_float_8`: the order its lanes are added in.
+#[inline(always)]
+fn hsum8(a: [f32; 8]) -> f32 {
+    ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+}
+
+/// Integer products of one block summed four at a time: lane `l` holds
+/// elements `4l..4l + 4`.
+#[inline(always)]
+fn lane_sums(x: &[i8; 32], y: &[i8; 32]) -> [f32; 8] {
+    let mut out = [0f32; 8];
+    for (l, o) in out.iter_mut().enumerate() {
+        let mut s = 0i32;
+        for j in 4 * l..4 * l + 4 {
+            s += i32::from(x[j]) * i32::from(y[j]);
+        }
+        *o = s as f32;
+    }
+    out
+}
+
+/// The nibbles of a Q4_1 block as 32 bytes in element order.
+#[inline(always)]
+fn unpack4(q: &[u8; 16]) -> [i8; 32] {
+    let mut out = [0i8; 32];
+    for j in 0..16 {
+        out[j] = (q[j] & 0x0f) as i8;
+        out[j + 16] = (q[j] >> 4) as i8;
+    }
+    out
+}
+
+/// The portable path: the same arithmetic, lane by lane.
+fn dot_plain(w: &QuantWeight, a: &Acts, col: usize, row: usize) -> f32 {
+    let (wb, ab) = (col * w.kb, row * w.kb);
+    let mut acc = [0f32; 8];
+    let mut summs = 0f32;
+    for b in 0..w.kb {
+        let (x, scale) = match w.kind {
+            Kind::Q4_1 => {
+                summs = w.m[wb + b].mul_add(a.s[ab + b], summs);
+                (unpack4(&w.q4[wb + b]), w.d[wb + b] * a.d[ab + b])
+            }
+            Kind::Q8_0 => (w.q8[wb + b], w.d[wb + b] * a.d[ab + b]),
+        };
+        let lanes = lane_sums(&x, &a.q[ab + b]);
+        for (acc, v) in acc.iter_mut().zip(lanes) {
+            *acc = scale.mul_add(v, *acc);
+        }
+    }
+    hsum8(acc) + summs
+}
+
+/// `x · Wᵀ` for `x` of `rows × k` (row-major), into `out` (`rows × n`).
+fn product(w: &QuantWeight, x: &[f32], rows: usize, out: &mut [f32]) {
+    let a = quantize(x, rows, w.k, w.kind == Kind::Q4_1);
+    let simd = simd::Simd::try_new();
+    let n = w.n;
+    // Each task fills a band of columns for every row: tasks own disjoint
+    // output cells, gathered by column band, then scattered into rows.
+    let bands: Vec<(usize, Vec<f32>)> = (0..n.div_ceil(COLS_PER_TASK))
+        .into_par_iter()
+        .map(|band| {
+            let c0 = band * COLS_PER_TASK;
+            let c1 = (c0 + COLS_PER_TASK).min(n);
+            let mut vals = vec![0f32; (c1 - c0) * rows];
+            match simd {
+                Some(s) => s.band(w, &a, c0..c1, rows, &mut vals),
+                None => {
+                    for c in c0..c1 {
+                        for r in 0..rows {
+                            vals[(c - c0) * rows + r] = dot_plain(w, &a, c, r);
+                        }
+                    }
+                }
+            }
+            (c0, vals)
+        })
+        .collect();
+    for (c0, vals) in bands {
+        let width = vals.len() / rows.max(1);
+        for (j, col) in vals.chunks_exact(rows.max(1)).enumerate().take(width) {
+            for (r, &v) in col.iter().enumerate() {
+                out[r * n + c0 + j] = v;
+            }
+        }
+    }
+}
+
+/// The op: `x · Wᵀ` over the last dimension of `x`.
+struct Linear<'a>(&'a QuantWeight);
+
+impl CustomOp1 for Linear<'_> {
+    fn name(&self) -> &'static str {
+        OP
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = contiguous_f32(OP, s, l)?;
+        let dims = l.dims();
+        let Some((&k, lead)) = dims.split_last() else {
+            candle_core::bail!("{OP}: a scalar input");
+        };
+        if k != self.0.k {
+            candle_core::bail!("{OP}: input of {k} features for a weight of {}", self.0.k);
+        }
+        let rows: usize = lead.iter().product();
+        let mut out = vec![0f32; rows * self.0.n];
+        product(self.0, x, rows, &mut out);
+        let mut shape = lead.to_vec();
+        shape.push(self.0.n);
+        Ok((CpuStorage::F32(out), Shape::from(shape)))
+    }
+}
+
+/// `x · Wᵀ`: `x` an f32 CPU tensor whose last dimension is `k`.
+pub(crate) fn quant_linear(
+    w: &QuantWeight,
+    x: &candle_core::Tensor,
+) -> candle_core::Result<candle_core::Tensor> {
+    x.contiguous()?.apply_op1_no_bwd(&Linear(w))
+}
+
+/// The AVX2 path.
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use super::{Acts, Kind, MR, QuantWeight, hsum8};
+    use pulp::bytemuck::cast;
+    use pulp::x86::V3;
+    use std::arch::x86_64::{__m128i, __m256, __m256i};
+
+    /// Proof that the CPU has AVX2 and FMA.
+    #[derive(Clone, Copy)]
+    pub(super) struct Simd(V3);
+
+    impl Simd {
+        pub(super) fn try_new() -> Option<Self> {
+            V3::try_new().map(Self)
+        }
+
+        /// Columns `cols` of every row into `out` (column-major: column
+        /// `c - cols.start`, row `r` at `(c - start) · rows + r`).
+        pub(super) fn band(
+            self,
+            w: &QuantWeight,
+            a: &Acts,
+            cols: std::ops::Range<usize>,
+            rows: usize,
+            out: &mut [f32],
+        ) {
+            let v3 = self.0;
+            v3.vectorize(
+                #[inline(always)]
+                || {
+                    for c in cols.clone() {
+                        let mut r0 = 0;
+                        while r0 < rows {
+                            let nr = (rows - r0).min(MR);
+                            let sums = tile(v3, w, a, c, r0, nr);
+                            for (i, v) in sums.iter().take(nr).enumerate() {
+                                out[(c - cols.start) * rows + r0 + i] = *v;
+                            }
+                            r0 += nr;
+                        }
+                    }
+                },
+            )
+        }
+    }
+
+    /// Column `c` against rows `r0..r0 + nr` (`nr ≤ MR`).
+    #[inline(always)]
+    fn tile(v3: V3, w: &QuantWeight, a: &Acts, c: usize, r0: usize, nr: usize) -> [f32; MR] {
+        let kb = w.kb;
+        let zero: __m256 = cast([0f32; 8]);
+        let mut acc = [zero; MR];
+        // The minimums' term, one fused multiply-add per block as ggml's.
+        let mut summs = [v3.sse._mm_set_ss(0.0); MR];
+        let ones: __m256i = cast([1i16; 16]);
+        let low: __m256i = cast([0x0fu8; 32]);
+        let wd = &w.d[c * kb..][..kb];
+        // Each row's blocks, scales and sums as slices of the block count:
+        // the loop below indexes them without bounds checks.
+        let rows: [(&[[i8; 32]], &[f32], &[f32]); MR] = std::array::from_fn(|i| {
+            let r = r0 + i.min(nr - 1);
+            (
+                &a.q[r * kb..][..kb],
+                &a.d[r * kb..][..kb],
+                if a.s.is_empty() {
+                    &a.d[r * kb..][..kb]
+                } else {
+                    &a.s[r * kb..][..kb]
+                },
+            )
+        });
+        match w.kind {
+            Kind::Q4_1 => {
+                let wq = &w.q4[c * kb..][..kb];
+                let wm = &w.m[c * kb..][..kb];
+                for b in 0..kb {
+                    // Low half: low nibbles; high half: high nibbles.
+                    let q: __m128i = cast(wq[b]);
+                    let hi = v3.sse2._mm_srli_epi16::<4>(q);
+                    let x = v3
+                        .avx2
+                        ._mm256_and_si256(v3.avx._mm256_set_m128i(hi, q), low);
+                    let m = v3.sse._mm_set_ss(wm[b]);
+                    for i in 0..MR {
+                        let (aq, ad, as_) = rows[i];
+                        let y: __m256i = cast(aq[b]);
+                        let f = v3.avx._mm256_cvtepi32_ps(
+                            v3.avx2
+                                ._mm256_madd_epi16(v3.avx2._mm256_maddubs_epi16(x, y), ones),
+                        );
+                        let scale = v3.avx._mm256_set1_ps(wd[b] * ad[b]);
+                        acc[i] = v3.fma._mm256_fmadd_ps(scale, f, acc[i]);
+                        summs[i] = v3.fma._mm_fmadd_ss(m, v3.sse._mm_set_ss(as_[b]), summs[i]);
+                    }
+                }
+            }
+            Kind::Q8_0 => {
+                let wq = &w.q8[c * kb..][..kb];
+                for b in 0..kb {
+                    let x: __m256i = cast(wq[b]);
+                    // maddubs multiplies unsigned by signed bytes: move the
+                    // weights' signs onto the activations.
+                    let ax = v3.avx2._mm256_sign_epi8(x, x);
+                    for i in 0..MR {
+                        let (aq, ad, _) = rows[i];
+                        let y: __m256i = cast(aq[b]);
+                        let sy = v3.avx2._mm256_sign_epi8(y, x);
+                        let f = v3.avx._mm256_cvtepi32_ps(
+                            v3.avx2
+                                ._mm256_madd_epi16(v3.avx2._mm256_maddubs_epi16(ax, sy), ones),
+                        );
+                        let scale = v3.avx._mm256_set1_ps(wd[b] * ad[b]);
+                        acc[i] = v3.fma._mm256_fmadd_ps(scale, f, acc[i]);
+                    }
+                }
+            }
+        }
+        let mut out = [0f32; MR];
+        for i in 0..nr {
+            out[i] = hsum8(cast(acc[i])) + v3.sse._mm_cvtss_f32(summs[i]);
+        }
+        out
+    }
+}
+
+/// Elsewhere only the portable path runs.
+#[cfg(not(target_arch = "x86_64"))]
+mod simd {
+    use super::{Acts, QuantWeight};
+
+    /// Never constructed off x86-64.
+    #[derive(Clone, Copy)]
+    pub(super) struct Simd(());
+
+    impl Simd {
+        pub(super) fn try_new() -> Option<Self> {
+            None
+        }
+
+        pub(super) fn band(
+            self,
+            _w: &QuantWeight,
+            _a: &Acts,
+            _cols: std::ops::Range<usize>,
+            _rows: usize,
+            _out: &mut [f32],
+        ) {
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Module, Tensor};
+
+    fn random(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s % 20_001) as f32 / 10_000.0) - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn matches_candle_and_the_portable_path() -> candle_core::Result<()> {
+        for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
+            let (n, k, rows) = (40, 128, 7);
+            let wf = Tensor::from_vec(random(n * k, 3), (n, k), &Device::Cpu)?;
+            let qt = QTensor::quantize(&wf, dtype)?;
+            let w = QuantWeight::from_qtensor(&qt)?
+                .ok_or(candle_core::Error::Msg("unsupported".into()))?;
+            let x = Tensor::from_vec(random(rows * k, 9), (rows, k), &Device::Cpu)?;
+            let ours: Vec<Vec<f32>> = quant_linear(&w, &x)?.to_vec2()?;
+            let theirs: Vec<Vec<f32>> = candle_core::quantized::QMatMul::from_qtensor(qt)?
+                .forward(&x)?
+                .to_vec2()?;
+            let xs: Vec<f32> = x.flatten_all()?.to_vec1()?;
+            let a = quantize(&xs, rows, k, dtype == GgmlDType::Q4_1);
+            for r in 0..rows {
+                for c in 0..n {
+                    // Same blocks, other rounding and order: close to candle's.
+                    assert!(
+                        (ours[r][c] - theirs[r][c]).abs() < 2e-2,
+                        "{dtype:?} {r} {c}"
+                    );
+                    // The SIMD path is the portable one, bit for bit.
+                    assert_eq!(ours[r][c].to_bits(), dot_plain(&w, &a, c, r).to_bits());
+                }
+            }
+            // A row's output does not depend on the other rows.
+            let one: Vec<Vec<f32>> = quant_linear(&w, &x.narrow(0, 3, 1)?)?.to_vec2()?;
+            assert_eq!(one[0], ours[3]);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn quantizes_as_ggml_does() {
+        let mut x: Vec<f32> = (0..32).map(|i| (i as f32 - 15.5) / 8.0).collect();
+        // With amax 127 the inverse scale is 1: halves round to even.
+        x[0] = -127.0;
+        x[1] = 2.5;
+        x[2] = 3.5;
+        x[3] = -0.5;
+        let a = quantize(&x, 1, 32, true);
+        assert_eq!(&a.q[0][..4], &[-127, 2, 4, 0]);
+        assert_eq!(a.d[0], f16::from_f32(1.0).to_f32());
+        let sum: i32 = a.q[0].iter().map(|&q| i32::from(q)).sum();
+        assert_eq!(a.s[0], f16::from_f32(sum as f32).to_f32());
+    }
+}

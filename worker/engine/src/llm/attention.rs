@@ -1,0 +1,241 @@
+//! Causal self-attention on the CPU over per-sequence key/value caches kept
+//! in host memory, with no candle ops in between: at decode time a pass
+//! holds dozens of sequences of one token each, and per-sequence tensor ops
+//! would cost more in dispatch than in arithmetic.
+//!
+//! Every (token, head) row is computed on its own: scores against its
+//! sequence's keys up to its own position, softmax, weighted sum of values.
+//! Nothing depends on which other sequences share the pass or on how a
+//! prompt was cut into chunks. Queries, keys, values and attention weights
+//! are rounded to f16, as they are in llama.cpp's f16 KV cache; products
+//! are summed in f32.
+
+use half::f16;
+use rayon::prelude::*;
+
+/// Rounds to f16 and back.
+#[inline(always)]
+pub(crate) fn round16(x: f32) -> f32 {
+    f16::from_f32(x).to_f32()
+}
+
+/// One sequence's keys and values for one layer: `[kv_heads][capacity]
+/// [head_dim]`, f16-rounded values kept as f32.
+#[derive(Clone, Debug)]
+pub(crate) struct HostKv {
+    pub(crate) k: Vec<f32>,
+    pub(crate) v: Vec<f32>,
+}
+
+/// The shape shared by every call.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Dims {
+    pub(crate) heads: usize,
+    pub(crate) kv_heads: usize,
+    pub(crate) head_dim: usize,
+    pub(crate) scale: f32,
+}
+
+/// One sequence's part of the pass: its cache for this layer, how many
+/// tokens it held before, how many are new, where its rows start.
+pub(crate) struct SeqPart<'a> {
+    pub(crate) kv: &'a mut HostKv,
+    pub(crate) cap: usize,
+    pub(crate) start: usize,
+    pub(crate) n: usize,
+    pub(crate) row: usize,
+}
+
+/// The dot product of two equally long rows in eight f32 lanes.
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    for (x, y) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+        for l in 0..8 {
+            lanes[l] += x[l] * y[l];
+        }
+    }
+    let mut s = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6]))
+        + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+    let tail = a.len() - a.len() % 8;
+    for i in tail..a.len() {
+        s += a[i] * b[i];
+    }
+    s
+}
+
+/// Appends the new keys and values (`k`, `v`: `[tokens, kv_heads,
+/// head_dim]` for the whole pass) to each sequence's cache, then computes
+/// attention for every new token: `q` is `[tokens, heads, head_dim]`; the
+/// result is `[tokens, heads · head_dim]`.
+pub(crate) fn attend(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    parts: &mut [SeqPart<'_>],
+    d: Dims,
+) -> Vec<f32> {
+    let hd = d.head_dim;
+    for p in parts.iter_mut() {
+        for t in 0..p.n {
+            for h in 0..d.kv_heads {
+                let src = ((p.row + t) * d.kv_heads + h) * hd;
+                let dst = (h * p.cap + p.start + t) * hd;
+                for i in 0..hd {
+                    p.kv.k[dst + i] = round16(k[src + i]);
+                    p.kv.v[dst + i] = round16(v[src + i]);
+                }
+            }
+        }
+    }
+    let tokens: usize = parts.iter().map(|p| p.n).sum();
+    let mut out = vec![0f32; tokens * d.heads * hd];
+    // (sequence, token) for every row of the pass.
+    let mut rows = Vec::with_capacity(tokens);
+    for (s, p) in parts.iter().enumerate() {
+        for t in 0..p.n {
+            rows.push((s, t));
+        }
+    }
+    let parts: &[SeqPart<'_>] = parts;
+    let group = d.heads / d.kv_heads;
+    out.par_chunks_mut(d.heads * hd)
+        .zip(rows.par_iter())
+        .for_each(|(out, &(s, t))| {
+            let p = &parts[s];
+            let row = p.row + t;
+            let len = p.start + t + 1;
+            let mut scores = vec![0f32; len];
+            let mut qh = vec![0f32; hd];
+            for h in 0..d.heads {
+                let kvh = h / group;
+                let qsrc = &q[(row * d.heads + h) * hd..][..hd];
+                for (o, &x) in qh.iter_mut().zip(qsrc) {
+                    *o = round16(x);
+                }
+                let keys = &p.kv.k[kvh * p.cap * hd..][..len * hd];
+                let mut max = f32::NEG_INFINITY;
+                for (j, s) in scores.iter_mut().enumerate() {
+                    *s = dot(&qh, &keys[j * hd..][..hd]) * d.scale;
+                    max = max.max(*s);
+                }
+                let mut sum = 0f32;
+                for s in scores.iter_mut() {
+                    *s = (*s - max).exp();
+                    sum += *s;
+                }
+                let inv = 1.0 / sum;
+                let o = &mut out[h * hd..][..hd];
+                o.fill(0.0);
+                let values = &p.kv.v[kvh * p.cap * hd..][..len * hd];
+                for (j, s) in scores.iter().enumerate() {
+                    let w = round16(*s * inv);
+                    for (o, &x) in o.iter_mut().zip(&values[j * hd..][..hd]) {
+                        *o += w * x;
+                    }
+                }
+            }
+        });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(q: &[f32], keys: &[Vec<f32>], values: &[Vec<f32>], scale: f32) -> Vec<f32> {
+        let s: Vec<f32> = keys
+            .iter()
+            .map(|k| {
+                q.iter()
+                    .zip(k)
+                    .map(|(a, b)| round16(*a) * round16(*b))
+                    .sum::<f32>()
+                    * scale
+            })
+            .collect();
+        let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        let e: Vec<f32> = s.iter().map(|x| (x - max).exp()).collect();
+        let sum: f32 = e.iter().sum();
+        let mut out = vec![0f32; q.len()];
+        for (w, v) in e.iter().zip(values) {
+            for (o, x) in out.iter_mut().zip(v) {
+                *o += w / sum * round16(*x);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn matches_plain_attention_and_ignores_chunking() {
+        let d = Dims {
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 8,
+            scale: 0.35,
+        };
+        let n = 5;
+        let val = |i: usize| ((i * 37 % 101) as f32 / 50.0) - 1.0;
+        let q: Vec<f32> = (0..n * 4 * 8).map(|i| val(i + 7)).collect();
+        let k: Vec<f32> = (0..n * 2 * 8).map(|i| val(i + 3)).collect();
+        let v: Vec<f32> = (0..n * 2 * 8).map(|i| val(i + 11)).collect();
+        let cap = 8;
+        let mut kv = HostKv {
+            k: vec![0.0; 2 * cap * 8],
+            v: vec![0.0; 2 * cap * 8],
+        };
+        let whole = attend(
+            &q,
+            &k,
+            &v,
+            &mut [SeqPart {
+                kv: &mut kv,
+                cap,
+                start: 0,
+                n,
+                row: 0,
+            }],
+            d,
+        );
+        // Token 4, head 3 (kv head 1) against plain arithmetic.
+        let keys: Vec<Vec<f32>> = (0..n).map(|t| k[(t * 2 + 1) * 8..][..8].to_vec()).collect();
+        let values: Vec<Vec<f32>> = (0..n).map(|t| v[(t * 2 + 1) * 8..][..8].to_vec()).collect();
+        let want = naive(&q[(4 * 4 + 3) * 8..][..8], &keys, &values, 0.35);
+        for (a, b) in whole[(4 * 4 + 3) * 8..][..8].iter().zip(&want) {
+            assert!((a - b).abs() < 2e-3, "{a} {b}");
+        }
+        // The same tokens read in two chunks give the same bits.
+        let mut kv2 = HostKv {
+            k: vec![0.0; 2 * cap * 8],
+            v: vec![0.0; 2 * cap * 8],
+        };
+        let first = attend(
+            &q[..2 * 32],
+            &k[..2 * 16],
+            &v[..2 * 16],
+            &mut [SeqPart {
+                kv: &mut kv2,
+                cap,
+                start: 0,
+                n: 2,
+                row: 0,
+            }],
+            d,
+        );
+        let rest = attend(
+            &q[2 * 32..],
+            &k[2 * 16..],
+            &v[2 * 16..],
+            &mut [SeqPart {
+                kv: &mut kv2,
+                cap,
+                start: 2,
+                n: 3,
+                row: 0,
+            }],
+            d,
+        );
+        let chunked: Vec<f32> = first.into_iter().chain(rest).collect();
+        assert_eq!(chunked, whole);
+    }
+}

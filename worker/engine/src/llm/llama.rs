@@ -1,0 +1,562 @@
+//! The llama transformer (SmolLM2, Llama 3.x and their kin) over quantized
+//! GGUF weights, run on many sequences at once.
+//!
+//! One forward pass takes any number of sequences, each with its own
+//! positions and its own [`KvCache`], and any number of new tokens each (a
+//! prompt being read, or one token being generated). Every step that mixes
+//! tokens is row-wise (norms, the quantized products, RoPE at the token's own
+//! position), and attention runs per sequence over its own cache, so a
+//! sequence's logits do not depend on which others share the pass.
+//!
+//! Numerics follow llama.cpp's CPU path where it matters for agreement:
+//! RoPE angles are built the way ggml builds them, activations are quantized
+//! per row for the quantized products (Q8_1 or Q8_0, as ggml does), and keys,
+//! values, queries and attention weights are rounded to f16 as llama.cpp's
+//! default f16 KV cache does.
+
+use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::{DType, Device, IndexOp, Module, Tensor};
+
+use super::attention::{self, Dims, HostKv, SeqPart};
+use super::gguf::{GgufFile, LlamaConfig};
+use crate::ModelError;
+use crate::kernels::{QuantWeight, quant_linear};
+
+/// A quantized linear layer: our kernel on the CPU for the formats it
+/// knows (Q4_1, Q8_0), candle's quantized product otherwise.
+enum Linear {
+    Own(QuantWeight),
+    Candle(QMatMul),
+}
+
+impl Linear {
+    fn new(t: QTensor, device: &Device) -> candle_core::Result<Self> {
+        if device.is_cpu()
+            && let Some(w) = QuantWeight::from_qtensor(&t)?
+        {
+            return Ok(Self::Own(w));
+        }
+        Ok(Self::Candle(QMatMul::from_qtensor(t)?))
+    }
+
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Self::Own(w) => quant_linear(w, x),
+            Self::Candle(m) => m.forward(x),
+        }
+    }
+}
+
+/// One transformer block's weights.
+struct Block {
+    attn_norm: Tensor,
+    wq: Linear,
+    wk: Linear,
+    wv: Linear,
+    wo: Linear,
+    ffn_norm: Tensor,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+/// A loaded llama model.
+pub struct Llama {
+    cfg: LlamaConfig,
+    device: Device,
+    /// Token embeddings, dequantized: `[vocab, hidden]`.
+    embed: Tensor,
+    blocks: Vec<Block>,
+    norm: Tensor,
+    output: Linear,
+    /// RoPE cosines and sines by position: `[context, head_dim / 2]`.
+    cos: Tensor,
+    sin: Tensor,
+    /// The same on the host, for the CPU's attention.
+    cos_host: Vec<f32>,
+    sin_host: Vec<f32>,
+}
+
+/// One sequence's keys and values, per layer `[kv_heads, capacity,
+/// head_dim]`, filled up to `len`. Its capacity is fixed when it is made,
+/// so what a sequence may take is known before it starts.
+pub struct KvCache {
+    layers: Vec<LayerKv>,
+    len: usize,
+    cap: usize,
+}
+
+/// One layer's cache: host memory on the CPU (read by our attention
+/// kernel), tensors on other devices.
+enum LayerKv {
+    Host(HostKv),
+    Device { k: Tensor, v: Tensor },
+}
+
+impl KvCache {
+    /// Tokens held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no token.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Tokens it can hold.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+}
+
+/// One sequence's part of a forward pass: its cache and its new tokens.
+pub struct Step<'a> {
+    /// The sequence's cache; the new tokens are appended to it.
+    pub cache: &'a mut KvCache,
+    /// The tokens to read, at positions `cache.len()..`.
+    pub tokens: &'a [u32],
+}
+
+fn invalid(reason: impl std::fmt::Display) -> ModelError {
+    ModelError::Invalid {
+        family: "llm-generation",
+        reason: reason.to_string(),
+    }
+}
+
+/// Rounds to f16 and back, as a value stored in llama.cpp's f16 cache is.
+fn f16_round(t: &Tensor) -> candle_core::Result<Tensor> {
+    t.to_dtype(DType::F16)?.to_dtype(DType::F32)
+}
+
+impl Llama {
+    /// Loads the model in `file` onto `device`.
+    pub fn load(file: &mut GgufFile, device: &Device) -> Result<Self, ModelError> {
+        let cfg = LlamaConfig::from_gguf(file)?;
+        let embed_q = file.tensor("token_embd.weight", device)?;
+        let (vocab, hidden) = embed_q.shape().dims2().map_err(|e| invalid(e))?;
+        if hidden != cfg.hidden || vocab != cfg.vocab {
+            return Err(invalid(format!(
+                "token_embd.weight is {vocab} × {hidden}; metadata says {} × {}",
+                cfg.vocab, cfg.hidden
+            )));
+        }
+        let embed = embed_q.dequantize(device)?;
+        let output = if file.has_tensor("output.weight") {
+            Linear::new(file.tensor("output.weight", device)?, device)?
+        } else {
+            Linear::new(embed_q, device)?
+        };
+        let norm = file
+            .tensor("output_norm.weight", device)?
+            .dequantize(device)?;
+        let mut blocks = Vec::with_capacity(cfg.layers);
+        for i in 0..cfg.layers {
+            let mut q = |name: &str| -> Result<Linear, ModelError> {
+                Ok(Linear::new(
+                    file.tensor(&format!("blk.{i}.{name}.weight"), device)?,
+                    device,
+                )?)
+            };
+            let wq = q("attn_q")?;
+            let wk = q("attn_k")?;
+            let wv = q("attn_v")?;
+            let wo = q("attn_output")?;
+            let gate = q("ffn_gate")?;
+            let up = q("ffn_up")?;
+            let down = q("ffn_down")?;
+            let attn_norm = file
+                .tensor(&format!("blk.{i}.attn_norm.weight"), device)?
+                .dequantize(device)?;
+            let ffn_norm = file
+                .tensor(&format!("blk.{i}.ffn_norm.weight"), device)?
+                .dequantize(device)?;
+            blocks.push(Block {
+                attn_norm,
+                wq,
+                wk,
+                wv,
+                wo,
+                ffn_norm,
+                gate,
+                up,
+                down,
+            });
+        }
+        let factors = if file.has_tensor("rope_freqs.weight") {
+            let f = file
+                .tensor("rope_freqs.weight", device)?
+                .dequantize(&Device::Cpu)?;
+            Some(f.flatten_all()?.to_vec1::<f32>()?)
+        } else {
+            None
+        };
+        let (cos_host, sin_host) = rope_tables(&cfg, factors.as_deref())?;
+        let half = cfg.head_dim / 2;
+        let cos = Tensor::from_slice(&cos_host, (cfg.context, half), device)?;
+        let sin = Tensor::from_slice(&sin_host, (cfg.context, half), device)?;
+        Ok(Self {
+            cfg,
+            device: device.clone(),
+            embed,
+            blocks,
+            norm,
+            output,
+            cos,
+            sin,
+            cos_host,
+            sin_host,
+        })
+    }
+
+    /// The model's shape.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.cfg
+    }
+
+    /// An empty cache for a sequence of at most `tokens` tokens (prompt and
+    /// output); refused beyond the model's context.
+    pub fn new_cache(&self, tokens: usize) -> Result<KvCache, ModelError> {
+        if tokens > self.cfg.context {
+            return Err(ModelError::BadInput(format!(
+                "{tokens} tokens exceed the model's context of {}",
+                self.cfg.context
+            )));
+        }
+        let cap = tokens.max(1);
+        let shape = (self.cfg.kv_heads, cap, self.cfg.head_dim);
+        let mut layers = Vec::with_capacity(self.cfg.layers);
+        for _ in 0..self.cfg.layers {
+            layers.push(if self.device.is_cpu() {
+                let n = self.cfg.kv_heads * cap * self.cfg.head_dim;
+                LayerKv::Host(HostKv {
+                    k: vec![0.0; n],
+                    v: vec![0.0; n],
+                })
+            } else {
+                LayerKv::Device {
+                    k: Tensor::zeros(shape, DType::F32, &self.device)?,
+                    v: Tensor::zeros(shape, DType::F32, &self.device)?,
+                }
+            });
+        }
+        Ok(KvCache {
+            layers,
+            len: 0,
+            cap,
+        })
+    }
+
+    /// Runs one forward pass over `steps`; returns the logits `[sequences,
+    /// vocab]` of each sequence's last new token, or with `all` those of
+    /// every new token `[tokens, vocab]`, sequences in order.
+    pub fn forward(&self, steps: &mut [Step<'_>], all: bool) -> Result<Tensor, ModelError> {
+        let c = &self.cfg;
+        let mut ids = Vec::new();
+        let mut pos = Vec::new();
+        for s in steps.iter() {
+            if s.tokens.is_empty() {
+                return Err(invalid("a forward step without tokens"));
+            }
+            if s.cache.len + s.tokens.len() > s.cache.cap {
+                return Err(ModelError::BadInput(format!(
+                    "sequence of {} tokens outgrows its cache of {}",
+                    s.cache.len + s.tokens.len(),
+                    s.cache.cap
+                )));
+            }
+            ids.extend_from_slice(s.tokens);
+            pos.extend((s.cache.len..s.cache.len + s.tokens.len()).map(|p| p as u32));
+        }
+        if let Some(bad) = ids.iter().find(|&&t| t as usize >= c.vocab) {
+            return Err(ModelError::BadInput(format!(
+                "token id {bad} is outside the vocabulary"
+            )));
+        }
+        let ids = Tensor::new(ids, &self.device)?;
+        let pos = Tensor::new(pos, &self.device)?;
+        let cos = self.cos.index_select(&pos, 0)?;
+        let sin = self.sin.index_select(&pos, 0)?;
+        let eps = c.rms_eps as f32;
+
+        let mut x = self.embed.index_select(&ids, 0)?;
+        let host = self.device.is_cpu();
+        let positions: Vec<usize> = steps
+            .iter()
+            .flat_map(|s| s.cache.len..s.cache.len + s.tokens.len())
+            .collect();
+        for (layer, b) in self.blocks.iter().enumerate() {
+            let hn = candle_nn::ops::rms_norm(&x, &b.attn_norm, eps)?;
+            let q = b.wq.forward(&hn)?;
+            let k = b.wk.forward(&hn)?;
+            let v = b.wv.forward(&hn)?;
+            let o = if host {
+                self.attend_host(layer, steps, &positions, &q, &k, &v)?
+            } else {
+                self.attend_device(layer, steps, (&cos, &sin), &q, &k, &v)?
+            };
+            x = (x + b.wo.forward(&o)?)?;
+            let hn = candle_nn::ops::rms_norm(&x, &b.ffn_norm, eps)?;
+            let g = candle_nn::ops::silu(&b.gate.forward(&hn)?)?;
+            let u = b.up.forward(&hn)?;
+            x = (&x + b.down.forward(&(g * u)?)?)?;
+        }
+        for s in steps.iter_mut() {
+            s.cache.len += s.tokens.len();
+        }
+        let x = if all {
+            x
+        } else {
+            let mut last = Vec::with_capacity(steps.len());
+            let mut end = 0u32;
+            for s in steps.iter() {
+                end += s.tokens.len() as u32;
+                last.push(end - 1);
+            }
+            x.index_select(&Tensor::new(last, &self.device)?, 0)?
+        };
+        let x = candle_nn::ops::rms_norm(&x, &self.norm, eps)?;
+        Ok(self.output.forward(&x)?)
+    }
+
+    /// Attention on the CPU: RoPE and attention on host memory.
+    fn attend_host(
+        &self,
+        layer: usize,
+        steps: &mut [Step<'_>],
+        positions: &[usize],
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Result<Tensor, ModelError> {
+        let c = &self.cfg;
+        let total = positions.len();
+        let mut q: Vec<f32> = q.flatten_all()?.to_vec1()?;
+        let mut k: Vec<f32> = k.flatten_all()?.to_vec1()?;
+        let v: Vec<f32> = v.flatten_all()?.to_vec1()?;
+        self.rope_host(&mut q, c.heads, positions);
+        self.rope_host(&mut k, c.kv_heads, positions);
+        let mut parts = Vec::with_capacity(steps.len());
+        let mut row = 0;
+        for s in steps.iter_mut() {
+            let n = s.tokens.len();
+            let (start, cap) = (s.cache.len, s.cache.cap);
+            let LayerKv::Host(kv) = &mut s.cache.layers[layer] else {
+                return Err(invalid("a device cache in a CPU pass"));
+            };
+            parts.push(SeqPart {
+                kv,
+                cap,
+                start,
+                n,
+                row,
+            });
+            row += n;
+        }
+        let dims = Dims {
+            heads: c.heads,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+        };
+        let out = attention::attend(&q, &k, &v, &mut parts, dims);
+        Ok(Tensor::from_vec(
+            out,
+            (total, c.heads * c.head_dim),
+            &self.device,
+        )?)
+    }
+
+    /// Rotates pairs `(2i, 2i + 1)` of every head of every row of `x`
+    /// (`[rows, heads, head_dim]`) by its row's position, as ggml's RoPE
+    /// (normal mode) does.
+    fn rope_host(&self, x: &mut [f32], heads: usize, positions: &[usize]) {
+        let hd = self.cfg.head_dim;
+        let half = hd / 2;
+        for (r, &p) in positions.iter().enumerate() {
+            let cos = &self.cos_host[p * half..][..half];
+            let sin = &self.sin_host[p * half..][..half];
+            for h in 0..heads {
+                let row = &mut x[(r * heads + h) * hd..][..hd];
+                for i in 0..half {
+                    let (x0, x1) = (row[2 * i], row[2 * i + 1]);
+                    row[2 * i] = x0 * cos[i] - x1 * sin[i];
+                    row[2 * i + 1] = x0 * sin[i] + x1 * cos[i];
+                }
+            }
+        }
+    }
+
+    /// Attention on a GPU: candle ops per sequence over device caches.
+    fn attend_device(
+        &self,
+        layer: usize,
+        steps: &mut [Step<'_>],
+        (cos, sin): (&Tensor, &Tensor),
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Result<Tensor, ModelError> {
+        let c = &self.cfg;
+        let total: usize = steps.iter().map(|s| s.tokens.len()).sum();
+        let (h, kvh, hd) = (c.heads, c.kv_heads, c.head_dim);
+        let group = h / kvh;
+        let scale = 1.0 / (hd as f64).sqrt();
+        // [1, heads, tokens, head_dim]: every token at its own position.
+        let q = q
+            .reshape((total, h, hd))?
+            .transpose(0, 1)?
+            .contiguous()?
+            .unsqueeze(0)?;
+        let k = k
+            .reshape((total, kvh, hd))?
+            .transpose(0, 1)?
+            .contiguous()?
+            .unsqueeze(0)?;
+        let q = f16_round(&candle_nn::rotary_emb::rope_i(&q, cos, sin)?.squeeze(0)?)?;
+        let k = f16_round(&candle_nn::rotary_emb::rope_i(&k, cos, sin)?.squeeze(0)?)?;
+        let v = f16_round(&v.reshape((total, kvh, hd))?.transpose(0, 1)?.contiguous()?)?;
+        let mut outs = Vec::with_capacity(steps.len());
+        let mut off = 0;
+        for s in steps.iter_mut() {
+            let n = s.tokens.len();
+            let start = s.cache.len;
+            let len = start + n;
+            let LayerKv::Device { k: ck, v: cv } = &mut s.cache.layers[layer] else {
+                return Err(invalid("a host cache in a device pass"));
+            };
+            ck.slice_set(&k.narrow(1, off, n)?.contiguous()?, 1, start)?;
+            cv.slice_set(&v.narrow(1, off, n)?.contiguous()?, 1, start)?;
+            let kk = ck.narrow(1, 0, len)?;
+            let vv = cv.narrow(1, 0, len)?;
+            // Query heads grouped by the key/value head they share.
+            let qs = q
+                .narrow(1, off, n)?
+                .contiguous()?
+                .reshape((kvh, group * n, hd))?;
+            let att = (qs.matmul(&kk.t()?)? * scale)?;
+            let att = if n > 1 {
+                let mask = causal_mask(start, n, &self.device)?;
+                att.reshape((h, n, len))?.broadcast_add(&mask)?
+            } else {
+                att.reshape((h, n, len))?
+            };
+            let att = f16_round(&candle_nn::ops::softmax_last_dim(&att)?)?;
+            let o = att
+                .reshape((kvh, group * n, len))?
+                .matmul(&vv.contiguous()?)?;
+            outs.push(
+                o.reshape((h, n, hd))?
+                    .transpose(0, 1)?
+                    .reshape((n, h * hd))?,
+            );
+            off += n;
+        }
+        Ok(Tensor::cat(&outs, 0)?)
+    }
+
+    /// Logits of every position of `tokens` read as one fresh sequence:
+    /// `[tokens, vocab]` (teacher forcing, for perplexity).
+    pub fn logits_all(&self, tokens: &[u32]) -> Result<Tensor, ModelError> {
+        let mut cache = self.new_cache(tokens.len())?;
+        let mut steps = [Step {
+            cache: &mut cache,
+            tokens,
+        }];
+        self.forward(&mut steps, true)
+    }
+
+    /// One row of a logits tensor as host floats.
+    pub fn row(logits: &Tensor, i: usize) -> Result<Vec<f32>, ModelError> {
+        Ok(logits.i(i)?.to_dtype(DType::F32)?.to_vec1()?)
+    }
+}
+
+/// `[n, len]` additive mask for `n` new tokens after `start` cached ones:
+/// token `i` sees keys `0..=start + i`.
+fn causal_mask(start: usize, n: usize, device: &Device) -> candle_core::Result<Tensor> {
+    let len = start + n;
+    let mut m = vec![0f32; n * len];
+    for i in 0..n {
+        for j in start + i + 1..len {
+            m[i * len + j] = f32::NEG_INFINITY;
+        }
+    }
+    Tensor::from_vec(m, (n, len), device)?.unsqueeze(0)
+}
+
+/// RoPE tables built as ggml builds them: the angle of pair `i` at position
+/// `p` is `p · base^(-2i/d)`, the power taken by repeated f32 products, each
+/// divided by its frequency factor when the file has them (Llama 3.1+).
+fn rope_tables(
+    cfg: &LlamaConfig,
+    factors: Option<&[f32]>,
+) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+    let half = cfg.head_dim / 2;
+    if let Some(f) = factors
+        && f.len() != half
+    {
+        return Err(invalid(format!(
+            "rope_freqs.weight has {} factors for {half} pairs",
+            f.len()
+        )));
+    }
+    let theta_scale = cfg.rope_base.powf(-2.0 / cfg.head_dim as f32);
+    let mut cos = Vec::with_capacity(cfg.context * half);
+    let mut sin = Vec::with_capacity(cfg.context * half);
+    for p in 0..cfg.context {
+        let mut theta = p as f32;
+        for i in 0..half {
+            let t = match factors {
+                Some(f) => theta / f[i],
+                None => theta,
+            };
+            cos.push(t.cos());
+            sin.push(t.sin());
+            theta *= theta_scale;
+        }
+    }
+    Ok((cos, sin))
+}
+
+/// The largest logit's index (the first when tied).
+pub fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// `log softmax(row)[token]`, accumulated in f64.
+pub fn log_prob(row: &[f32], token: u32) -> f64 {
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let sum: f64 = row.iter().map(|&v| f64::from((v - max).exp())).sum();
+    f64::from(row[token as usize] - max) - sum.ln()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mask_hides_the_future_only() -> candle_core::Result<()> {
+        let m = causal_mask(2, 2, &Device::Cpu)?
+            .squeeze(0)?
+            .to_vec2::<f32>()?;
+        assert_eq!(m[0], vec![0.0, 0.0, 0.0, f32::NEG_INFINITY]);
+        assert_eq!(m[1], vec![0.0, 0.0, 0.0, 0.0]);
+        Ok(())
+    }
+
+    #[test]
+    fn argmax_and_log_prob() {
+        let row = [0.0f32, 2.0, 2.0, -1.0];
+        assert_eq!(argmax(&row), 1);
+        let total: f64 = (0..4).map(|t| log_prob(&row, t).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,237 @@
+//! The LLM generation family: a language model in one GGUF file, run over
+//! a shard's prompts with continuous batching.
+//!
+//! Layout:
+//! - [`gguf`] — the file: metadata, hyper-parameters, tensors, clear errors.
+//! - [`tokenizer`] — the file's tokenizer, split as llama.cpp splits.
+//! - [`chat`] — the file's chat template, rendered with minijinja.
+//! - [`llama`] — the transformer over quantized weights, many sequences a pass.
+//! - [`sampler`] — greedy or seeded sampling per sequence.
+//! - [`generate`] — continuous batching under a KV-memory budget.
+
+mod attention;
+pub mod chat;
+pub mod generate;
+pub mod gguf;
+pub mod llama;
+pub mod sampler;
+pub mod tokenizer;
+
+use std::path::{Path, PathBuf};
+
+use candle_core::Device;
+use minions_schemas::messages::{Generation, GenerationRecord, ModelFamily, Prompt};
+
+pub use chat::{ChatMessage, ChatTemplate};
+pub use generate::{GenControl, GenLimits, Prepared};
+pub use gguf::{GgufFile, LlamaConfig};
+pub use llama::Llama;
+pub use tokenizer::GgufTokenizer;
+
+use crate::{Model, ModelError};
+
+/// A loaded GGUF language model: weights, tokenizer and chat template.
+pub struct GgufGenerator {
+    model: Llama,
+    tokenizer: GgufTokenizer,
+    template: Option<ChatTemplate>,
+    weight_bytes: u64,
+}
+
+/// The one `.gguf` file in `dir` (or `dir` itself when it is a file).
+pub fn find_gguf(dir: &Path) -> Result<PathBuf, ModelError> {
+    if dir.is_file() {
+        return Ok(dir.to_owned());
+    }
+    let entries = std::fs::read_dir(dir).map_err(|e| ModelError::Cache {
+        path: dir.display().to_string(),
+        source: e,
+    })?;
+    let mut found = Vec::new();
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.extension()
+            .is_some_and(|x| x.eq_ignore_ascii_case("gguf"))
+        {
+            found.push(p);
+        }
+    }
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        n => Err(ModelError::Invalid {
+            family: "llm-generation",
+            reason: format!(
+                "{} holds {n} .gguf files; a generation model is exactly one",
+                dir.display()
+            ),
+        }),
+    }
+}
+
+impl GgufGenerator {
+    /// Loads the GGUF file in `dir` (or the file `dir`) onto `device`.
+    pub fn load(dir: &Path, device: &Device) -> Result<Self, ModelError> {
+        let path = find_gguf(dir)?;
+        let mut file = GgufFile::open(&path)?;
+        let tokenizer = GgufTokenizer::from_gguf(&file)?;
+        let template = match file.metadata().get("tokenizer.chat_template") {
+            Some(_) => Some(ChatTemplate::new(
+                file.string("tokenizer.chat_template")?,
+                tokenizer.bos_text(),
+                tokenizer.eos_text(),
+            )?),
+            None => None,
+        };
+        let weight_bytes = file.tensor_bytes();
+        let model = Llama::load(&mut file, device)?;
+        if tokenizer.vocab_size() != model.config().vocab {
+            return Err(ModelError::Invalid {
+                family: "llm-generation",
+                reason: format!(
+                    "{}: tokenizer has {} tokens, the model {}",
+                    path.display(),
+                    tokenizer.vocab_size(),
+                    model.config().vocab
+                ),
+            });
+        }
+        Ok(Self {
+            model,
+            tokenizer,
+            template,
+            weight_bytes,
+        })
+    }
+
+    /// The transformer.
+    pub fn model(&self) -> &Llama {
+        &self.model
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &GgufTokenizer {
+        &self.tokenizer
+    }
+
+    /// Bytes the weights take in the file.
+    pub fn weight_bytes(&self) -> u64 {
+        self.weight_bytes
+    }
+
+    /// The prompt text `record` asks for: raw, or its messages rendered with
+    /// the model's chat template.
+    pub fn prompt_text(&self, record: &GenerationRecord) -> Result<String, ModelError> {
+        match &record.prompt {
+            Prompt::Text(t) => Ok(t.clone()),
+            Prompt::Messages(turns) => {
+                let Some(t) = &self.template else {
+                    return Err(ModelError::BadInput(
+                        "the model has no chat template (tokenizer.chat_template); send a raw prompt".into(),
+                    ));
+                };
+                let messages: Vec<ChatMessage> = turns
+                    .iter()
+                    .map(|m| ChatMessage {
+                        role: m.role.clone(),
+                        content: m.content.clone(),
+                    })
+                    .collect();
+                t.render(&messages)
+            }
+        }
+    }
+
+    /// Tokenizes `record` (record `index` of its shard) and checks that its
+    /// prompt and `max_tokens` fit the model's context.
+    pub fn prepare(&self, index: usize, record: &GenerationRecord) -> Result<Prepared, ModelError> {
+        let text = self.prompt_text(record)?;
+        let prompt = self.tokenizer.encode(&text, true)?;
+        if prompt.is_empty() {
+            return Err(ModelError::BadInput("the prompt is empty".into()));
+        }
+        let context = self.model.config().context;
+        let want = prompt.len() + record.params.max_tokens as usize;
+        if want > context {
+            return Err(ModelError::BadInput(format!(
+                "prompt of {} tokens plus max_tokens {} exceeds the model's context of {context}",
+                prompt.len(),
+                record.params.max_tokens
+            )));
+        }
+        Ok(Prepared {
+            index,
+            prompt,
+            params: record.params.clone(),
+        })
+    }
+}
+
+impl Model for GgufGenerator {
+    fn family(&self) -> ModelFamily {
+        ModelFamily::LlmGeneration
+    }
+
+    fn generate(
+        &self,
+        records: &[(usize, &GenerationRecord)],
+        limits: GenLimits,
+        control: &GenControl,
+        done: &mut dyn FnMut(usize, Generation),
+    ) -> Result<(), ModelError> {
+        let mut work = Vec::with_capacity(records.len());
+        for (index, record) in records {
+            match self.prepare(*index, record) {
+                Ok(p) => work.push(p),
+                Err(ModelError::BadInput(m)) => done(*index, Generation::failed(m)),
+                Err(e) => return Err(e),
+            }
+        }
+        generate::generate(&self.model, &self.tokenizer, work, limits, control, done)
+    }
+
+    fn memory_bytes(&self) -> u64 {
+        self.weight_bytes
+    }
+}
+
+/// What `model push` learns of a GGUF file without loading its weights.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GgufSummary {
+    /// `general.architecture`.
+    pub arch: String,
+    /// The model's context length in tokens.
+    pub context: usize,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Bytes of weights.
+    pub weight_bytes: u64,
+    /// Whether the file carries a chat template (`messages` records need one).
+    pub chat_template: bool,
+}
+
+/// Checks that `path` is a GGUF file this engine runs (readable, complete,
+/// a supported architecture and tokenizer, a chat template that compiles)
+/// without loading its weights.
+pub fn inspect(path: &Path) -> Result<GgufSummary, ModelError> {
+    let file = GgufFile::open(path)?;
+    let cfg = LlamaConfig::from_gguf(&file)?;
+    let tokenizer = GgufTokenizer::from_gguf(&file)?;
+    let chat_template = match file.metadata().get("tokenizer.chat_template") {
+        Some(_) => {
+            ChatTemplate::new(
+                file.string("tokenizer.chat_template")?,
+                tokenizer.bos_text(),
+                tokenizer.eos_text(),
+            )?;
+            true
+        }
+        None => false,
+    };
+    Ok(GgufSummary {
+        arch: cfg.arch,
+        context: cfg.context,
+        vocab: cfg.vocab,
+        weight_bytes: file.tensor_bytes(),
+        chat_template,
+    })
+}

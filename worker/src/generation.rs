@@ -1,0 +1,274 @@
+//! Running a generation shard: continuous batching on the device, results
+//! checkpointed to the store as they finish, so a redelivery (after a crash,
+//! an eviction or the owner's return) resumes instead of starting over.
+//!
+//! The model runs on a blocking thread and hands each finished record over
+//! a channel. This side keeps the results, writes a checkpoint every
+//! [`GenSettings::checkpoint_every`] (and once more when the shard is handed
+//! back), and publishes a progress event with each checkpoint. A record's
+//! result depends on the record alone (greedy, or seeded per record), so
+//! records taken from a checkpoint and records computed again agree.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use minions_schemas::messages::{
+    EventKind, Generation, OutputPayload, ShardCheckpoint, ShardInput, ShardTask,
+};
+use minions_schemas::{SCHEMA_VERSION, decode, encode, keys, limits};
+use object_store::path::Path as StorePath;
+use object_store::{ObjectStoreExt, PutPayload};
+use tokio_util::sync::CancellationToken;
+
+use crate::context::Ctx;
+use crate::error::ShardError;
+use crate::model::Model;
+use crate::model::llm::{GenControl, GenLimits};
+
+/// How a worker runs generation shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GenSettings {
+    /// Sequences generated at once.
+    pub max_seqs: usize,
+    /// Bytes the sequences' key/value caches may take together.
+    pub kv_budget_bytes: usize,
+    /// How often finished records are checkpointed to the store.
+    pub checkpoint_every: Duration,
+}
+
+impl Default for GenSettings {
+    fn default() -> Self {
+        Self {
+            max_seqs: 32,
+            kv_budget_bytes: 512 << 20,
+            checkpoint_every: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What a generation run produced.
+pub(crate) struct Generated {
+    pub(crate) payload: OutputPayload,
+    pub(crate) compute_ms: u64,
+    /// Tokens generated for the shard's records (checkpointed ones included).
+    pub(crate) tokens: u64,
+}
+
+/// Runs `input`'s records on `model`, resuming from the shard's checkpoint.
+/// Returns `Stopping` or `Cancelled` when `hand_back` or `cancel` fires,
+/// after checkpointing what is finished.
+pub(crate) async fn run(
+    ctx: &Ctx,
+    task: &ShardTask,
+    attempt: u64,
+    model: Arc<dyn Model>,
+    input: ShardInput,
+    hand_back: &CancellationToken,
+    cancel: &CancellationToken,
+) -> Result<Generated, ShardError> {
+    let n = input.records.len();
+    let mut results: Vec<Option<Generation>> = vec![None; n];
+    let resumed = resume(ctx, task, &mut results).await;
+    if resumed > 0 {
+        tracing::info!(job = %task.job, shard = task.shard, attempt, records = resumed, of = n,
+            "resuming from checkpoint");
+    }
+    let todo: Vec<usize> = (0..n).filter(|&i| results[i].is_none()).collect();
+    let control = Arc::new(GenControl::default());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Generation)>();
+    let permit = tokio::select! {
+        p = ctx.compute.acquire() => p.map_err(|_| ShardError::Stopping)?,
+        _ = hand_back.cancelled() => return Err(ShardError::Stopping),
+        _ = cancel.cancelled() => return Err(ShardError::Cancelled),
+    };
+    let started = Instant::now();
+    let limits = GenLimits {
+        max_seqs: ctx.generation.max_seqs,
+        kv_budget_bytes: ctx.generation.kv_budget_bytes,
+        ..GenLimits::default()
+    };
+    let worker_control = control.clone();
+    let records = Arc::new(input);
+    let worker_records = records.clone();
+    let blocking = tokio::task::spawn_blocking(move || {
+        let recs: Vec<_> = todo
+            .iter()
+            .map(|&i| (i, &worker_records.records[i]))
+            .collect();
+        model.generate(&recs, limits, &worker_control, &mut |i, g| {
+            let _ = tx.send((i, g));
+        })
+    });
+    let mut tick = tokio::time::interval(ctx.generation.checkpoint_every);
+    tick.tick().await;
+    let mut unsaved = 0usize;
+    let mut stop: Option<ShardError> = None;
+    loop {
+        tokio::select! {
+            got = rx.recv() => match got {
+                Some((i, g)) => {
+                    tracing::debug!(job = %task.job, shard = task.shard, record = i, "record finished");
+                    if i < n && results[i].is_none() {
+                        results[i] = Some(g);
+                        unsaved += 1;
+                    }
+                }
+                None => break,
+            },
+            _ = tick.tick() => {
+                if unsaved > 0 {
+                    save(ctx, task, &results).await;
+                    unsaved = 0;
+                }
+                progress(ctx, task, attempt, &results, &control).await;
+            }
+            _ = hand_back.cancelled(), if stop.is_none() => {
+                control.stop.store(true, Ordering::Relaxed);
+                stop = Some(ShardError::Stopping);
+            }
+            _ = cancel.cancelled(), if stop.is_none() => {
+                control.stop.store(true, Ordering::Relaxed);
+                stop = Some(ShardError::Cancelled);
+            }
+        }
+    }
+    let outcome = blocking
+        .await
+        .map_err(|e| ShardError::Transient(format!("generation task failed: {e}")))?;
+    drop(permit);
+    let compute_ms = started.elapsed().as_millis() as u64;
+    if let Some(stop) = stop {
+        if unsaved > 0 && matches!(stop, ShardError::Stopping) {
+            save(ctx, task, &results).await;
+        }
+        return Err(stop);
+    }
+    if let Err(e) = outcome {
+        // What finished is kept for the next delivery.
+        if unsaved > 0 {
+            save(ctx, task, &results).await;
+        }
+        return Err(e.into());
+    }
+    let records: Vec<Generation> = results
+        .into_iter()
+        .enumerate()
+        .map(|(i, g)| {
+            g.ok_or_else(|| ShardError::Transient(format!("record {i} of the shard got no result")))
+        })
+        .collect::<Result<_, _>>()?;
+    let tokens = records.iter().map(|g| u64::from(g.completion_tokens)).sum();
+    tracing::info!(job = %task.job, shard = task.shard, records = n, resumed,
+        recomputed = n - resumed, tokens, compute_ms, "generation shard finished");
+    Ok(Generated {
+        payload: OutputPayload::Generations { records },
+        compute_ms,
+        tokens,
+    })
+}
+
+/// Fills `results` from the shard's checkpoint; returns how many records it
+/// held. A missing, damaged or foreign checkpoint is ignored (the shard
+/// starts over), never an error.
+async fn resume(ctx: &Ctx, task: &ShardTask, results: &mut [Option<Generation>]) -> usize {
+    let key = StorePath::from(keys::shard_checkpoint(&task.job, task.shard));
+    let got = match ctx.store.get(&key).await {
+        Ok(g) if g.meta.size <= limits::MAX_SHARD_OUTPUT_BYTES as u64 => g,
+        Ok(_) => return 0,
+        Err(object_store::Error::NotFound { .. }) => return 0,
+        Err(e) => {
+            tracing::warn!(job = %task.job, shard = task.shard, error = %e, "checkpoint not read; starting over");
+            return 0;
+        }
+    };
+    let bytes = match got.bytes().await {
+        Ok(b) => b,
+        Err(_) => return 0,
+    };
+    let cp: ShardCheckpoint = match decode(
+        "shard checkpoint",
+        &bytes,
+        limits::MAX_SHARD_OUTPUT_BYTES,
+    ) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(job = %task.job, shard = task.shard, error = %e, "checkpoint damaged; starting over");
+            return 0;
+        }
+    };
+    if cp.job != task.job
+        || cp.shard != task.shard
+        || cp.model_hash != task.model_hash
+        || cp.rows != u64::from(task.rows)
+    {
+        tracing::warn!(job = %task.job, shard = task.shard, "checkpoint belongs to another run; starting over");
+        return 0;
+    }
+    let mut taken = 0;
+    for (i, g) in cp.done {
+        if let Some(slot) = results.get_mut(i as usize)
+            && slot.is_none()
+        {
+            *slot = Some(g);
+            taken += 1;
+        }
+    }
+    taken
+}
+
+/// Writes the finished records as the shard's checkpoint (best effort: a
+/// failed write only means more work on a redelivery).
+async fn save(ctx: &Ctx, task: &ShardTask, results: &[Option<Generation>]) {
+    let cp = ShardCheckpoint {
+        v: SCHEMA_VERSION,
+        job: task.job.clone(),
+        shard: task.shard,
+        rows: u64::from(task.rows),
+        model_hash: task.model_hash.clone(),
+        done: results
+            .iter()
+            .enumerate()
+            .filter_map(|(i, g)| g.clone().map(|g| (i as u32, g)))
+            .collect(),
+    };
+    let records = cp.done.len();
+    let bytes = match encode("shard checkpoint", &cp) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::warn!(error = %e, "checkpoint does not encode");
+            return;
+        }
+    };
+    let key = StorePath::from(keys::shard_checkpoint(&task.job, task.shard));
+    match ctx.store.put(&key, PutPayload::from(bytes)).await {
+        Ok(_) => tracing::info!(job = %task.job, shard = task.shard, records, "checkpoint written"),
+        Err(e) => {
+            tracing::warn!(job = %task.job, shard = task.shard, error = %e, "checkpoint not written")
+        }
+    }
+}
+
+/// Publishes the shard's progress (records finished, tokens generated).
+async fn progress(
+    ctx: &Ctx,
+    task: &ShardTask,
+    attempt: u64,
+    results: &[Option<Generation>],
+    control: &GenControl,
+) {
+    let kind = EventKind::Progress {
+        records: results.iter().filter(|g| g.is_some()).count() as u64,
+        tokens: control.generated.load(Ordering::Relaxed),
+    };
+    crate::shard::publish_event(ctx, task, attempt, kind, false).await;
+}
+
+/// Removes a finished shard's checkpoint (its output holds everything now).
+pub(crate) async fn forget(ctx: &Ctx, task: &ShardTask) {
+    let key = StorePath::from(keys::shard_checkpoint(&task.job, task.shard));
+    match ctx.store.delete(&key).await {
+        Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+        Err(e) => tracing::debug!(error = %e, "checkpoint not removed"),
+    }
+}
