@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
 # The demo: on a fresh Linux or macOS machine with Rust and python3, installs
-# nats-server and the real all-MiniLM-L6-v2 weights into .tools/, builds
-# Minions, starts a local fleet (nats-server, watchdog, 2 workers), embeds a
-# corpus of 12,000 sentences and writes the vectors to .minions-demo/.
+# nats-server and the real models into .tools/, builds Minions, starts a
+# local fleet (nats-server, watchdog, 2 workers), and
+#   ./deploy/demo.sh        embeds a corpus of 12,000 sentences with
+#                           all-MiniLM-L6-v2 into .minions-demo/vectors.npy;
+#   ./deploy/demo.sh llm    answers 200 chat prompts with SmolLM2-135M-Instruct
+#                           (GGUF, Q4_1) into .minions-demo/answers.jsonl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source deploy/tools.sh
+MODE="${1:-embed}"
+if [[ "$MODE" != "embed" && "$MODE" != "llm" ]]; then
+  echo "usage: deploy/demo.sh [embed|llm]" >&2
+  exit 2
+fi
 N="${MINIONS_DEMO_SENTENCES:-12000}"
+[[ "$MODE" == "llm" ]] && N="${MINIONS_DEMO_PROMPTS:-200}"
 DEMO="$PWD/.minions-demo"
 mkdir -p "$DEMO"
 
@@ -20,8 +29,21 @@ export MINIONS_STORE="file://$DEMO/store"
 # The fleet logs at info into its log file; the CLI says only what matters.
 export RUST_LOG="${RUST_LOG:-warn}"
 
-echo "== writing a corpus of $N sentences" >&2
-"$PWD/.tools/venv/bin/python" deploy/make_corpus.py "$N" > "$DEMO/corpus.jsonl"
+if [[ "$MODE" == "llm" ]]; then
+  echo "== writing $N chat prompts" >&2
+  "$PWD/.tools/venv/bin/python" - "$N" > "$DEMO/prompts.jsonl" <<'PY'
+import json, sys
+topics = ["the moon", "coffee", "volcanoes", "jazz", "honeybees", "winter", "bread", "the ocean",
+          "binary search", "lighthouses", "friendship", "electricity", "maps", "tea", "snow", "rivers"]
+asks = ["Explain {} in one sentence.", "Give one surprising fact about {}.", "Write a haiku about {}."]
+for i in range(int(sys.argv[1])):
+    q = asks[i % len(asks)].format(topics[i % len(topics)])
+    print(json.dumps({"id": f"q{i}", "messages": [{"role": "user", "content": q}]}))
+PY
+else
+  echo "== writing a corpus of $N sentences" >&2
+  "$PWD/.tools/venv/bin/python" deploy/make_corpus.py "$N" > "$DEMO/corpus.jsonl"
+fi
 
 echo "== starting a local fleet: nats-server on port $PORT, a watchdog, 2 workers (log: .minions-demo/fleet.log)" >&2
 RUST_LOG=info "$BIN/minions" dev --workers 2 --port "$PORT" --data-dir "$DEMO/dev" > "$DEMO/fleet.log" 2>&1 &
@@ -33,12 +55,20 @@ for _ in $(seq 1 100); do
 done
 
 echo "== pushing the model" >&2
-"$BIN/minions" model push "$MINIONS_TEST_MODEL_DIR" --name minilm 2>/dev/null >/dev/null
+if [[ "$MODE" == "llm" ]]; then
+  "$BIN/minions" model push "$MINIONS_TEST_GGUF" --name smollm2 2>/dev/null >/dev/null
+else
+  "$BIN/minions" model push "$MINIONS_TEST_MODEL_DIR" --name minilm 2>/dev/null >/dev/null
+fi
 "$BIN/minions" model list
 
 echo "== submitting" >&2
 START=$(date +%s)
-JOB="$("$BIN/minions" submit --model minilm --input "$DEMO/corpus.jsonl" --shard-size 256 2>/dev/null)"
+if [[ "$MODE" == "llm" ]]; then
+  JOB="$("$BIN/minions" submit --model smollm2 --input "$DEMO/prompts.jsonl" --shard-size 25 --max-tokens 48 2>/dev/null)"
+else
+  JOB="$("$BIN/minions" submit --model minilm --input "$DEMO/corpus.jsonl" --shard-size 256 2>/dev/null)"
+fi
 echo "job: $JOB"
 while true; do
   STATE="$("$BIN/minions" status "$JOB" --json 2>/dev/null | sed -n 's/^  "state": "\(.*\)",/\1/p')"
@@ -47,6 +77,15 @@ while true; do
   sleep 3
 done
 "$BIN/minions" status "$JOB"
+if [[ "$MODE" == "llm" ]]; then
+  "$BIN/minions" collect "$JOB" --output "$DEMO/answers.jsonl"
+  END=$(date +%s)
+  echo
+  echo "Answered $N chat prompts with SmolLM2-135M-Instruct on 2 local workers in $((END - START)) s."
+  echo "Answers (one JSON line per prompt, in input order): .minions-demo/answers.jsonl; the first three:"
+  head -3 "$DEMO/answers.jsonl"
+  exit 0
+fi
 "$BIN/minions" collect "$JOB" --output "$DEMO/vectors.npy"
 END=$(date +%s)
 echo

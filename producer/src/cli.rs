@@ -18,6 +18,11 @@ use minions_schemas::endpoints::nats::DEFAULT_NATS_URL;
 ///   minions watch $JOB                             # live progress bar until done
 ///   minions status $JOB
 ///   minions collect $JOB --output vectors.npy
+///
+/// With a language model (a GGUF file):
+///   minions model push ./SmolLM2-135M-Instruct.Q4_1.gguf --name smollm2
+///   JOB=$(minions submit --model smollm2 --input prompts.jsonl --max-tokens 128)
+///   minions collect $JOB --output answers.jsonl    # or --format openai
 #[derive(Debug, Parser)]
 #[command(name = "minions", version, about, long_about, verbatim_doc_comment)]
 pub struct Cli {
@@ -182,7 +187,11 @@ pub struct SubmitArgs {
     /// Model name (as given to `minions model push`).
     #[arg(long)]
     pub model: String,
-    /// Input file: JSON Lines, one object per line with a text field.
+    /// Input file: JSON Lines, one object per line. Embedding models: a
+    /// text field (--text-field). Generation models: `{"id", "prompt"}` or
+    /// `{"id", "messages": [{"role", "content"}]}`, optionally with
+    /// `max_tokens`, `temperature`, `top_p`, `top_k`, `seed`, `stop`; or
+    /// OpenAI Batch API lines (`custom_id`, `body`) as they are.
     #[arg(long)]
     pub input: PathBuf,
     /// Job id (letters, digits, '-', '_'). Re-submitting the same id with the

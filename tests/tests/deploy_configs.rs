@@ -127,6 +127,7 @@ fn shipped_s3_policies_allow_each_role_what_it_needs_and_no_more() -> Result<()>
     let model_file = keys::model_file(&hash, "model.safetensors");
     let model_name = keys::model_name(&name);
     let outputs = keys::job_outputs(&job);
+    let checkpoint = keys::shard_checkpoint(&job, 3);
     // (policy, action, key, allowed?)
     let cases: Vec<(&str, &serde_json::Value, &str, &str, bool)> = vec![
         ("worker", &worker, get, &spec, true),
@@ -135,6 +136,10 @@ fn shipped_s3_policies_allow_each_role_what_it_needs_and_no_more() -> Result<()>
         ("worker", &worker, get, &model_manifest, true),
         ("worker", &worker, get, &model_file, true),
         ("worker", &worker, put, &output, true),
+        ("worker", &worker, get, &checkpoint, true),
+        ("worker", &worker, put, &checkpoint, true),
+        ("worker", &worker, "s3:DeleteObject", &checkpoint, true),
+        ("worker", &worker, "s3:DeleteObject", &output, false),
         ("worker", &worker, list, keys::MODEL_NAMES, true),
         ("worker", &worker, put, &spec, false),
         ("worker", &worker, put, &input, false),
@@ -161,6 +166,7 @@ fn shipped_s3_policies_allow_each_role_what_it_needs_and_no_more() -> Result<()>
         ("producer", &producer, list, &outputs, true),
         ("producer", &producer, list, keys::MODEL_NAMES, true),
         ("producer", &producer, put, &output, false),
+        ("producer", &producer, put, &checkpoint, false),
         ("producer", &producer, put, &manifest, false),
     ];
     let mut wrong = Vec::new();

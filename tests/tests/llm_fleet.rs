@@ -202,6 +202,15 @@ async fn disrupted_shard(
 async fn a_killed_worker_resumes_from_the_checkpoint() -> Result<()> {
     let mut fleet = Fleet::local()?;
     let r = disrupted_shard(&mut fleet, "killed", &[], |f| {
+        // Past a checkpoint, with records finished since: those are lost.
+        let log = f.workers[0].log.clone();
+        let until = Instant::now() + Duration::from_secs(60);
+        while count(&log, "record finished")
+            < last_value(&log, "checkpoint written", "records").unwrap_or(0) as usize + 4
+            && Instant::now() < until
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         f.workers[0].kill();
         Ok(())
     })

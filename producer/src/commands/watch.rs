@@ -34,8 +34,13 @@ fn summary(p: &Progress) -> String {
         Some(e) if !p.state.is_final() => format!(", ETA {}", human_secs(e)),
         _ => String::new(),
     };
+    let tokens = if p.tokens > 0 {
+        format!(" · {} tokens, {:.1} tokens/s", p.tokens, p.token_rate)
+    } else {
+        String::new()
+    };
     format!(
-        "{:.1} records/s{eta} · {} running, {} pending, {} failed",
+        "{:.1} records/s{eta}{tokens} · {} running, {} pending, {} failed",
         p.rate, p.running, p.pending, p.failed
     )
 }

@@ -284,6 +284,9 @@ mod simd {
     use pulp::x86::V3;
     use std::arch::x86_64::{__m128i, __m256, __m256i};
 
+    /// One activation row's blocks, scales and sums.
+    type RowBlocks<'a> = (&'a [[i8; 32]], &'a [f32], &'a [f32]);
+
     /// Proof that the CPU has AVX2 and FMA.
     #[derive(Clone, Copy)]
     pub(super) struct Simd(V3);
@@ -336,7 +339,7 @@ mod simd {
         let wd = &w.d[c * kb..][..kb];
         // Each row's blocks, scales and sums as slices of the block count:
         // the loop below indexes them without bounds checks.
-        let rows: [(&[[i8; 32]], &[f32], &[f32]); MR] = std::array::from_fn(|i| {
+        let rows: [RowBlocks<'_>; MR] = std::array::from_fn(|i| {
             let r = r0 + i.min(nr - 1);
             (
                 &a.q[r * kb..][..kb],

@@ -135,7 +135,7 @@ impl Llama {
     pub fn load(file: &mut GgufFile, device: &Device) -> Result<Self, ModelError> {
         let cfg = LlamaConfig::from_gguf(file)?;
         let embed_q = file.tensor("token_embd.weight", device)?;
-        let (vocab, hidden) = embed_q.shape().dims2().map_err(|e| invalid(e))?;
+        let (vocab, hidden) = embed_q.shape().dims2().map_err(invalid)?;
         if hidden != cfg.hidden || vocab != cfg.vocab {
             return Err(invalid(format!(
                 "token_embd.weight is {vocab} × {hidden}; metadata says {} × {}",

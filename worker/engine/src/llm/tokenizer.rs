@@ -146,7 +146,7 @@ impl GgufTokenizer {
             .vocab_and_merges(vocab, merges)
             .ignore_merges(ignore_merges)
             .build()
-            .map_err(|e| invalid(e))?;
+            .map_err(invalid)?;
         let mut inner = Tokenizer::new(bpe);
         let mut steps: Vec<PreTokenizerWrapper> = Vec::new();
         for re in regexes {
@@ -155,7 +155,7 @@ impl GgufTokenizer {
                 SplitDelimiterBehavior::Isolated,
                 false,
             )
-            .map_err(|e| invalid(e))?;
+            .map_err(invalid)?;
             steps.push(split.into());
         }
         // The regexes have split already: byte-level only maps bytes.
