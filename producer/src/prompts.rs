@@ -345,6 +345,7 @@ mod tests {
     #[test]
     fn bad_records_say_what_is_wrong() {
         let d = GenDefaults {
+            max_tokens: 10,
             context: Some(100),
             ..GenDefaults::default()
         };

@@ -37,7 +37,11 @@ pub fn detect_family(names: &[String]) -> anyhow::Result<ModelFamily> {
         ),
     }
     let mut wants = Vec::new();
-    for family in ModelFamily::ALL {
+    // Families known by their files' names (a GGUF file is known above).
+    for family in ModelFamily::ALL
+        .into_iter()
+        .filter(|f| !f.required_files().is_empty())
+    {
         let missing: Vec<&str> = family
             .required_files()
             .iter()

