@@ -10,9 +10,10 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
 
 use minions_schemas::messages::{
-    Control, ControlCommand, ControlReply, DeadLetter, EventKind, Heartbeat, InFlight,
-    InputDescription, JobManifest, JobSpec, ManifestShard, ModelFamily, ModelFile, ModelManifest,
-    ModelRecord, OutputPayload, ShardEvent, ShardInput, ShardOutput, ShardTask, WorkerRecord,
+    ChatTurn, Control, ControlCommand, ControlReply, DeadLetter, EventKind, FinishReason,
+    Generation, GenerationRecord, Heartbeat, InFlight, InputDescription, JobManifest, JobSpec,
+    ManifestShard, ModelFamily, ModelFile, ModelManifest, ModelRecord, OutputPayload, Prompt,
+    SamplingParams, ShardCheckpoint, ShardEvent, ShardInput, ShardOutput, ShardTask, WorkerRecord,
     WorkerState,
 };
 use minions_schemas::{
@@ -295,7 +296,32 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
         texts: vec!["a man eats food".into(), "the girl rides a horse".into()],
         records: vec![],
     };
-    let s = seeds("shard input", &[input])?;
+    let record = GenerationRecord {
+        prompt: Prompt::Messages(vec![ChatTurn {
+            role: "user".into(),
+            content: "Say hi".into(),
+        }]),
+        params: SamplingParams {
+            max_tokens: 16,
+            temperature: 0.7,
+            top_p: 0.9,
+            top_k: 40,
+            seed: 7,
+            stop: vec!["\n".into()],
+        },
+    };
+    let prompts = ShardInput {
+        texts: vec![],
+        records: vec![
+            record.clone(),
+            GenerationRecord {
+                prompt: Prompt::Text("Once upon".into()),
+                ..record
+            },
+        ],
+        ..input.clone()
+    };
+    let s = seeds("shard input", &[input, prompts])?;
     v.push((
         "shard input",
         Box::new(move |n| {
@@ -317,7 +343,20 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
             data: (0..32).collect(),
         },
     };
-    let s = seeds("shard output", &[output])?;
+    let generation = Generation {
+        text: "Hi!".into(),
+        finish_reason: FinishReason::Stop,
+        prompt_tokens: 12,
+        completion_tokens: 3,
+        error: None,
+    };
+    let generated = ShardOutput {
+        payload: OutputPayload::Generations {
+            records: vec![generation.clone(), Generation::failed("too long")],
+        },
+        ..output.clone()
+    };
+    let s = seeds("shard output", &[output, generated])?;
     v.push((
         "shard output",
         Box::new(move |n| {
@@ -328,6 +367,28 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
                 n,
                 8,
                 |x| ok_job(&x.job) && ok_worker(&x.worker) && ok_hash(&x.model_hash),
+            )
+        }),
+    ));
+    let checkpoint = ShardCheckpoint {
+        v: SCHEMA_VERSION,
+        job: job()?,
+        shard: 3,
+        rows: 2,
+        model_hash: hash()?,
+        done: vec![(1, generation)],
+    };
+    let s = seeds("shard checkpoint", &[checkpoint])?;
+    v.push((
+        "shard checkpoint",
+        Box::new(move |n| {
+            fuzz::<ShardCheckpoint>(
+                "shard checkpoint",
+                limits::MAX_SHARD_OUTPUT_BYTES,
+                s,
+                n,
+                14,
+                |x| ok_job(&x.job) && ok_hash(&x.model_hash),
             )
         }),
     ));
@@ -503,7 +564,7 @@ fn a_million_mutated_inputs_per_decoder_never_panic() -> R<()> {
         }
     }
     assert!(failed.is_empty(), "{failed:#?}");
-    assert_eq!(results.len(), 13, "every decoder was fuzzed");
+    assert_eq!(results.len(), 14, "every decoder was fuzzed");
     for (_, _, r) in &results {
         if let Ok(t) = r {
             assert_eq!(t.inputs, inputs);

@@ -113,8 +113,9 @@ fn jobs_table(jobs: &[Progress]) -> String {
             s,
             "<tr class=\"job\" data-job=\"{id}\" data-state=\"{st}\" data-pct=\"{pct:.1}\"><td><a href=\"/jobs/{id}\">{id}</a><br><span class=\"muted\">{model}, {records} records</span></td>\
 <td>{state}</td><td>{bar}</td><td class=\"num\">{done}/{shards}</td><td class=\"num\">{running}</td><td class=\"num\">{pending}</td>\
-<td class=\"num\">{failed}</td><td class=\"num\">{redel}</td><td class=\"num\">{rate:.1}</td><td class=\"num\">{eta}</td></tr>",
+<td class=\"num\">{failed}</td><td class=\"num\">{redel}</td><td class=\"num\">{rate:.1}{tokens}</td><td class=\"num\">{eta}</td></tr>",
             id = esc(&p.job),
+            tokens = tokens_note(p),
             st = p.state.as_str(),
             pct = 100.0 * p.fraction_done(),
             model = esc(&p.model),
@@ -133,6 +134,18 @@ fn jobs_table(jobs: &[Progress]) -> String {
     }
     s.push_str("</table>");
     s
+}
+
+/// For generation jobs, the tokens generated and their rate, under the
+/// records/s figure.
+fn tokens_note(p: &Progress) -> String {
+    if p.tokens == 0 {
+        return String::new();
+    }
+    format!(
+        "<br><span class=\"muted\">{} tokens, {:.1}/s</span>",
+        p.tokens, p.token_rate
+    )
 }
 
 fn workers_table(workers: &[WorkerRow]) -> String {
@@ -249,7 +262,7 @@ pub fn job(p: &Progress, reasons: &[Reason]) -> String {
     let mut out = String::new();
     let _ = write!(
         out,
-        "<section><h2>Job {id} {state}</h2><p>{bar}</p><div class=\"cards\">{c1}{c2}{c3}{c4}{c5}{c6}{c7}</div></section>",
+        "<section><h2>Job {id} {state}</h2><p>{bar}</p><div class=\"cards\">{c1}{c2}{c3}{c4}{c5}{c6}{c7}{c8}</div></section>",
         id = esc(&p.job),
         state = state(p.state.as_str()),
         bar = bar(p),
@@ -260,6 +273,11 @@ pub fn job(p: &Progress, reasons: &[Reason]) -> String {
         c5 = card(&p.redeliveries.to_string(), "redeliveries"),
         c6 = card(&format!("{:.1}", p.rate), "records/s"),
         c7 = card(&eta(p), "ETA"),
+        c8 = if p.tokens > 0 {
+            card(&format!("{:.1}", p.token_rate), "tokens/s")
+        } else {
+            String::new()
+        },
     );
     out.push_str("<section id=\"explain\"><h2>Why are shards waiting?</h2><ul class=\"reasons\">");
     for r in reasons {
