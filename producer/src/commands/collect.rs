@@ -94,15 +94,43 @@ async fn fetch(
     Ok(out)
 }
 
+/// A buffered file beside `path` (extension `ext`), renamed into place by
+/// [`settle_file`] once complete: a failed collect leaves no partial output.
+fn part_file(
+    path: &Path,
+    ext: &str,
+) -> anyhow::Result<(std::path::PathBuf, std::io::BufWriter<std::fs::File>)> {
+    let tmp = path.with_extension(ext);
+    let file =
+        std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    Ok((tmp, std::io::BufWriter::with_capacity(1 << 20, file)))
+}
+
+/// Flushes `w`, checks that `rows` covers the job, and moves `tmp` to `path`.
+fn settle_file(
+    mut w: std::io::BufWriter<std::fs::File>,
+    tmp: &Path,
+    path: &Path,
+    rows: u64,
+    spec: &JobSpec,
+) -> anyhow::Result<()> {
+    w.flush()?;
+    drop(w);
+    if rows != spec.records {
+        bail!(
+            "outputs hold {rows} rows, the job has {} records",
+            spec.records
+        );
+    }
+    std::fs::rename(tmp, path).with_context(|| format!("cannot write {}", path.display()))
+}
+
 async fn write_npy(
     store: std::sync::Arc<dyn ObjectStore>,
     spec: &JobSpec,
     path: &Path,
 ) -> anyhow::Result<CollectReport> {
-    let tmp = path.with_extension("npy.part");
-    let file =
-        std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
+    let (tmp, mut w) = part_file(path, "npy.part")?;
     let mut outputs = futures::stream::iter(0..spec.shards)
         .map(|s| fetch(store.clone(), spec, s))
         .buffered(FETCH_WINDOW);
@@ -127,15 +155,7 @@ async fn write_npy(
         w.write_all(data)?;
         rows += out.rows;
     }
-    w.flush()?;
-    drop(w);
-    if rows != spec.records {
-        bail!(
-            "outputs hold {rows} rows, the job has {} records",
-            spec.records
-        );
-    }
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    settle_file(w, &tmp, path, rows, spec)?;
     let dim = dim.unwrap_or(0);
     tracing::info!(job = %spec.job, rows, dim, output = %path.display(), "collected");
     Ok(CollectReport {
@@ -151,10 +171,7 @@ async fn write_jsonl(
     path: &Path,
     format: CollectFormat,
 ) -> anyhow::Result<CollectReport> {
-    let tmp = path.with_extension("jsonl.part");
-    let file =
-        std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
+    let (tmp, mut w) = part_file(path, "jsonl.part")?;
     let ids = futures::stream::iter(0..spec.shards)
         .map(|s| {
             let store = store.clone();
@@ -200,15 +217,7 @@ async fn write_jsonl(
         }
         rows += out.rows;
     }
-    w.flush()?;
-    drop(w);
-    if rows != spec.records {
-        bail!(
-            "outputs hold {rows} rows, the job has {} records",
-            spec.records
-        );
-    }
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    settle_file(w, &tmp, path, rows, spec)?;
     tracing::info!(job = %spec.job, rows, errors, output = %path.display(), "collected");
     Ok(CollectReport {
         rows,

@@ -27,7 +27,9 @@ const OP: &str = "quantized linear";
 const QK: usize = 32;
 /// Rows computed together against one weight block.
 const MR: usize = 4;
-/// Output columns per parallel task.
+/// Products of fewer multiply-adds than this run on the calling thread.
+const SERIAL_MACS: usize = 1 << 17;
+/// Output columns per parallel task, at least.
 const COLS_PER_TASK: usize = 16;
 
 /// A weight matrix `(n, k)` in one of the block formats, unpacked into
@@ -211,33 +213,46 @@ fn product(w: &QuantWeight, x: &[f32], rows: usize, out: &mut [f32]) {
     let a = quantize(x, rows, w.k, w.kind == Kind::Q4_1);
     let simd = simd::Simd::try_new();
     let n = w.n;
-    // Each task fills a band of columns for every row: tasks own disjoint
-    // output cells, gathered by column band, then scattered into rows.
-    let bands: Vec<(usize, Vec<f32>)> = (0..n.div_ceil(COLS_PER_TASK))
-        .into_par_iter()
-        .map(|band| {
-            let c0 = band * COLS_PER_TASK;
-            let c1 = (c0 + COLS_PER_TASK).min(n);
-            let mut vals = vec![0f32; (c1 - c0) * rows];
-            match simd {
-                Some(s) => s.band(w, &a, c0..c1, rows, &mut vals),
-                None => {
-                    for c in c0..c1 {
-                        for r in 0..rows {
-                            vals[(c - c0) * rows + r] = dot_plain(w, &a, c, r);
-                        }
+    // A band of columns per task, enough tasks to balance the threads
+    // without paying for thousands of tiny ones (the output layer has
+    // tens of thousands of columns).
+    let threads = rayon::current_num_threads().max(1);
+    let band = (n / (threads * 8))
+        .next_multiple_of(COLS_PER_TASK)
+        .max(COLS_PER_TASK);
+    let fill = |c0: usize, vals: &mut [f32]| {
+        let c1 = c0 + vals.len() / rows;
+        match simd {
+            Some(s) => s.band(w, &a, c0..c1, rows, vals),
+            None => {
+                for c in c0..c1 {
+                    for r in 0..rows {
+                        vals[(c - c0) * rows + r] = dot_plain(w, &a, c, r);
                     }
                 }
             }
-            (c0, vals)
-        })
-        .collect();
-    for (c0, vals) in bands {
-        let width = vals.len() / rows.max(1);
-        for (j, col) in vals.chunks_exact(rows.max(1)).enumerate().take(width) {
-            for (r, &v) in col.iter().enumerate() {
-                out[r * n + c0 + j] = v;
-            }
+        }
+    };
+    // Small products run on this thread: waking the pool costs more.
+    let small = rows * n * w.k < SERIAL_MACS;
+    if rows == 1 {
+        // One row: column-major is row-major.
+        if small {
+            fill(0, out);
+        } else {
+            out.par_chunks_mut(band)
+                .enumerate()
+                .for_each(|(i, vals)| fill(i * band, vals));
+        }
+        return;
+    }
+    let mut cols = vec![0f32; n * rows];
+    cols.par_chunks_mut(band * rows)
+        .enumerate()
+        .for_each(|(i, vals)| fill(i * band, vals));
+    for (c, col) in cols.chunks_exact(rows).enumerate() {
+        for (r, &v) in col.iter().enumerate() {
+            out[r * n + c] = v;
         }
     }
 }
@@ -284,6 +299,39 @@ mod simd {
     use pulp::x86::V3;
     use std::arch::x86_64::{__m128i, __m256, __m256i};
 
+    /// A Q4_1 block's nibbles as 32 bytes in element order: low half the
+    /// low nibbles, high half the high ones.
+    #[inline(always)]
+    fn nibbles(v3: V3, q: [u8; 16]) -> __m256i {
+        let q: __m128i = cast(q);
+        let hi = v3.sse2._mm_srli_epi16::<4>(q);
+        v3.avx2
+            ._mm256_and_si256(v3.avx._mm256_set_m128i(hi, q), cast([0x0fu8; 32]))
+    }
+
+    /// Products of unsigned bytes `x` and signed bytes `y`, four summed per
+    /// lane, as f32: lane `l` holds elements `4l..4l + 4`.
+    #[inline(always)]
+    fn quads(v3: V3, x: __m256i, y: __m256i) -> __m256 {
+        let pairs = v3.avx2._mm256_maddubs_epi16(x, y);
+        v3.avx
+            ._mm256_cvtepi32_ps(v3.avx2._mm256_madd_epi16(pairs, cast([1i16; 16])))
+    }
+
+    /// [`quads`] of two signed blocks: the weights' signs move onto the
+    /// activations, since the instruction multiplies unsigned by signed.
+    #[inline(always)]
+    fn signed_quads(v3: V3, x: __m256i, y: __m256i) -> __m256 {
+        quads(
+            v3,
+            v3.avx2._mm256_sign_epi8(x, x),
+            v3.avx2._mm256_sign_epi8(y, x),
+        )
+    }
+
+    /// One Q4_1 weight column's blocks, scales and minimums.
+    type Q41Column<'a> = (&'a [[u8; 16]], &'a [f32], &'a [f32]);
+
     /// One activation row's blocks, scales and sums.
     type RowBlocks<'a> = (&'a [[i8; 32]], &'a [f32], &'a [f32]);
 
@@ -310,15 +358,28 @@ mod simd {
             v3.vectorize(
                 #[inline(always)]
                 || {
+                    let full = rows - rows % MR;
                     for c in cols.clone() {
-                        let mut r0 = 0;
-                        while r0 < rows {
-                            let nr = (rows - r0).min(MR);
-                            let sums = tile(v3, w, a, c, r0, nr);
-                            for (i, v) in sums.iter().take(nr).enumerate() {
-                                out[(c - cols.start) * rows + r0 + i] = *v;
+                        let at = (c - cols.start) * rows;
+                        for r0 in (0..full).step_by(MR) {
+                            let sums = tile::<MR>(v3, w, a, c, r0);
+                            out[at + r0..][..MR].copy_from_slice(&sums);
+                        }
+                    }
+                    // Rows left over (all of them when decoding one
+                    // sequence): four columns at a time, so that four
+                    // independent sums hide the multiply-add latency.
+                    for r in full..rows {
+                        let mut c = cols.start;
+                        while c + MR <= cols.end {
+                            let sums = tile_cols::<MR>(v3, w, a, c, r);
+                            for (j, v) in sums.into_iter().enumerate() {
+                                out[(c + j - cols.start) * rows + r] = v;
                             }
-                            r0 += nr;
+                            c += MR;
+                        }
+                        for c in c..cols.end {
+                            out[(c - cols.start) * rows + r] = tile::<1>(v3, w, a, c, r)[0];
                         }
                     }
                 },
@@ -326,21 +387,81 @@ mod simd {
         }
     }
 
-    /// Column `c` against rows `r0..r0 + nr` (`nr ≤ MR`).
+    /// Columns `c0..c0 + N` against row `r`: the same sums as [`tile`],
+    /// one accumulator per column.
     #[inline(always)]
-    fn tile(v3: V3, w: &QuantWeight, a: &Acts, c: usize, r0: usize, nr: usize) -> [f32; MR] {
+    fn tile_cols<const N: usize>(
+        v3: V3,
+        w: &QuantWeight,
+        a: &Acts,
+        c0: usize,
+        r: usize,
+    ) -> [f32; N] {
         let kb = w.kb;
         let zero: __m256 = cast([0f32; 8]);
-        let mut acc = [zero; MR];
+        let mut acc = [zero; N];
+        let mut summs = [v3.sse._mm_set_ss(0.0); N];
+        let aq = &a.q[r * kb..][..kb];
+        let ad = &a.d[r * kb..][..kb];
+        match w.kind {
+            Kind::Q4_1 => {
+                let as_ = &a.s[r * kb..][..kb];
+                let cols: [Q41Column<'_>; N] = std::array::from_fn(|j| {
+                    let c = c0 + j;
+                    (
+                        &w.q4[c * kb..][..kb],
+                        &w.d[c * kb..][..kb],
+                        &w.m[c * kb..][..kb],
+                    )
+                });
+                for b in 0..kb {
+                    let y: __m256i = cast(aq[b]);
+                    let s = v3.sse._mm_set_ss(as_[b]);
+                    for j in 0..N {
+                        let (wq, wd, wm) = cols[j];
+                        let f = quads(v3, nibbles(v3, wq[b]), y);
+                        let scale = v3.avx._mm256_set1_ps(wd[b] * ad[b]);
+                        acc[j] = v3.fma._mm256_fmadd_ps(scale, f, acc[j]);
+                        summs[j] = v3.fma._mm_fmadd_ss(v3.sse._mm_set_ss(wm[b]), s, summs[j]);
+                    }
+                }
+            }
+            Kind::Q8_0 => {
+                let cols: [(&[[i8; 32]], &[f32]); N] = std::array::from_fn(|j| {
+                    let c = c0 + j;
+                    (&w.q8[c * kb..][..kb], &w.d[c * kb..][..kb])
+                });
+                for b in 0..kb {
+                    let y: __m256i = cast(aq[b]);
+                    for j in 0..N {
+                        let (wq, wd) = cols[j];
+                        let f = signed_quads(v3, cast(wq[b]), y);
+                        let scale = v3.avx._mm256_set1_ps(wd[b] * ad[b]);
+                        acc[j] = v3.fma._mm256_fmadd_ps(scale, f, acc[j]);
+                    }
+                }
+            }
+        }
+        let mut out = [0f32; N];
+        for j in 0..N {
+            out[j] = hsum8(cast(acc[j])) + v3.sse._mm_cvtss_f32(summs[j]);
+        }
+        out
+    }
+
+    /// Column `c` against rows `r0..r0 + N`.
+    #[inline(always)]
+    fn tile<const N: usize>(v3: V3, w: &QuantWeight, a: &Acts, c: usize, r0: usize) -> [f32; N] {
+        let kb = w.kb;
+        let zero: __m256 = cast([0f32; 8]);
+        let mut acc = [zero; N];
         // The minimums' term, one fused multiply-add per block as ggml's.
-        let mut summs = [v3.sse._mm_set_ss(0.0); MR];
-        let ones: __m256i = cast([1i16; 16]);
-        let low: __m256i = cast([0x0fu8; 32]);
+        let mut summs = [v3.sse._mm_set_ss(0.0); N];
         let wd = &w.d[c * kb..][..kb];
         // Each row's blocks, scales and sums as slices of the block count:
         // the loop below indexes them without bounds checks.
-        let rows: [RowBlocks<'_>; MR] = std::array::from_fn(|i| {
-            let r = r0 + i.min(nr - 1);
+        let rows: [RowBlocks<'_>; N] = std::array::from_fn(|i| {
+            let r = r0 + i;
             (
                 &a.q[r * kb..][..kb],
                 &a.d[r * kb..][..kb],
@@ -356,20 +477,11 @@ mod simd {
                 let wq = &w.q4[c * kb..][..kb];
                 let wm = &w.m[c * kb..][..kb];
                 for b in 0..kb {
-                    // Low half: low nibbles; high half: high nibbles.
-                    let q: __m128i = cast(wq[b]);
-                    let hi = v3.sse2._mm_srli_epi16::<4>(q);
-                    let x = v3
-                        .avx2
-                        ._mm256_and_si256(v3.avx._mm256_set_m128i(hi, q), low);
+                    let x = nibbles(v3, wq[b]);
                     let m = v3.sse._mm_set_ss(wm[b]);
-                    for i in 0..MR {
+                    for i in 0..N {
                         let (aq, ad, as_) = rows[i];
-                        let y: __m256i = cast(aq[b]);
-                        let f = v3.avx._mm256_cvtepi32_ps(
-                            v3.avx2
-                                ._mm256_madd_epi16(v3.avx2._mm256_maddubs_epi16(x, y), ones),
-                        );
+                        let f = quads(v3, x, cast(aq[b]));
                         let scale = v3.avx._mm256_set1_ps(wd[b] * ad[b]);
                         acc[i] = v3.fma._mm256_fmadd_ps(scale, f, acc[i]);
                         summs[i] = v3.fma._mm_fmadd_ss(m, v3.sse._mm_set_ss(as_[b]), summs[i]);
@@ -380,25 +492,17 @@ mod simd {
                 let wq = &w.q8[c * kb..][..kb];
                 for b in 0..kb {
                     let x: __m256i = cast(wq[b]);
-                    // maddubs multiplies unsigned by signed bytes: move the
-                    // weights' signs onto the activations.
-                    let ax = v3.avx2._mm256_sign_epi8(x, x);
-                    for i in 0..MR {
+                    for i in 0..N {
                         let (aq, ad, _) = rows[i];
-                        let y: __m256i = cast(aq[b]);
-                        let sy = v3.avx2._mm256_sign_epi8(y, x);
-                        let f = v3.avx._mm256_cvtepi32_ps(
-                            v3.avx2
-                                ._mm256_madd_epi16(v3.avx2._mm256_maddubs_epi16(ax, sy), ones),
-                        );
+                        let f = signed_quads(v3, x, cast(aq[b]));
                         let scale = v3.avx._mm256_set1_ps(wd[b] * ad[b]);
                         acc[i] = v3.fma._mm256_fmadd_ps(scale, f, acc[i]);
                     }
                 }
             }
         }
-        let mut out = [0f32; MR];
-        for i in 0..nr {
+        let mut out = [0f32; N];
+        for i in 0..N {
             out[i] = hsum8(cast(acc[i])) + v3.sse._mm_cvtss_f32(summs[i]);
         }
         out

@@ -99,43 +99,49 @@ pub(crate) fn attend(
     }
     let parts: &[SeqPart<'_>] = parts;
     let group = d.heads / d.kv_heads;
-    out.par_chunks_mut(d.heads * hd)
-        .zip(rows.par_iter())
-        .for_each(|(out, &(s, t))| {
-            let p = &parts[s];
-            let row = p.row + t;
-            let len = p.start + t + 1;
-            let mut scores = vec![0f32; len];
-            let mut qh = vec![0f32; hd];
-            for h in 0..d.heads {
-                let kvh = h / group;
-                let qsrc = &q[(row * d.heads + h) * hd..][..hd];
-                for (o, &x) in qh.iter_mut().zip(qsrc) {
-                    *o = round16(x);
-                }
-                let keys = &p.kv.k[kvh * p.cap * hd..][..len * hd];
-                let mut max = f32::NEG_INFINITY;
-                for (j, s) in scores.iter_mut().enumerate() {
-                    *s = dot(&qh, &keys[j * hd..][..hd]) * d.scale;
-                    max = max.max(*s);
-                }
-                let mut sum = 0f32;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                let inv = 1.0 / sum;
-                let o = &mut out[h * hd..][..hd];
-                o.fill(0.0);
-                let values = &p.kv.v[kvh * p.cap * hd..][..len * hd];
-                for (j, s) in scores.iter().enumerate() {
-                    let w = round16(*s * inv);
-                    for (o, &x) in o.iter_mut().zip(&values[j * hd..][..hd]) {
-                        *o += w * x;
-                    }
+    let one_row = |out: &mut [f32], &(s, t): &(usize, usize)| {
+        let p = &parts[s];
+        let row = p.row + t;
+        let len = p.start + t + 1;
+        let mut scores = vec![0f32; len];
+        let mut qh = vec![0f32; hd];
+        for h in 0..d.heads {
+            let kvh = h / group;
+            let qsrc = &q[(row * d.heads + h) * hd..][..hd];
+            for (o, &x) in qh.iter_mut().zip(qsrc) {
+                *o = round16(x);
+            }
+            let keys = &p.kv.k[kvh * p.cap * hd..][..len * hd];
+            let mut max = f32::NEG_INFINITY;
+            for (j, s) in scores.iter_mut().enumerate() {
+                *s = dot(&qh, &keys[j * hd..][..hd]) * d.scale;
+                max = max.max(*s);
+            }
+            let mut sum = 0f32;
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            let inv = 1.0 / sum;
+            let o = &mut out[h * hd..][..hd];
+            o.fill(0.0);
+            let values = &p.kv.v[kvh * p.cap * hd..][..len * hd];
+            for (j, s) in scores.iter().enumerate() {
+                let w = round16(*s * inv);
+                for (o, &x) in o.iter_mut().zip(&values[j * hd..][..hd]) {
+                    *o += w * x;
                 }
             }
-        });
+        }
+    };
+    if rows.len() == 1 {
+        // One sequence decoding: not worth waking the pool.
+        one_row(&mut out, &rows[0]);
+    } else {
+        out.par_chunks_mut(d.heads * hd)
+            .zip(rows.par_iter())
+            .for_each(|(out, row)| one_row(out, row));
+    }
     out
 }
 
