@@ -91,6 +91,15 @@ pub fn real_gguf() -> Result<PathBuf> {
     }
 }
 
+/// Lines of the log at `log` that contain `needle` (0 when it cannot be read).
+pub fn log_count(log: &Path, needle: &str) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(needle))
+        .count()
+}
+
 /// The path of one of the workspace's binaries, built next to the test
 /// binary (or next to a bench binary of this crate).
 pub fn bin(name: &str) -> Result<PathBuf> {

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use minions_tests::{Fleet, Result, real_gguf};
+use minions_tests::{Fleet, Result, log_count, real_gguf};
 
 /// Short raw prompts and chat prompts, each with its id.
 fn write_prompts(path: &Path, n: usize) -> Result<Vec<String>> {
@@ -49,14 +49,6 @@ fn read_lines(path: &Path) -> Result<Vec<serde_json::Value>> {
         .lines()
         .map(|l| Ok(serde_json::from_str(l)?))
         .collect()
-}
-
-fn count(log: &Path, needle: &str) -> usize {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.contains(needle))
-        .count()
 }
 
 /// The `key=value` of the last log line containing `needle`.
@@ -168,7 +160,7 @@ async fn disrupted_shard(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     disrupt(fleet)?;
-    let finished_by_first = count(&log1, "record finished");
+    let finished_by_first = log_count(&log1, "record finished");
     let checkpointed = last_value(&log1, "checkpoint written", "records").unwrap_or(0);
     fleet.add_worker(&["--slots", "1", "--checkpoint-secs", "1"])?;
     let status = fleet.wait_job(&job, Duration::from_secs(900))?;
@@ -205,7 +197,7 @@ async fn a_killed_worker_resumes_from_the_checkpoint() -> Result<()> {
         // Past a checkpoint, with records finished since: those are lost.
         let log = f.workers[0].log.clone();
         let until = Instant::now() + Duration::from_secs(60);
-        while count(&log, "record finished")
+        while log_count(&log, "record finished")
             < last_value(&log, "checkpoint written", "records").unwrap_or(0) as usize + 4
             && Instant::now() < until
         {
@@ -236,7 +228,7 @@ async fn an_owners_return_hands_back_after_a_checkpoint() -> Result<()> {
         std::fs::write(f.dir.path().join("owner"), "active\n")?;
         let log = f.workers[0].log.clone();
         let until = Instant::now() + Duration::from_secs(10);
-        while count(&log, "shard handed back") == 0 {
+        while log_count(&log, "shard handed back") == 0 {
             if Instant::now() > until {
                 return Err("the shard was not handed back".into());
             }

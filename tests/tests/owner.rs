@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use minions_tests::{Fleet, Result, SLOW, write_corpus};
+use minions_tests::{Fleet, Result, SLOW, log_count, write_corpus};
 use minions_worker::model::tiny::TinySpec;
 
 fn policy(fleet: &Fleet, resume_after: u32) -> Result<(String, std::path::PathBuf)> {
@@ -21,14 +21,6 @@ fn policy(fleet: &Fleet, resume_after: u32) -> Result<(String, std::path::PathBu
         ),
     )?;
     Ok((policy.display().to_string(), signal))
-}
-
-fn count(log: &std::path::Path, needle: &str) -> usize {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.contains(needle))
-        .count()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -65,9 +57,9 @@ async fn yield_scenario(fleet: &mut Fleet) -> Result<()> {
     );
     assert!(took <= Duration::from_secs(1), "hand-back took {took:?}");
     let log = fleet.workers[0].log.clone();
-    assert_eq!(count(&log, "yielding to the owner"), 1);
+    assert_eq!(log_count(&log, "yielding to the owner"), 1);
     assert_eq!(
-        count(&log, "models released from memory"),
+        log_count(&log, "models released from memory"),
         1,
         "GPU memory not released"
     );
@@ -118,7 +110,7 @@ async fn yield_scenario(fleet: &mut Fleet) -> Result<()> {
     // The owner leaves: after the resume period the worker lends again.
     std::fs::write(&signal, "idle\n")?;
     let until = Instant::now() + Duration::from_secs(15);
-    while count(&log, "owner away: lending the GPU") < 2 {
+    while log_count(&log, "owner away: lending the GPU") < 2 {
         assert!(Instant::now() < until, "worker never resumed");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -157,8 +149,8 @@ async fn flapping_scenario(fleet: &mut Fleet) -> Result<()> {
     }
     std::fs::write(&signal, "active\n")?;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let yields = count(&log, "yielding to the owner");
-    let resumes = count(&log, "owner away: lending the GPU");
+    let yields = log_count(&log, "yielding to the owner");
+    let resumes = log_count(&log, "owner away: lending the GPU");
     eprintln!("flapping every 200 ms for 4 s: {yields} yield, {resumes} lend (the first)");
     assert_eq!((yields, resumes), (1, 1));
     std::fs::write(&signal, "idle\n")?;
@@ -220,7 +212,7 @@ async fn a_model_over_the_memory_cap_goes_to_another_machine() -> Result<()> {
         let job = fleet.submit("tiny", &input, 256, "big")?;
         let log = fleet.workers[0].log.clone();
         let until = Instant::now() + Duration::from_secs(30);
-        while count(&log, "more than the") == 0 {
+        while log_count(&log, "more than the") == 0 {
             assert!(
                 Instant::now() < until,
                 "the capped worker did not refuse the model"
