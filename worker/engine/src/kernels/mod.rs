@@ -4,6 +4,7 @@
 
 mod attention;
 mod gelu;
+mod ggml_math;
 mod int8;
 mod lanes;
 mod layer_norm;
@@ -12,10 +13,18 @@ mod softmax;
 
 pub(crate) use attention::packed_attention;
 pub(crate) use gelu::bias_gelu;
+pub(crate) use ggml_math::{Math, RmsWeight, rms_norm, swiglu};
 pub(crate) use int8::{Activation, Int8Weight, available as int8_available, linear as int8_linear};
 pub(crate) use layer_norm::{NormParams, layer_norm};
 pub(crate) use quant::{QuantWeight, quant_linear};
 pub(crate) use softmax::masked_softmax;
+
+/// ggml's `hsum_float_8` (and tinyBLAS's `hsum`): eight lanes added in
+/// the order its shuffles add them.
+#[inline(always)]
+pub(crate) fn hsum8(a: [f32; 8]) -> f32 {
+    ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+}
 
 /// `v` folded by `f` from `init`, eight lanes at a time so that it
 /// vectorises: element `i` into lane `i % 8`, then the tail and the lanes

@@ -19,7 +19,7 @@ use candle_core::{CpuStorage, CustomOp1, Layout, Shape};
 use half::f16;
 use rayon::prelude::*;
 
-use super::{contiguous_f32, round_even};
+use super::{contiguous_f32, hsum8, round_even};
 
 /// The op's name in errors.
 const OP: &str = "quantized linear";
@@ -153,12 +153,6 @@ fn quantize(x: &[f32], rows: usize, k: usize, with_sums: bool) -> Acts {
         }
     }
     a
-}
-
-/// ggml's `hsum_float_8`: the order its lanes are added in.
-#[inline(always)]
-fn hsum8(a: [f32; 8]) -> f32 {
-    ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
 }
 
 /// Integer products of one block summed four at a time: lane `l` holds

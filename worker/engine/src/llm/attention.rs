@@ -5,13 +5,16 @@
 //!
 //! Every (token, head) row is computed on its own: scores against its
 //! sequence's keys up to its own position, softmax, weighted sum of values.
-//! Nothing depends on which other sequences share the pass or on how a
-//! prompt was cut into chunks. Queries, keys, values and attention weights
-//! are rounded to f16, as they are in llama.cpp's f16 KV cache; products
-//! are summed in f32.
+//! Nothing depends on which other sequences share the pass. Queries, keys,
+//! values and attention weights are rounded to f16, as they are in
+//! llama.cpp's f16 KV cache, and every sum is taken in the order
+//! llama.cpp's CPU path takes it for a step of the same size ([`Order`]),
+//! so the same bits come out.
 
 use half::f16;
 use rayon::prelude::*;
+
+use crate::kernels::{Math, hsum8};
 
 /// Rounds to f16 and back.
 #[inline(always)]
@@ -46,28 +49,134 @@ pub(crate) struct SeqPart<'a> {
     pub(crate) row: usize,
 }
 
-/// The dot product of two equally long rows in eight f32 lanes.
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; 8];
-    for (x, y) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
-        for l in 0..8 {
-            lanes[l] += x[l] * y[l];
+/// How llama.cpp's CPU path sums a step's attention products, which
+/// depends on how many tokens the step holds: several go through
+/// tinyBLAS, one f32 accumulator of eight lanes per output; a single token
+/// through `ggml_vec_dot_f16`, four accumulators of eight lanes. The
+/// products themselves are exact (f16 by f16), so only the order of the
+/// additions differs, and it is followed here.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Order {
+    /// One accumulator: element `i` into lane `i % 8`.
+    Tiled,
+    /// Four accumulators: element `i` into accumulator `(i / 8) % 4`,
+    /// lane `i % 8`; elements past the last multiple of 32 in f64.
+    Vec,
+}
+
+impl Order {
+    /// The order llama.cpp uses for a step of `n` tokens whose products
+    /// run over `k` elements (tinyBLAS takes only multiples of eight).
+    fn for_step(n: usize, k: usize) -> Self {
+        if n > 1 && k.is_multiple_of(8) {
+            Self::Tiled
+        } else {
+            Self::Vec
         }
     }
-    let mut s = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6]))
-        + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
-    let tail = a.len() - a.len() % 8;
-    for i in tail..a.len() {
-        s += a[i] * b[i];
+}
+
+/// `ggml_vec_dot_f16`'s reduction of its four accumulators.
+#[inline(always)]
+fn reduce4(acc: &[[f32; 8]; 4]) -> f32 {
+    let mut x = [0f32; 8];
+    for l in 0..8 {
+        x[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
     }
-    s
+    let t = [x[0] + x[4], x[1] + x[5], x[2] + x[6], x[3] + x[7]];
+    (t[0] + t[1]) + (t[2] + t[3])
+}
+
+/// The dot product of two equally long rows of f16-rounded values, summed
+/// in `order`.
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32], order: Order) -> f32 {
+    match order {
+        Order::Tiled => {
+            let mut lanes = [0f32; 8];
+            for (x, y) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+                for l in 0..8 {
+                    lanes[l] += x[l] * y[l];
+                }
+            }
+            hsum8(lanes)
+        }
+        Order::Vec => {
+            let np = a.len() - a.len() % 32;
+            let mut acc = [[0f32; 8]; 4];
+            for (x, y) in a[..np].chunks_exact(32).zip(b[..np].chunks_exact(32)) {
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    for l in 0..8 {
+                        acc[l] += x[8 * j + l] * y[8 * j + l];
+                    }
+                }
+            }
+            let mut s = f64::from(reduce4(&acc));
+            for i in np..a.len() {
+                s += f64::from(a[i] * b[i]);
+            }
+            s as f32
+        }
+    }
+}
+
+/// `out = Σ_j w[j] · values[j]` over rows of `hd` values, summed in
+/// `order` over `j` (as llama.cpp's product of the transposed value cache
+/// and the weights does, whose rows are padded with zero weights to a
+/// multiple of 256). `acc` is scratch of at least `32 · hd`.
+#[inline(always)]
+fn weighted_sum(
+    w: &[f32],
+    values: &[f32],
+    hd: usize,
+    order: Order,
+    acc: &mut [f32],
+    out: &mut [f32],
+) {
+    match order {
+        Order::Tiled => {
+            let acc = &mut acc[..8 * hd];
+            acc.fill(0.0);
+            for (j, &wj) in w.iter().enumerate() {
+                let lane = &mut acc[(j % 8) * hd..][..hd];
+                for (a, &v) in lane.iter_mut().zip(&values[j * hd..][..hd]) {
+                    *a += wj * v;
+                }
+            }
+            for (d, o) in out.iter_mut().enumerate() {
+                *o = hsum8(std::array::from_fn(|l| acc[l * hd + d]));
+            }
+        }
+        Order::Vec => {
+            let acc = &mut acc[..32 * hd];
+            acc.fill(0.0);
+            for (j, &wj) in w.iter().enumerate() {
+                let slot = ((j / 8) % 4) * 8 + j % 8;
+                let lane = &mut acc[slot * hd..][..hd];
+                for (a, &v) in lane.iter_mut().zip(&values[j * hd..][..hd]) {
+                    *a += wj * v;
+                }
+            }
+            for (d, o) in out.iter_mut().enumerate() {
+                let at = |a: usize, l: usize| acc[(a * 8 + l) * hd + d];
+                let four: [[f32; 8]; 4] =
+                    std::array::from_fn(|a| std::array::from_fn(|l| at(a, l)));
+                *o = reduce4(&four);
+            }
+        }
+    }
 }
 
 /// Appends the new keys and values (`k`, `v`: `[tokens, kv_heads,
 /// head_dim]` for the whole pass) to each sequence's cache, then computes
 /// attention for every new token: `q` is `[tokens, heads, head_dim]`; the
 /// result is `[tokens, heads · head_dim]`.
+///
+/// Per (token, head): scores `round16(q) · k` summed as llama.cpp sums
+/// them for a step of this sequence's size, times the scale; softmax as
+/// ggml computes it ([`Math::exp_sum`], the reciprocal of the f64 sum
+/// rounded to f32); weights rounded to f16; their sum over the values in
+/// the same order family.
 pub(crate) fn attend(
     q: &[f32],
     k: &[f32],
@@ -99,12 +208,16 @@ pub(crate) fn attend(
     }
     let parts: &[SeqPart<'_>] = parts;
     let group = d.heads / d.kv_heads;
+    let math = Math::detect();
     let one_row = |out: &mut [f32], &(s, t): &(usize, usize)| {
         let p = &parts[s];
         let row = p.row + t;
         let len = p.start + t + 1;
+        let qk_order = Order::for_step(p.n, hd);
+        let pv_order = Order::for_step(p.n, 8);
         let mut scores = vec![0f32; len];
         let mut qh = vec![0f32; hd];
+        let mut acc = vec![0f32; 32 * hd];
         for h in 0..d.heads {
             let kvh = h / group;
             let qsrc = &q[(row * d.heads + h) * hd..][..hd];
@@ -114,24 +227,23 @@ pub(crate) fn attend(
             let keys = &p.kv.k[kvh * p.cap * hd..][..len * hd];
             let mut max = f32::NEG_INFINITY;
             for (j, s) in scores.iter_mut().enumerate() {
-                *s = dot(&qh, &keys[j * hd..][..hd]) * d.scale;
+                *s = dot(&qh, &keys[j * hd..][..hd], qk_order) * d.scale;
                 max = max.max(*s);
             }
-            let mut sum = 0f32;
+            let sum = math.exp_sum(&mut scores, max);
+            let inv = (1.0 / sum) as f32;
             for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
+                *s = round16(*s * inv);
             }
-            let inv = 1.0 / sum;
-            let o = &mut out[h * hd..][..hd];
-            o.fill(0.0);
             let values = &p.kv.v[kvh * p.cap * hd..][..len * hd];
-            for (j, s) in scores.iter().enumerate() {
-                let w = round16(*s * inv);
-                for (o, &x) in o.iter_mut().zip(&values[j * hd..][..hd]) {
-                    *o += w * x;
-                }
-            }
+            weighted_sum(
+                &scores,
+                values,
+                hd,
+                pv_order,
+                &mut acc,
+                &mut out[h * hd..][..hd],
+            );
         }
     };
     if rows.len() == 1 {

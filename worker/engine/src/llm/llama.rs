@@ -8,11 +8,15 @@
 //! position), and attention runs per sequence over its own cache, so a
 //! sequence's logits do not depend on which others share the pass.
 //!
-//! Numerics follow llama.cpp's CPU path where it matters for agreement:
-//! RoPE angles are built the way ggml builds them, activations are quantized
-//! per row for the quantized products (Q8_1 or Q8_0, as ggml does), and keys,
-//! values, queries and attention weights are rounded to f16 as llama.cpp's
-//! default f16 KV cache does.
+//! On the CPU the arithmetic is llama.cpp's own, bit for bit, as its
+//! x86-64-v3 build computes it (the build the reference fixtures come
+//! from): RoPE angles built and applied the way ggml does, activations
+//! quantized per row for the quantized products (Q8_1 or Q8_0), keys,
+//! values, queries and attention weights rounded to f16 as its default f16
+//! KV cache does, attention sums in its order ([`attention::Order`]), and
+//! RMS norm, softmax and SiLU as `kernels::ggml_math` computes them. The
+//! same tokens then come out as from llama.cpp. Other devices run candle's
+//! ops, close but not the same bits.
 
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Device, IndexOp, Module, Tensor};
@@ -20,7 +24,7 @@ use candle_core::{DType, Device, IndexOp, Module, Tensor};
 use super::attention::{self, Dims, HostKv, SeqPart};
 use super::gguf::{GgufFile, LlamaConfig};
 use crate::ModelError;
-use crate::kernels::{QuantWeight, quant_linear};
+use crate::kernels::{QuantWeight, RmsWeight, quant_linear, rms_norm, swiglu};
 
 /// A quantized linear layer: our kernel on the CPU for the formats it
 /// knows (Q4_1, Q8_0), candle's quantized product otherwise.
@@ -47,14 +51,39 @@ impl Linear {
     }
 }
 
+/// An RMS norm's weights: a tensor for other devices, host values for
+/// the CPU's kernel (llama.cpp's arithmetic).
+struct Norm {
+    t: Tensor,
+    host: Option<RmsWeight>,
+}
+
+impl Norm {
+    fn new(t: Tensor, eps: f32) -> candle_core::Result<Self> {
+        let host = if t.device().is_cpu() {
+            Some(RmsWeight::new(t.flatten_all()?.to_vec1()?, eps))
+        } else {
+            None
+        };
+        Ok(Self { t, host })
+    }
+
+    fn forward(&self, x: &Tensor, eps: f32) -> candle_core::Result<Tensor> {
+        match &self.host {
+            Some(w) => rms_norm(x, w),
+            None => candle_nn::ops::rms_norm(x, &self.t, eps),
+        }
+    }
+}
+
 /// One transformer block's weights.
 struct Block {
-    attn_norm: Tensor,
+    attn_norm: Norm,
     wq: Linear,
     wk: Linear,
     wv: Linear,
     wo: Linear,
-    ffn_norm: Tensor,
+    ffn_norm: Norm,
     gate: Linear,
     up: Linear,
     down: Linear,
@@ -67,7 +96,7 @@ pub struct Llama {
     /// Token embeddings, dequantized: `[vocab, hidden]`.
     embed: Tensor,
     blocks: Vec<Block>,
-    norm: Tensor,
+    norm: Norm,
     output: Linear,
     /// RoPE cosines and sines by position: `[context, head_dim / 2]`.
     cos: Tensor,
@@ -148,9 +177,12 @@ impl Llama {
         } else {
             Linear::new(embed_q, device)?
         };
-        let norm = file
-            .tensor("output_norm.weight", device)?
-            .dequantize(device)?;
+        let eps = cfg.rms_eps as f32;
+        let norm = Norm::new(
+            file.tensor("output_norm.weight", device)?
+                .dequantize(device)?,
+            eps,
+        )?;
         let mut blocks = Vec::with_capacity(cfg.layers);
         for i in 0..cfg.layers {
             let mut q = |name: &str| -> Result<Linear, ModelError> {
@@ -166,12 +198,16 @@ impl Llama {
             let gate = q("ffn_gate")?;
             let up = q("ffn_up")?;
             let down = q("ffn_down")?;
-            let attn_norm = file
-                .tensor(&format!("blk.{i}.attn_norm.weight"), device)?
-                .dequantize(device)?;
-            let ffn_norm = file
-                .tensor(&format!("blk.{i}.ffn_norm.weight"), device)?
-                .dequantize(device)?;
+            let attn_norm = Norm::new(
+                file.tensor(&format!("blk.{i}.attn_norm.weight"), device)?
+                    .dequantize(device)?,
+                eps,
+            )?;
+            let ffn_norm = Norm::new(
+                file.tensor(&format!("blk.{i}.ffn_norm.weight"), device)?
+                    .dequantize(device)?,
+                eps,
+            )?;
             blocks.push(Block {
                 attn_norm,
                 wq,
@@ -287,7 +323,7 @@ impl Llama {
             .flat_map(|s| s.cache.len..s.cache.len + s.tokens.len())
             .collect();
         for (layer, b) in self.blocks.iter().enumerate() {
-            let hn = candle_nn::ops::rms_norm(&x, &b.attn_norm, eps)?;
+            let hn = b.attn_norm.forward(&x, eps)?;
             let q = b.wq.forward(&hn)?;
             let k = b.wk.forward(&hn)?;
             let v = b.wv.forward(&hn)?;
@@ -297,10 +333,15 @@ impl Llama {
                 self.attend_device(layer, steps, (&cos, &sin), &q, &k, &v)?
             };
             x = (x + b.wo.forward(&o)?)?;
-            let hn = candle_nn::ops::rms_norm(&x, &b.ffn_norm, eps)?;
-            let g = candle_nn::ops::silu(&b.gate.forward(&hn)?)?;
+            let hn = b.ffn_norm.forward(&x, eps)?;
+            let g = b.gate.forward(&hn)?;
             let u = b.up.forward(&hn)?;
-            x = (&x + b.down.forward(&(g * u)?)?)?;
+            let gu = if host {
+                swiglu(&g, &u)?
+            } else {
+                (candle_nn::ops::silu(&g)? * u)?
+            };
+            x = (&x + b.down.forward(&gu)?)?;
         }
         for s in steps.iter_mut() {
             s.cache.len += s.tokens.len();
@@ -316,7 +357,7 @@ impl Llama {
             }
             x.index_select(&Tensor::new(last, &self.device)?, 0)?
         };
-        let x = candle_nn::ops::rms_norm(&x, &self.norm, eps)?;
+        let x = self.norm.forward(&x, eps)?;
         Ok(self.output.forward(&x)?)
     }
 
@@ -370,7 +411,9 @@ impl Llama {
 
     /// Rotates pairs `(2i, 2i + 1)` of every head of every row of `x`
     /// (`[rows, heads, head_dim]`) by its row's position, as ggml's RoPE
-    /// (normal mode) does.
+    /// (normal mode) does in llama.cpp's builds, where the compiler fuses
+    /// one product of each sum with the addition: `x0·cos` in the first,
+    /// `x0·sin` in the second; the other product is rounded first.
     fn rope_host(&self, x: &mut [f32], heads: usize, positions: &[usize]) {
         let hd = self.cfg.head_dim;
         let half = hd / 2;
@@ -381,8 +424,8 @@ impl Llama {
                 let row = &mut x[(r * heads + h) * hd..][..hd];
                 for i in 0..half {
                     let (x0, x1) = (row[2 * i], row[2 * i + 1]);
-                    row[2 * i] = x0 * cos[i] - x1 * sin[i];
-                    row[2 * i + 1] = x0 * sin[i] + x1 * cos[i];
+                    row[2 * i] = x0.mul_add(cos[i], -(x1 * sin[i]));
+                    row[2 * i + 1] = x0.mul_add(sin[i], x1 * cos[i]);
                 }
             }
         }
