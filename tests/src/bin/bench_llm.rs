@@ -21,12 +21,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use minions_schemas::messages::{ChatTurn, GenerationRecord, Prompt, SamplingParams};
 use minions_tests::bench::{arg, flag, help, machine, num, utc_now, write_section};
 use minions_tests::{Fleet, Proc, Result, free_port, out, real_gguf, wait_for_port};
-use minions_worker::model::Model;
+use minions_worker::model::llm::GgufGenerator;
 use minions_worker::model::llm::llama::{Llama, Step, argmax};
-use minions_worker::model::llm::{GenControl, GenLimits, GgufGenerator};
 
 /// What `--help` prints.
 const USAGE: &str = "\
@@ -40,6 +38,7 @@ Usage: bench_llm --llama-bin DIR [--write] [FLAGS]
   --workers W       Minions workers of one thread each; llama-server gets W threads (2)
   --parallel LIST   llama-server --parallel settings to try (4,8,16,32)
   --llama-bin DIR   folder with llama-server and llama-batched-bench
+  --engine-only     only the engine in-process against llama-batched-bench (no --write)
   --write           put the Markdown into BENCHMARKS.md between its markers
 ";
 
@@ -277,48 +276,49 @@ fn batched_bench(bin: &Path, model: &Path, threads: u64) -> Result<Vec<(u64, f64
     Ok(rows)
 }
 
-/// Our engine in-process: a 128-token prompt's tokens/s, and generated
-/// tokens/s with `width` sequences of 128 tokens each.
+/// Our engine in-process, measured as `llama-batched-bench` measures:
+/// `width` sequences, each reads its own 128-token prompt, then 128 tokens
+/// are generated for each, one pass per token for all of them (the argmax
+/// fed back, an end-of-text token included, so every sequence runs its 128
+/// steps). Returns prompt tokens/s (the prompts' passes) and generated
+/// tokens/s (the generation passes alone).
 fn ours_in_process(g: &GgufGenerator, width: usize) -> Result<(f64, f64)> {
+    const N: usize = 128;
     let m: &Llama = g.model();
-    let prompt: Vec<u32> = (0..128).map(|i| 100 + i as u32).collect();
-    let mut cache = m.new_cache(256)?;
-    let t = Instant::now();
-    m.forward(
-        &mut [Step {
-            cache: &mut cache,
-            tokens: &prompt,
-        }],
-        false,
-    )?;
-    let pp = 128.0 / t.elapsed().as_secs_f64();
-    let records: Vec<GenerationRecord> = (0..width)
-        .map(|i| GenerationRecord {
-            prompt: Prompt::Messages(vec![ChatTurn {
-                role: "user".into(),
-                content: format!("Tell me a long story number {i}."),
-            }]),
-            params: SamplingParams {
-                max_tokens: 128,
-                temperature: 0.0,
-                top_p: 1.0,
-                top_k: 0,
-                seed: 0,
-                stop: vec![],
-            },
-        })
+    let mut caches = (0..width)
+        .map(|_| m.new_cache(2 * N))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let prompts: Vec<Vec<u32>> = (0..width)
+        .map(|s| (0..N).map(|i| 100 + ((s * 7 + i) % 1000) as u32).collect())
         .collect();
-    let indexed: Vec<_> = records.iter().enumerate().collect();
-    let control = GenControl::default();
-    let limits = GenLimits {
-        max_seqs: width,
-        ..GenLimits::default()
-    };
     let t = Instant::now();
-    g.generate(&indexed, limits, &control, &mut |_, _| {})?;
-    let secs = t.elapsed().as_secs_f64();
-    let _ = argmax(&[0.0]);
-    Ok((pp, control.generated.load(Ordering::Relaxed) as f64 / secs))
+    let mut last = Vec::with_capacity(width);
+    for (cache, prompt) in caches.iter_mut().zip(&prompts) {
+        let logits = m.forward(
+            &mut [Step {
+                cache,
+                tokens: prompt,
+            }],
+            false,
+        )?;
+        last.push(argmax(&Llama::row(&logits, 0)?));
+    }
+    let pp = (width * N) as f64 / t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for _ in 0..N {
+        let tokens: Vec<[u32; 1]> = last.iter().map(|&t| [t]).collect();
+        let mut steps: Vec<Step<'_>> = caches
+            .iter_mut()
+            .zip(&tokens)
+            .map(|(cache, t)| Step { cache, tokens: t })
+            .collect();
+        let logits = m.forward(&mut steps, false)?;
+        for (i, l) in last.iter_mut().enumerate() {
+            *l = argmax(&Llama::row(&logits, i)?);
+        }
+    }
+    let tg = (width * N) as f64 / t.elapsed().as_secs_f64();
+    Ok((pp, tg))
 }
 
 fn main() -> Result<()> {
@@ -339,6 +339,21 @@ fn main() -> Result<()> {
         .collect::<std::result::Result<_, _>>()?;
     let model = real_gguf()?;
     let qs = prompts(n);
+    if flag("--engine-only") {
+        let bb = batched_bench(&bin, &model, workers)?;
+        let g = GgufGenerator::load(&model, &candle_core::Device::Cpu)?;
+        let (pp1, tg1) = ours_in_process(&g, 1)?;
+        let (_, tg32) = ours_in_process(&g, 32)?;
+        for (b, pp, tg) in bb {
+            out!(
+                "llama-batched-bench npl {b}: prompt {pp:.1} tokens/s, generated {tg:.1} tokens/s"
+            );
+        }
+        out!(
+            "Minions engine: prompt {pp1:.1} tokens/s, generated {tg1:.1} tokens/s 1 wide, {tg32:.1} 32 wide"
+        );
+        return Ok(());
+    }
 
     let mut servers = Vec::new();
     for &p in &parallel {

@@ -103,7 +103,14 @@ impl Math {
             #[cfg(target_arch = "x86_64")]
             Self::V3(v3) => v3.vectorize(
                 #[inline(always)]
-                || exp_sum_with(v, max, |x| simd::exp8(v3, x)),
+                || {
+                    exp_sum_with(
+                        v,
+                        max,
+                        #[inline(always)]
+                        |x| simd::exp8(v3, x),
+                    )
+                },
             ),
             Self::Plain => exp_sum_with(v, max, |x| x.map(exp_lane)),
         }
@@ -116,7 +123,15 @@ impl Math {
             #[cfg(target_arch = "x86_64")]
             Self::V3(v3) => v3.vectorize(
                 #[inline(always)]
-                || swiglu_with(gate, up, out, |x, g| simd::silu_gate8(v3, x, g)),
+                || {
+                    swiglu_with(
+                        gate,
+                        up,
+                        out,
+                        #[inline(always)]
+                        |x, g| simd::silu_gate8(v3, x, g),
+                    )
+                },
             ),
             Self::Plain => swiglu_with(gate, up, out, |x, g| {
                 std::array::from_fn(|l| silu_gate_lane(x[l], g[l]))
@@ -189,34 +204,52 @@ mod simd {
     use pulp::x86::V3;
     use std::arch::x86_64::{__m256, __m256i, _CMP_GT_OQ};
 
+    /// All lanes `c`.
+    #[inline(always)]
+    fn s(v3: V3, c: f32) -> __m256 {
+        v3.avx._mm256_set1_ps(c)
+    }
+
+    /// `a · b + c`, fused.
+    #[inline(always)]
+    fn fmadd(v3: V3, a: __m256, b: __m256, c: __m256) -> __m256 {
+        v3.fma._mm256_fmadd_ps(a, b, c)
+    }
+
     /// ggml's vector `exp` of eight lanes. Lanes beyond the common range
     /// (rare: |x| above about 87) are recomputed one at a time, which
     /// gives the bits the vector's own special case gives.
     #[inline(always)]
     pub(super) fn exp8(v3: V3, x: [f32; 8]) -> [f32; 8] {
-        let s = |c: f32| v3.avx._mm256_set1_ps(c);
-        let fmadd = |a, b, c| v3.fma._mm256_fmadd_ps(a, b, c);
         let xv: __m256 = cast(x);
-        let z = fmadd(xv, s(LOG2E), s(SHIFT));
-        let n = v3.avx._mm256_sub_ps(z, s(SHIFT));
-        let b = v3
-            .fma
-            ._mm256_fnmadd_ps(n, s(LN2_LO), v3.fma._mm256_fnmadd_ps(n, s(LN2_HI), xv));
+        let z = fmadd(v3, xv, s(v3, LOG2E), s(v3, SHIFT));
+        let n = v3.avx._mm256_sub_ps(z, s(v3, SHIFT));
+        let b = v3.fma._mm256_fnmadd_ps(
+            n,
+            s(v3, LN2_LO),
+            v3.fma._mm256_fnmadd_ps(n, s(v3, LN2_HI), xv),
+        );
         let e = v3.avx2._mm256_slli_epi32::<23>(cast(z));
-        let one: __m256i = cast(s(1.0));
+        let one: __m256i = cast(s(v3, 1.0));
         let k: __m256 = cast(v3.avx2._mm256_add_epi32(e, one));
-        let abs_n = v3.avx._mm256_andnot_ps(s(-0.0), n);
-        let c = v3.avx._mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, s(126.0));
+        let abs_n = v3.avx._mm256_andnot_ps(s(v3, -0.0), n);
+        let c = v3.avx._mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, s(v3, 126.0));
         if v3.avx._mm256_movemask_ps(c) != 0 {
             return x.map(exp_lane);
         }
         let u = v3.avx._mm256_mul_ps(b, b);
         let j = fmadd(
-            fmadd(fmadd(s(P0), b, s(P1)), u, fmadd(s(P2), b, s(P3))),
+            v3,
+            fmadd(
+                v3,
+                fmadd(v3, s(v3, P0), b, s(v3, P1)),
+                u,
+                fmadd(v3, s(v3, P2), b, s(v3, P3)),
+            ),
             u,
-            v3.avx._mm256_mul_ps(s(P4), b),
+            v3.avx._mm256_mul_ps(s(v3, P4), b),
         );
-        cast(fmadd(j, k, k))
+        cast(fmadd(v3, j, k, k))
     }
 
     /// `x / (1 + exp(−x)) · g` over eight lanes.
