@@ -49,6 +49,11 @@ pub async fn report(config: &WorkerConfig) -> String {
             let _ = writeln!(out, "device       cannot open {:?}: {e}", config.device);
         }
     }
+    let _ = writeln!(
+        out,
+        "cpu kernels  ok: {}",
+        minions_engine::CpuPath::describe()
+    );
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(0);

@@ -165,7 +165,8 @@ pub async fn run(
         Ok(info) => (info.config.ack_wait, info.config.max_deliver),
         Err(_) => (config.work.ack_wait, config.work.max_deliver),
     };
-    tracing::info!(worker = %worker, host = %host, device = %device_name, slots = config.slots,
+    let cpu_kernels = minions_engine::CpuPath::describe();
+    tracing::info!(worker = %worker, host = %host, device = %device_name, cpu_kernels = %cpu_kernels, slots = config.slots,
         nats = %config.nats_url, store = %config.store_url, ack_wait_ms = ack_wait.as_millis() as u64,
         max_deliver, "worker started");
 

@@ -31,6 +31,7 @@ use minions_schemas::messages::{Generation, GenerationRecord, ModelFamily, Outpu
 pub use bert::BertEmbedder;
 pub use device::{DeviceChoice, describe_device, select_device};
 pub use error::ModelError;
+pub use kernels::{CPU_PATH_ENV, CpuPath};
 pub use minions_schemas::messages::Precision;
 
 /// How a shard's texts are cut into forward passes: sorted by length, then

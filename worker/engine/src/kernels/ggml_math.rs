@@ -19,7 +19,7 @@
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::{contiguous_f32, hsum8};
+use super::{CpuPath, contiguous_f32, hsum8};
 
 /// 1.5 · 2^23: adding it rounds to an integer in the low mantissa bits.
 const SHIFT: f32 = f32::from_bits(0x4b40_0000);
@@ -85,10 +85,12 @@ pub(crate) enum Math {
 }
 
 impl Math {
-    /// The best this CPU runs.
+    /// What the kernels' [`CpuPath`] allows on this CPU.
     pub(crate) fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
-        if let Some(v3) = pulp::x86::V3::try_new() {
+        if CpuPath::get() >= CpuPath::Avx2
+            && let Some(v3) = pulp::x86::V3::try_new()
+        {
             return Self::V3(v3);
         }
         Self::Plain

@@ -3,6 +3,7 @@
 //! on contiguous f32 tensors and falls back to candle's op on other devices.
 
 mod attention;
+mod cpu_path;
 mod gelu;
 mod ggml_math;
 mod int8;
@@ -12,6 +13,7 @@ mod quant;
 mod softmax;
 
 pub(crate) use attention::packed_attention;
+pub use cpu_path::{CPU_PATH_ENV, CpuPath};
 pub(crate) use gelu::bias_gelu;
 pub(crate) use ggml_math::{Math, RmsWeight, rms_norm, swiglu};
 pub(crate) use int8::{Activation, Int8Weight, available as int8_available, linear as int8_linear};

@@ -10,16 +10,18 @@
 //! the minimums' term. So an output depends on its own row only, never on
 //! which rows share the product, and matches llama.cpp bit for bit.
 //!
-//! candle's own Q4_1 product is scalar; this one uses AVX2 where the CPU has
-//! it (`pulp`'s run-time check) and a portable path of the same arithmetic
-//! elsewhere. Four rows share each unpacked weight block.
+//! candle's own Q4_1 product is scalar; this one takes the best
+//! [`CpuPath`] the CPU runs: AVX-VNNI's `vpdpbusd` for the byte products
+//! where it has it, AVX2 (`pulp`'s run-time check) otherwise, and a
+//! portable path of the same arithmetic elsewhere, all the same bits. Four
+//! rows share each unpacked weight block.
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape};
 use half::f16;
 use rayon::prelude::*;
 
-use super::{contiguous_f32, hsum8, round_even};
+use super::{CpuPath, contiguous_f32, hsum8, round_even};
 
 /// The op's name in errors.
 const OP: &str = "quantized linear";
@@ -204,8 +206,17 @@ fn dot_plain(w: &QuantWeight, a: &Acts, col: usize, row: usize) -> f32 {
 
 /// `x · Wᵀ` for `x` of `rows × k` (row-major), into `out` (`rows × n`).
 fn product(w: &QuantWeight, x: &[f32], rows: usize, out: &mut [f32]) {
+    product_on(CpuPath::get(), w, x, rows, out);
+}
+
+/// [`product`] on the kernels of `path` (or the best below it this CPU
+/// runs).
+fn product_on(path: CpuPath, w: &QuantWeight, x: &[f32], rows: usize, out: &mut [f32]) {
     let a = quantize(x, rows, w.k, w.kind == Kind::Q4_1);
-    let simd = simd::Simd::try_new();
+    let simd = match path {
+        CpuPath::Portable => None,
+        p => simd::Simd::try_new(p).or_else(|| simd::Simd::try_new(CpuPath::Avx2)),
+    };
     let n = w.n;
     // A band of columns per task, enough tasks to balance the threads
     // without paying for thousands of tiny ones (the output layer has
@@ -288,7 +299,7 @@ pub(crate) fn quant_linear(
 /// The AVX2 path.
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::{Acts, Kind, MR, QuantWeight, hsum8};
+    use super::{Acts, CpuPath, Kind, MR, QuantWeight, hsum8};
     use pulp::bytemuck::cast;
     use pulp::x86::V3;
     use std::arch::x86_64::{__m128i, __m256, __m256i};
@@ -304,19 +315,33 @@ mod simd {
     }
 
     /// Products of unsigned bytes `x` and signed bytes `y`, four summed per
-    /// lane, as f32: lane `l` holds elements `4l..4l + 4`.
+    /// lane, as f32: lane `l` holds elements `4l..4l + 4`. With `VNNI` one
+    /// `vpdpbusd`; without, `vpmaddubsw` then `vpmaddwd` (the pairs cannot
+    /// saturate: |15 · 127 · 2| and |127 · 127 · 2| fit in i16 only for
+    /// the first, and the second's operands are at most 127 in magnitude
+    /// after the sign move, as ggml's). Both give the same sums.
     #[inline(always)]
-    fn quads(v3: V3, x: __m256i, y: __m256i) -> __m256 {
-        let pairs = v3.avx2._mm256_maddubs_epi16(x, y);
-        v3.avx
-            ._mm256_cvtepi32_ps(v3.avx2._mm256_madd_epi16(pairs, cast([1i16; 16])))
+    fn quads<const VNNI: bool>(v3: V3, x: __m256i, y: __m256i) -> __m256 {
+        let sums = if VNNI {
+            // SAFETY: `quads::<true>` is reached only from `band_vnni`,
+            // which runs only where the CPU reported AVX-VNNI
+            // (`CpuPath::Vnni`); the intrinsic has no other precondition.
+            #[allow(unsafe_code)]
+            unsafe {
+                std::arch::x86_64::_mm256_dpbusd_avx_epi32(v3.avx._mm256_setzero_si256(), x, y)
+            }
+        } else {
+            let pairs = v3.avx2._mm256_maddubs_epi16(x, y);
+            v3.avx2._mm256_madd_epi16(pairs, cast([1i16; 16]))
+        };
+        v3.avx._mm256_cvtepi32_ps(sums)
     }
 
     /// [`quads`] of two signed blocks: the weights' signs move onto the
     /// activations, since the instruction multiplies unsigned by signed.
     #[inline(always)]
-    fn signed_quads(v3: V3, x: __m256i, y: __m256i) -> __m256 {
-        quads(
+    fn signed_quads<const VNNI: bool>(v3: V3, x: __m256i, y: __m256i) -> __m256 {
+        quads::<VNNI>(
             v3,
             v3.avx2._mm256_sign_epi8(x, x),
             v3.avx2._mm256_sign_epi8(y, x),
@@ -329,13 +354,20 @@ mod simd {
     /// One activation row's blocks, scales and sums.
     type RowBlocks<'a> = (&'a [[i8; 32]], &'a [f32], &'a [f32]);
 
-    /// Proof that the CPU has AVX2 and FMA.
+    /// Proof that the CPU has AVX2 and FMA, and whether it has AVX-VNNI.
     #[derive(Clone, Copy)]
-    pub(super) struct Simd(V3);
+    pub(super) struct Simd(V3, bool);
 
     impl Simd {
-        pub(super) fn try_new() -> Option<Self> {
-            V3::try_new().map(Self)
+        /// The path `path` asks for, where the CPU runs it.
+        pub(super) fn try_new(path: CpuPath) -> Option<Self> {
+            match path {
+                CpuPath::Portable => None,
+                CpuPath::Avx2 => V3::try_new().map(|v3| Self(v3, false)),
+                CpuPath::Vnni => V3::try_new()
+                    .filter(|_| std::arch::is_x86_feature_detected!("avxvnni"))
+                    .map(|v3| Self(v3, true)),
+            }
         }
 
         /// Columns `cols` of every row into `out` (column-major: column
@@ -349,42 +381,76 @@ mod simd {
             out: &mut [f32],
         ) {
             let v3 = self.0;
-            v3.vectorize(
-                #[inline(always)]
-                || {
-                    let full = rows - rows % MR;
-                    for c in cols.clone() {
-                        let at = (c - cols.start) * rows;
-                        for r0 in (0..full).step_by(MR) {
-                            let sums = tile::<MR>(v3, w, a, c, r0);
-                            out[at + r0..][..MR].copy_from_slice(&sums);
-                        }
-                    }
-                    // Rows left over (all of them when decoding one
-                    // sequence): four columns at a time, so that four
-                    // independent sums hide the multiply-add latency.
-                    for r in full..rows {
-                        let mut c = cols.start;
-                        while c + MR <= cols.end {
-                            let sums = tile_cols::<MR>(v3, w, a, c, r);
-                            for (j, v) in sums.into_iter().enumerate() {
-                                out[(c + j - cols.start) * rows + r] = v;
-                            }
-                            c += MR;
-                        }
-                        for c in c..cols.end {
-                            out[(c - cols.start) * rows + r] = tile::<1>(v3, w, a, c, r)[0];
-                        }
-                    }
-                },
-            )
+            if self.1 {
+                // SAFETY: `self.1` is set only where the CPU reported
+                // AVX-VNNI, and `v3` proves AVX2 and FMA: every feature
+                // `band_vnni` is compiled for.
+                #[allow(unsafe_code)]
+                unsafe {
+                    band_vnni(v3, w, a, cols, rows, out)
+                }
+            } else {
+                v3.vectorize(
+                    #[inline(always)]
+                    || band_body::<false>(v3, w, a, cols, rows, out),
+                )
+            }
+        }
+    }
+
+    /// [`band_body`] compiled for AVX2, FMA and AVX-VNNI.
+    #[target_feature(enable = "avx,avx2,fma,avxvnni")]
+    fn band_vnni(
+        v3: V3,
+        w: &QuantWeight,
+        a: &Acts,
+        cols: std::ops::Range<usize>,
+        rows: usize,
+        out: &mut [f32],
+    ) {
+        band_body::<true>(v3, w, a, cols, rows, out)
+    }
+
+    /// Columns `cols` of every row into `out`, as [`Simd::band`] lays them.
+    #[inline(always)]
+    fn band_body<const VNNI: bool>(
+        v3: V3,
+        w: &QuantWeight,
+        a: &Acts,
+        cols: std::ops::Range<usize>,
+        rows: usize,
+        out: &mut [f32],
+    ) {
+        let full = rows - rows % MR;
+        for c in cols.clone() {
+            let at = (c - cols.start) * rows;
+            for r0 in (0..full).step_by(MR) {
+                let sums = tile::<MR, VNNI>(v3, w, a, c, r0);
+                out[at + r0..][..MR].copy_from_slice(&sums);
+            }
+        }
+        // Rows left over (all of them when decoding one sequence): four
+        // columns at a time, so that four independent sums hide the
+        // multiply-add latency.
+        for r in full..rows {
+            let mut c = cols.start;
+            while c + MR <= cols.end {
+                let sums = tile_cols::<MR, VNNI>(v3, w, a, c, r);
+                for (j, v) in sums.into_iter().enumerate() {
+                    out[(c + j - cols.start) * rows + r] = v;
+                }
+                c += MR;
+            }
+            for c in c..cols.end {
+                out[(c - cols.start) * rows + r] = tile::<1, VNNI>(v3, w, a, c, r)[0];
+            }
         }
     }
 
     /// Columns `c0..c0 + N` against row `r`: the same sums as [`tile`],
     /// one accumulator per column.
     #[inline(always)]
-    fn tile_cols<const N: usize>(
+    fn tile_cols<const N: usize, const VNNI: bool>(
         v3: V3,
         w: &QuantWeight,
         a: &Acts,
@@ -413,7 +479,7 @@ mod simd {
                     let s = v3.sse._mm_set_ss(as_[b]);
                     for j in 0..N {
                         let (wq, wd, wm) = cols[j];
-                        let f = quads(v3, nibbles(v3, wq[b]), y);
+                        let f = quads::<VNNI>(v3, nibbles(v3, wq[b]), y);
                         let scale = v3.avx._mm256_set1_ps(wd[b] * ad[b]);
                         acc[j] = v3.fma._mm256_fmadd_ps(scale, f, acc[j]);
                         summs[j] = v3.fma._mm_fmadd_ss(v3.sse._mm_set_ss(wm[b]), s, summs[j]);
@@ -429,7 +495,7 @@ mod simd {
                     let y: __m256i = cast(aq[b]);
                     for j in 0..N {
                         let (wq, wd) = cols[j];
-                        let f = signed_quads(v3, cast(wq[b]), y);
+                        let f = signed_quads::<VNNI>(v3, cast(wq[b]), y);
                         let scale = v3.avx._mm256_set1_ps(wd[b] * ad[b]);
                         acc[j] = v3.fma._mm256_fmadd_ps(scale, f, acc[j]);
                     }
@@ -445,7 +511,13 @@ mod simd {
 
     /// Column `c` against rows `r0..r0 + N`.
     #[inline(always)]
-    fn tile<const N: usize>(v3: V3, w: &QuantWeight, a: &Acts, c: usize, r0: usize) -> [f32; N] {
+    fn tile<const N: usize, const VNNI: bool>(
+        v3: V3,
+        w: &QuantWeight,
+        a: &Acts,
+        c: usize,
+        r0: usize,
+    ) -> [f32; N] {
         let kb = w.kb;
         let zero: __m256 = cast([0f32; 8]);
         let mut acc = [zero; N];
@@ -475,7 +547,7 @@ mod simd {
                     let m = v3.sse._mm_set_ss(wm[b]);
                     for i in 0..N {
                         let (aq, ad, as_) = rows[i];
-                        let f = quads(v3, x, cast(aq[b]));
+                        let f = quads::<VNNI>(v3, x, cast(aq[b]));
                         let scale = v3.avx._mm256_set1_ps(wd[b] * ad[b]);
                         acc[i] = v3.fma._mm256_fmadd_ps(scale, f, acc[i]);
                         summs[i] = v3.fma._mm_fmadd_ss(m, v3.sse._mm_set_ss(as_[b]), summs[i]);
@@ -488,7 +560,7 @@ mod simd {
                     let x: __m256i = cast(wq[b]);
                     for i in 0..N {
                         let (aq, ad, _) = rows[i];
-                        let f = signed_quads(v3, x, cast(aq[b]));
+                        let f = signed_quads::<VNNI>(v3, x, cast(aq[b]));
                         let scale = v3.avx._mm256_set1_ps(wd[b] * ad[b]);
                         acc[i] = v3.fma._mm256_fmadd_ps(scale, f, acc[i]);
                     }
@@ -506,14 +578,14 @@ mod simd {
 /// Elsewhere only the portable path runs.
 #[cfg(not(target_arch = "x86_64"))]
 mod simd {
-    use super::{Acts, QuantWeight};
+    use super::{Acts, CpuPath, QuantWeight};
 
     /// Never constructed off x86-64.
     #[derive(Clone, Copy)]
     pub(super) struct Simd(());
 
     impl Simd {
-        pub(super) fn try_new() -> Option<Self> {
+        pub(super) fn try_new(_path: CpuPath) -> Option<Self> {
             None
         }
 
@@ -579,6 +651,43 @@ mod tests {
         Ok(())
     }
 
+    /// Every instruction path this CPU runs, forced in turn, gives the
+    /// portable path's bits, with row counts that take every tile shape
+    /// and column counts that leave columns over.
+    #[test]
+    fn every_cpu_path_gives_the_same_bits() -> candle_core::Result<()> {
+        let best = CpuPath::best();
+        for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
+            let (n, k) = (37, 96);
+            let wf = Tensor::from_vec(random(n * k, 5), (n, k), &Device::Cpu)?;
+            let qt = QTensor::quantize(&wf, dtype)?;
+            let w = QuantWeight::from_qtensor(&qt)?
+                .ok_or(candle_core::Error::Msg("unsupported".into()))?;
+            for rows in [1, 3, 4, 9] {
+                let x = random(rows * k, 11 + rows as u64);
+                let mut want = vec![0f32; rows * n];
+                product_on(CpuPath::Portable, &w, &x, rows, &mut want);
+                for path in [CpuPath::Avx2, CpuPath::Vnni] {
+                    if path > best {
+                        eprintln!("{path:?}: not on this CPU");
+                        continue;
+                    }
+                    let mut got = vec![0f32; rows * n];
+                    product_on(path, &w, &x, rows, &mut got);
+                    let same = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "{dtype:?} {rows} rows: {path:?} differs from portable"
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
     #[test]
     fn quantizes_as_ggml_does() {
         let mut x: Vec<f32> = (0..32).map(|i| (i as f32 - 15.5) / 8.0).collect();
@@ -592,5 +701,60 @@ mod tests {
         assert_eq!(a.d[0], f16::from_f32(1.0).to_f32());
         let sum: i32 = a.q[0].iter().map(|&q| i32::from(q)).sum();
         assert_eq!(a.s[0], f16::from_f32(sum as f32).to_f32());
+    }
+}
+
+/// Speed of each instruction path on the generation family's shapes; not
+/// a test of speed (no assertion on time), a measurement to run by hand:
+/// `cargo test --release -p minions-engine quant_paths -- --ignored --nocapture`.
+#[cfg(test)]
+mod speed {
+    use super::*;
+    use candle_core::{Device, Tensor};
+
+    #[test]
+    #[ignore = "a measurement: run with --release --ignored --nocapture"]
+    fn quant_paths() -> candle_core::Result<()> {
+        let best = CpuPath::best();
+        let paths: Vec<CpuPath> = [CpuPath::Portable, CpuPath::Avx2, CpuPath::Vnni]
+            .into_iter()
+            .filter(|p| *p <= best)
+            .collect();
+        // SmolLM2's feed-forward up projection and its output layer.
+        for (n, k) in [(1536, 576), (49152, 576)] {
+            let wf = Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu)?;
+            for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
+                let qt = candle_core::quantized::QTensor::quantize(&wf, dtype)?;
+                let Some(w) = QuantWeight::from_qtensor(&qt)? else {
+                    continue;
+                };
+                for rows in [1usize, 32, 128] {
+                    let x: Vec<f32> = Tensor::randn(0f32, 1.0, (rows, k), &Device::Cpu)?
+                        .flatten_all()?
+                        .to_vec1()?;
+                    let mut out = vec![0f32; rows * n];
+                    let reps = (2_000_000_000 / (rows * n * k)).clamp(2, 200);
+                    // Rounds interleave the paths; the best round counts.
+                    let mut best_s = vec![f64::INFINITY; paths.len()];
+                    for _ in 0..5 {
+                        for (i, &p) in paths.iter().enumerate() {
+                            let t = std::time::Instant::now();
+                            for _ in 0..reps {
+                                product_on(p, &w, &x, rows, &mut out);
+                            }
+                            best_s[i] = best_s[i].min(t.elapsed().as_secs_f64() / reps as f64);
+                        }
+                    }
+                    let gmac = (rows * n * k) as f64 / 1e9;
+                    let line: Vec<String> = paths
+                        .iter()
+                        .zip(&best_s)
+                        .map(|(p, s)| format!("{} {:.1} GMAC/s", p.name(), gmac / s))
+                        .collect();
+                    eprintln!("{dtype:?} {rows}x{k}x{n}: {}", line.join(", "));
+                }
+            }
+        }
+        Ok(())
     }
 }
