@@ -63,6 +63,26 @@ fn doctor_reports_every_signal_and_endpoint() -> Result<()> {
         line("device ").is_some_and(|l| l.contains("ok: cpu")),
         "{report}"
     );
+    // The CPU kernels' path, chosen at run time; a cap holds it lower.
+    assert!(
+        line("cpu kernels ").is_some_and(
+            |l| l.contains("ok:") && ["portable", "avx2", "vnni"].iter().any(|p| l.contains(p))
+        ),
+        "{report}"
+    );
+    let out = Command::new(bin("minions-worker")?)
+        .args(["doctor", "--nats", &nats.url(), "--store", &store])
+        .env("RUST_LOG", "warn")
+        .env("MINIONS_CPU_PATH", "portable")
+        .stdin(Stdio::null())
+        .output()?;
+    let capped = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        capped
+            .lines()
+            .any(|l| l.starts_with("cpu kernels") && l.contains("ok: portable")),
+        "{capped}"
+    );
 
     drop(nats);
     let report = doctor(&["--nats", "nats://127.0.0.1:1", "--store", &store])?;
