@@ -147,25 +147,14 @@ impl Math {
 #[inline(always)]
 fn exp_sum_with(v: &mut [f32], max: f32, exp8: impl Fn([f32; 8]) -> [f32; 8]) -> f64 {
     let mut sum = 0f64;
-    let mut chunks = v.chunks_exact_mut(8);
-    for c in &mut chunks {
+    for c in v.chunks_mut(8) {
         let mut x = [0f32; 8];
         for (x, &v) in x.iter_mut().zip(c.iter()) {
             *x = v - max;
         }
-        let e = exp8(x);
-        c.copy_from_slice(&e);
-        sum += f64::from(hsum8(e));
-    }
-    let tail = chunks.into_remainder();
-    if !tail.is_empty() {
-        let mut x = [0f32; 8];
-        for (x, &v) in x.iter_mut().zip(tail.iter()) {
-            *x = v - max;
-        }
         let mut e = exp8(x);
-        e[tail.len()..].fill(0.0);
-        tail.copy_from_slice(&e[..tail.len()]);
+        e[c.len()..].fill(0.0);
+        c.copy_from_slice(&e[..c.len()]);
         sum += f64::from(hsum8(e));
     }
     sum

@@ -302,7 +302,7 @@ mod simd {
     use super::{Acts, CpuPath, Kind, MR, QuantWeight, hsum8};
     use pulp::bytemuck::cast;
     use pulp::x86::V3;
-    use std::arch::x86_64::{__m128i, __m256, __m256i};
+    use std::arch::x86_64::{__m128, __m128i, __m256, __m256i};
 
     /// A Q4_1 block's nibbles as 32 bytes in element order: low half the
     /// low nibbles, high half the high ones.
@@ -346,6 +346,20 @@ mod simd {
             v3.avx2._mm256_sign_epi8(x, x),
             v3.avx2._mm256_sign_epi8(y, x),
         )
+    }
+
+    /// One block's lane sums `f` times its two scales' product, added to
+    /// `acc` with one fused multiply-add, as ggml accumulates.
+    #[inline(always)]
+    fn scaled(v3: V3, scale: f32, f: __m256, acc: __m256) -> __m256 {
+        v3.fma._mm256_fmadd_ps(v3.avx._mm256_set1_ps(scale), f, acc)
+    }
+
+    /// The outputs of `N` accumulators: lanes added in `hsum8`'s order,
+    /// then the minimums' term (zero for Q8_0).
+    #[inline(always)]
+    fn finish<const N: usize>(v3: V3, acc: [__m256; N], summs: [__m128; N]) -> [f32; N] {
+        std::array::from_fn(|i| hsum8(cast(acc[i])) + v3.sse._mm_cvtss_f32(summs[i]))
     }
 
     /// One Q4_1 weight column's blocks, scales and minimums.
@@ -480,8 +494,7 @@ mod simd {
                     for j in 0..N {
                         let (wq, wd, wm) = cols[j];
                         let f = quads::<VNNI>(v3, nibbles(v3, wq[b]), y);
-                        let scale = v3.avx._mm256_set1_ps(wd[b] * ad[b]);
-                        acc[j] = v3.fma._mm256_fmadd_ps(scale, f, acc[j]);
+                        acc[j] = scaled(v3, wd[b] * ad[b], f, acc[j]);
                         summs[j] = v3.fma._mm_fmadd_ss(v3.sse._mm_set_ss(wm[b]), s, summs[j]);
                     }
                 }
@@ -496,17 +509,12 @@ mod simd {
                     for j in 0..N {
                         let (wq, wd) = cols[j];
                         let f = signed_quads::<VNNI>(v3, cast(wq[b]), y);
-                        let scale = v3.avx._mm256_set1_ps(wd[b] * ad[b]);
-                        acc[j] = v3.fma._mm256_fmadd_ps(scale, f, acc[j]);
+                        acc[j] = scaled(v3, wd[b] * ad[b], f, acc[j]);
                     }
                 }
             }
         }
-        let mut out = [0f32; N];
-        for j in 0..N {
-            out[j] = hsum8(cast(acc[j])) + v3.sse._mm_cvtss_f32(summs[j]);
-        }
-        out
+        finish(v3, acc, summs)
     }
 
     /// Column `c` against rows `r0..r0 + N`.
@@ -548,8 +556,7 @@ mod simd {
                     for i in 0..N {
                         let (aq, ad, as_) = rows[i];
                         let f = quads::<VNNI>(v3, x, cast(aq[b]));
-                        let scale = v3.avx._mm256_set1_ps(wd[b] * ad[b]);
-                        acc[i] = v3.fma._mm256_fmadd_ps(scale, f, acc[i]);
+                        acc[i] = scaled(v3, wd[b] * ad[b], f, acc[i]);
                         summs[i] = v3.fma._mm_fmadd_ss(m, v3.sse._mm_set_ss(as_[b]), summs[i]);
                     }
                 }
@@ -561,17 +568,12 @@ mod simd {
                     for i in 0..N {
                         let (aq, ad, _) = rows[i];
                         let f = signed_quads::<VNNI>(v3, x, cast(aq[b]));
-                        let scale = v3.avx._mm256_set1_ps(wd[b] * ad[b]);
-                        acc[i] = v3.fma._mm256_fmadd_ps(scale, f, acc[i]);
+                        acc[i] = scaled(v3, wd[b] * ad[b], f, acc[i]);
                     }
                 }
             }
         }
-        let mut out = [0f32; N];
-        for i in 0..N {
-            out[i] = hsum8(cast(acc[i])) + v3.sse._mm_cvtss_f32(summs[i]);
-        }
-        out
+        finish(v3, acc, summs)
     }
 }
 

@@ -51,27 +51,26 @@ impl Linear {
     }
 }
 
-/// An RMS norm's weights: a tensor for other devices, host values for
-/// the CPU's kernel (llama.cpp's arithmetic).
-struct Norm {
-    t: Tensor,
-    host: Option<RmsWeight>,
+/// An RMS norm's weights: host values for the CPU's kernel (llama.cpp's
+/// arithmetic), a tensor on other devices.
+enum Norm {
+    Host(RmsWeight),
+    Device { w: Tensor, eps: f32 },
 }
 
 impl Norm {
-    fn new(t: Tensor, eps: f32) -> candle_core::Result<Self> {
-        let host = if t.device().is_cpu() {
-            Some(RmsWeight::new(t.flatten_all()?.to_vec1()?, eps))
+    fn new(w: Tensor, eps: f32) -> candle_core::Result<Self> {
+        Ok(if w.device().is_cpu() {
+            Self::Host(RmsWeight::new(w.flatten_all()?.to_vec1()?, eps))
         } else {
-            None
-        };
-        Ok(Self { t, host })
+            Self::Device { w, eps }
+        })
     }
 
-    fn forward(&self, x: &Tensor, eps: f32) -> candle_core::Result<Tensor> {
-        match &self.host {
-            Some(w) => rms_norm(x, w),
-            None => candle_nn::ops::rms_norm(x, &self.t, eps),
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Self::Host(w) => rms_norm(x, w),
+            Self::Device { w, eps } => candle_nn::ops::rms_norm(x, w, *eps),
         }
     }
 }
@@ -314,7 +313,6 @@ impl Llama {
         let pos = Tensor::new(pos, &self.device)?;
         let cos = self.cos.index_select(&pos, 0)?;
         let sin = self.sin.index_select(&pos, 0)?;
-        let eps = c.rms_eps as f32;
 
         let mut x = self.embed.index_select(&ids, 0)?;
         let host = self.device.is_cpu();
@@ -323,7 +321,7 @@ impl Llama {
             .flat_map(|s| s.cache.len..s.cache.len + s.tokens.len())
             .collect();
         for (layer, b) in self.blocks.iter().enumerate() {
-            let hn = b.attn_norm.forward(&x, eps)?;
+            let hn = b.attn_norm.forward(&x)?;
             let q = b.wq.forward(&hn)?;
             let k = b.wk.forward(&hn)?;
             let v = b.wv.forward(&hn)?;
@@ -333,7 +331,7 @@ impl Llama {
                 self.attend_device(layer, steps, (&cos, &sin), &q, &k, &v)?
             };
             x = (x + b.wo.forward(&o)?)?;
-            let hn = b.ffn_norm.forward(&x, eps)?;
+            let hn = b.ffn_norm.forward(&x)?;
             let g = b.gate.forward(&hn)?;
             let u = b.up.forward(&hn)?;
             let gu = if host {
@@ -357,7 +355,7 @@ impl Llama {
             }
             x.index_select(&Tensor::new(last, &self.device)?, 0)?
         };
-        let x = self.norm.forward(&x, eps)?;
+        let x = self.norm.forward(&x)?;
         Ok(self.output.forward(&x)?)
     }
 
