@@ -8,7 +8,9 @@
 //!   source (`'AC Power'`, `'Battery Power'`, or `'UPS Power'` when a UPS
 //!   carries the machine through a mains outage);
 //! - `assertions`: `pmset -g assertions` — `PreventUserIdleDisplaySleep 1`
-//!   while an app keeps the display awake (video playback, calls);
+//!   in the system-wide summary, or without a summary a process's
+//!   `PreventUserIdleDisplaySleep named: "…"` entry, while an app keeps the
+//!   display awake (video playback, calls);
 //! - `thermal`: `pmset -g therm` — a `CPU_Speed_Limit` or
 //!   `CPU_Scheduler_Limit` below 100, or a non-zero thermal or performance
 //!   warning level, means thermal pressure;
@@ -125,16 +127,53 @@ pub fn parse_on_battery(text: &str) -> Option<bool> {
     })
 }
 
-/// Whether an app keeps the display awake, from `pmset -g assertions`
-/// (the system-wide line, `   PreventUserIdleDisplaySleep    1`).
+/// Assertion types that keep the display awake, as `pmset` lists them per
+/// process: apps that still use the old name pass `NoDisplaySleepAssertion`
+/// and `pmset` shows it as given (as it shows `NoIdleSleepAssertion`).
+const DISPLAY_ASSERTIONS: [&str; 2] = ["PreventUserIdleDisplaySleep", "NoDisplaySleepAssertion"];
+
+/// The assertion type of one per-process entry of `pmset -g assertions`
+/// (`pid 917(zoom.us): [0x00031ac200019f04] 00:41:09
+/// PreventUserIdleDisplaySleep named: "zoom.us meeting"`): the word before
+/// ` named:`.
+fn assertion_type(line: &str) -> Option<&str> {
+    let (head, _) = line.split_once(" named:")?;
+    head.split_whitespace().last()
+}
+
+/// Whether an app keeps the display awake, from `pmset -g assertions`.
+///
+/// The system-wide summary (`   PreventUserIdleDisplaySleep    1`) decides
+/// when it is there. Without it (output cut before it, or an excerpt of the
+/// per-process list) the entries listed by owning process decide: held if
+/// one is `PreventUserIdleDisplaySleep` (or the old name
+/// `NoDisplaySleepAssertion`), not held if none is; neither summary nor
+/// entries is unknown. `InternalPreventDisplaySleep` is powerd delaying the
+/// display's turning off after input
+/// (`com.apple.powermanagement.delayDisplayOff`), not an app, and does not
+/// count. Words are split on any whitespace, so text re-indented on its way
+/// (pasted into Markdown, say) reads the same.
 pub fn parse_display_held(text: &str) -> Option<bool> {
-    text.lines().find_map(|l| {
+    let (mut summary, mut listed) = (None, None);
+    for l in text.lines() {
         let mut words = l.split_whitespace();
-        if words.next()? != "PreventUserIdleDisplaySleep" {
-            return None;
+        match words.next() {
+            Some("PreventUserIdleDisplaySleep") if summary.is_none() => {
+                summary = words
+                    .next()
+                    .and_then(|n| n.parse::<u32>().ok())
+                    .map(|n| n > 0);
+            }
+            Some("pid") => {
+                if let Some(kind) = assertion_type(l) {
+                    let display = DISPLAY_ASSERTIONS.contains(&kind);
+                    listed = Some(listed == Some(true) || display);
+                }
+            }
+            _ => {}
         }
-        words.next()?.parse::<u32>().ok().map(|n| n > 0)
-    })
+    }
+    summary.or(listed)
 }
 
 /// Whether the machine is thermally throttled, from `pmset -g therm`.
@@ -269,8 +308,8 @@ pub fn command(source: &str) -> Option<(&'static str, &'static [&'static str])> 
 mod tests {
     use super::*;
 
-    // Samples written in the tools' documented formats; fixtures captured on
-    // a Mac belong beside them.
+    // Samples written in the tools' documented formats; output captured on
+    // real Macs is checked in `captures.rs`.
 
     #[test]
     fn hid_idle() {
@@ -434,6 +473,30 @@ mod tests {
         );
         assert_eq!(parse_display_held(&idle), Some(false));
         assert_eq!(parse_display_held("No assertions.\n"), None);
+    }
+
+    #[test]
+    fn display_held_without_the_summary() {
+        // The per-process entries decide when the summary is missing.
+        let listed = "Listed by owning process:\n\
+                      \x20  pid 617(WindowServer): [0x000acb3f0009844e] 00:00:00 UserIsActive named: \"tickle\"\n\
+                      \x20  pid 79(Player): [0x000a953c0005a19a] 00:01:54 PreventUserIdleDisplaySleep named: \"Playing\"\n";
+        assert_eq!(parse_display_held(listed), Some(true));
+        let legacy = listed.replace("PreventUserIdleDisplaySleep", "NoDisplaySleepAssertion");
+        assert_eq!(parse_display_held(&legacy), Some(true));
+        let system_only =
+            listed.replace("PreventUserIdleDisplaySleep", "PreventUserIdleSystemSleep");
+        assert_eq!(parse_display_held(&system_only), Some(false));
+        // powerd's delay before the display turns off is no app.
+        let powerd = listed.replace(
+            "PreventUserIdleDisplaySleep named: \"Playing\"",
+            "InternalPreventDisplaySleep named: \"com.apple.powermanagement.delayDisplayOff\"",
+        );
+        assert_eq!(parse_display_held(&powerd), Some(false));
+        // The summary, when there, wins over the entries.
+        let summary =
+            format!("Assertion status system-wide:\n   PreventUserIdleDisplaySleep    0\n{listed}");
+        assert_eq!(parse_display_held(&summary), Some(false));
     }
 
     #[test]

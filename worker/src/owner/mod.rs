@@ -5,6 +5,8 @@
 //! a yield it lends again only once the conditions have held for a while, so
 //! a flapping signal causes one hand-back, not many.
 
+#[cfg(test)]
+mod captures;
 pub(crate) mod controller;
 pub mod macos;
 pub mod policy;
