@@ -65,9 +65,10 @@ fn doctor_reports_every_signal_and_endpoint() -> Result<()> {
     );
     // The CPU kernels' path, chosen at run time; a cap holds it lower.
     assert!(
-        line("cpu kernels ").is_some_and(
-            |l| l.contains("ok:") && ["portable", "avx2", "vnni"].iter().any(|p| l.contains(p))
-        ),
+        line("cpu kernels ").is_some_and(|l| l.contains("ok:")
+            && ["portable", "avx2", "vnni", "avx512"]
+                .iter()
+                .any(|p| l.contains(p))),
         "{report}"
     );
     let out = Command::new(bin("minions-worker")?)

@@ -26,6 +26,7 @@ use minions_tests::{Result, out, real_model_dir, workspace_root};
 use minions_worker::model::{
     Batching, BertEmbedder, DeviceChoice, Precision, describe_device, select_device,
 };
+use minions_worker::model::{CPU_PATH_ENV, CpuPath};
 
 /// One throughput measurement and the vectors it produced.
 struct Run {
@@ -34,8 +35,39 @@ struct Run {
     vectors: Vec<f32>,
 }
 
-/// Runs `tests/bench/reference.py` once.
-fn reference(
+/// Runs one of the reference scripts in `tests/bench/` with `python`:
+/// `args` after the script, the vectors file last; it prints one JSON line
+/// (`name`, `texts_per_s`) and writes little-endian f32 vectors.
+fn script(python: &Path, name: &str, args: &[&std::ffi::OsStr]) -> Result<Run> {
+    let dir = tempfile::tempdir()?;
+    let vectors = dir.path().join("vectors.f32");
+    let script = workspace_root().join("tests/bench").join(name);
+    let out = std::process::Command::new(python)
+        .arg(&script)
+        .args(args)
+        .arg(&vectors)
+        .stderr(std::process::Stdio::inherit())
+        .output()?;
+    if !out.status.success() {
+        return Err(format!("{} failed ({})", script.display(), out.status).into());
+    }
+    let line = String::from_utf8_lossy(&out.stdout);
+    let line = line.lines().last().unwrap_or_default();
+    let report: serde_json::Value =
+        serde_json::from_str(line.trim()).map_err(|e| format!("{name} printed {line:?}: {e}"))?;
+    let bytes = std::fs::read(&vectors)?;
+    Ok(Run {
+        name: report["name"].as_str().unwrap_or(name).to_owned(),
+        texts_per_s: report["texts_per_s"].as_f64().ok_or("no texts_per_s")?,
+        vectors: bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    })
+}
+
+/// sentence-transformers (`tests/bench/reference.py`) once.
+fn sentence_transformers(
     python: &Path,
     model: &Path,
     texts: &Path,
@@ -43,39 +75,48 @@ fn reference(
     threads: u64,
     torch_device: &str,
 ) -> Result<Run> {
-    let dir = tempfile::tempdir()?;
-    let vectors = dir.path().join("vectors.f32");
-    let script = workspace_root().join("tests/bench/reference.py");
-    let out = std::process::Command::new(python)
-        .arg(&script)
-        .arg(model)
-        .arg(texts)
-        .arg(&vectors)
-        .args([
-            "--batch",
-            &batch.to_string(),
-            "--threads",
-            &threads.to_string(),
-            "--device",
-            torch_device,
-        ])
-        .stderr(std::process::Stdio::inherit())
-        .output()?;
-    if !out.status.success() {
-        return Err(format!("{} failed ({})", script.display(), out.status).into());
-    }
-    let line = String::from_utf8_lossy(&out.stdout);
-    let report: serde_json::Value = serde_json::from_str(line.trim())
-        .map_err(|e| format!("reference.py printed {line:?}: {e}"))?;
-    let bytes = std::fs::read(&vectors)?;
-    Ok(Run {
-        name: report["name"].as_str().unwrap_or("reference").to_owned(),
-        texts_per_s: report["texts_per_s"].as_f64().ok_or("no texts_per_s")?,
-        vectors: bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-    })
+    let (batch, threads) = (batch.to_string(), threads.to_string());
+    let args: [&std::ffi::OsStr; 8] = [
+        model.as_os_str(),
+        texts.as_os_str(),
+        "--batch".as_ref(),
+        batch.as_ref(),
+        "--threads".as_ref(),
+        threads.as_ref(),
+        "--device".as_ref(),
+        torch_device.as_ref(),
+    ];
+    script(python, "reference.py", &args)
+}
+
+/// ONNX Runtime (`tests/bench/onnx_reference.py`) once, in `precision`.
+fn onnx_runtime(
+    python: &Path,
+    model: &Path,
+    texts: &Path,
+    precision: Precision,
+    threads: u64,
+    batch: u64,
+) -> Result<Run> {
+    let export = workspace_root().join(".tools/onnx-models").join(
+        model
+            .parent()
+            .and_then(Path::file_name)
+            .unwrap_or(model.as_os_str()),
+    );
+    let (threads, batch) = (threads.to_string(), batch.to_string());
+    let args: [&std::ffi::OsStr; 9] = [
+        model.as_os_str(),
+        export.as_os_str(),
+        texts.as_os_str(),
+        "--precision".as_ref(),
+        precision.as_str().as_ref(),
+        "--threads".as_ref(),
+        threads.as_ref(),
+        "--batch-texts".as_ref(),
+        batch.as_ref(),
+    ];
+    script(python, "onnx_reference.py", &args)
 }
 
 /// Times `embed` over all texts after one warm-up batch: in one call, or
@@ -98,13 +139,23 @@ fn ours(name: &str, model: &BertEmbedder, texts: &[String], batch: Batching) -> 
     })
 }
 
-/// Max abs difference and mean cosine of `a`'s rows against `b`'s.
-fn compare(a: &[f32], b: &[f32], dim: usize) -> Result<(f64, f64)> {
+/// How `a`'s rows differ from `b`'s.
+struct Diff {
+    /// Largest absolute difference of one value.
+    max: f64,
+    /// Mean cosine of a row to its counterpart.
+    mean_cos: f64,
+    /// Smallest cosine of a row to its counterpart.
+    min_cos: f64,
+}
+
+/// Compares `a`'s rows against `b`'s.
+fn compare(a: &[f32], b: &[f32], dim: usize) -> Result<Diff> {
     if a.len() != b.len() || dim == 0 {
         return Err(format!("{} values against {}", a.len(), b.len()).into());
     }
     let mut max = 0f64;
-    let mut cos = 0f64;
+    let (mut sum, mut min_cos) = (0f64, f64::INFINITY);
     let rows = a.len() / dim;
     for (x, y) in a.chunks_exact(dim).zip(b.chunks_exact(dim)) {
         let (mut dot, mut nx, mut ny) = (0f64, 0f64, 0f64);
@@ -114,9 +165,15 @@ fn compare(a: &[f32], b: &[f32], dim: usize) -> Result<(f64, f64)> {
             nx += f64::from(p) * f64::from(p);
             ny += f64::from(q) * f64::from(q);
         }
-        cos += dot / (nx.sqrt() * ny.sqrt()).max(1e-30);
+        let cos = dot / (nx.sqrt() * ny.sqrt()).max(1e-30);
+        sum += cos;
+        min_cos = min_cos.min(cos);
     }
-    Ok((max, cos / rows as f64))
+    Ok(Diff {
+        max,
+        mean_cos: sum / rows as f64,
+        min_cos,
+    })
 }
 
 /// The flags this run was given, less `--python` (a machine path) and
@@ -126,7 +183,7 @@ fn flags_shown() -> String {
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
-            "--python" => {
+            "--python" | "--onnx-python" => {
                 args.next();
             }
             "--write" => {}
@@ -154,8 +211,13 @@ fn ours_only(model_dir: &Path, device: &Device, texts: &[String], batch: Batchin
         runs.push((r, model.dim()));
     }
     if let [(f, dim), (q, _)] = &runs[..] {
-        let (max, cos) = compare(&q.vectors, &f.vectors, *dim)?;
-        out!("int8 against f32: max abs diff {max:.2e}, mean cosine {cos:.6}");
+        let d = compare(&q.vectors, &f.vectors, *dim)?;
+        out!(
+            "int8 against f32: max abs diff {:.2e}, mean cosine {:.6}, min cosine {:.6}",
+            d.max,
+            d.mean_cos,
+            d.min_cos
+        );
     }
     Ok(())
 }
@@ -165,25 +227,72 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// What `--help` prints.
 const USAGE: &str = "\
-Minions' model code next to sentence-transformers on this machine, in one run.
+Minions' model code next to ONNX Runtime and sentence-transformers on this machine, in one run.
 
-Usage: bench_inference [--python PATH] [--write] [FLAGS]
-  (bash tests/bench/inference.sh installs sentence-transformers, builds, runs, writes)
+Usage: bench_inference [--python PATH] [--onnx-python PATH] [--write] [FLAGS]
+  (bash tests/bench/inference.sh installs both references, builds, runs, writes)
 
   --texts N          texts to embed (3000)
   --batch B          sentence-transformers' batch (64)
+  --onnx-batch B     ONNX Runtime's passes: at most B texts each, length-sorted (16, its best here)
   --our-batch B      our passes: at most B texts each (the worker's default)
   --batch-tokens T   our passes: at most T tokens each, padding included (the worker's default)
-  --threads T        PyTorch's threads; 0 = cores (0)
+  --threads T        the references' threads; 0 = cores (0)
   --device D         cpu (default), metal or cuda: ours on that device, sentence-transformers
                      on PyTorch's matching one (mps, cuda); metal and cuda need this binary
                      built with --features minions-worker/metal or minions-worker/cuda
-  --python PATH      a Python with sentence-transformers
+  --python PATH      a Python with sentence-transformers (the f32 accuracy reference)
+  --onnx-python PATH a Python with optimum and onnxruntime (the speed yardstick); without it,
+                     ratios are against sentence-transformers
+  --paths            also run ours once per CPU kernel path this CPU has (MINIONS_CPU_PATH)
   --ours-only        our precisions only, no reference runs (for profiling)
   --precision P      with --ours-only: f32 or int8 alone
   --shard N          our code embeds N texts per call, as a worker per shard (all in one)
   --write            put the Markdown into BENCHMARKS.md between its markers
 ";
+
+/// `--paths`: this binary again with `--ours-only` under each CPU path's
+/// cap (the path is fixed per process), its texts/s per precision.
+fn per_path(texts: u64) -> Result<Vec<(CpuPath, f64, f64)>> {
+    let exe = std::env::current_exe()?;
+    let mut rows = Vec::new();
+    for path in CpuPath::ALL.into_iter().filter(|p| *p <= CpuPath::best()) {
+        let out = std::process::Command::new(&exe)
+            .args(["--ours-only", "--texts", &texts.to_string()])
+            .args(
+                arg("--python")
+                    .map(|p| ["--python".to_owned(), p])
+                    .into_iter()
+                    .flatten(),
+            )
+            .env(CPU_PATH_ENV, path.name())
+            .stderr(std::process::Stdio::inherit())
+            .output()?;
+        if !out.status.success() {
+            return Err(format!("{} path run failed ({})", path.name(), out.status).into());
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let rate = |p: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{p}: ")))
+                .and_then(|l| l.split_whitespace().next())
+                .and_then(|v| v.parse::<f64>().ok())
+                .ok_or_else(|| format!("{} path: no {p} figure in {text:?}", path.name()))
+        };
+        let (f, q) = (rate("f32")?, rate("int8")?);
+        out!(
+            "path {}: f32 {f:.1} texts/s, int8 {q:.1} texts/s",
+            path.name()
+        );
+        rows.push((path, f, q));
+    }
+    Ok(rows)
+}
+
+/// The mean of two runs' throughputs.
+fn mean(a: &Run, b: &Run) -> f64 {
+    (a.texts_per_s + b.texts_per_s) / 2.0
+}
 
 fn main() -> Result<()> {
     if help(USAGE) {
@@ -193,6 +302,7 @@ fn main() -> Result<()> {
     let started = Instant::now();
     let n = num("--texts", 3000)?;
     let batch = num("--batch", 64)?;
+    let onnx_batch = num("--onnx-batch", 16)?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
     let threads = match num("--threads", 0)? {
         0 => cores,
@@ -219,12 +329,22 @@ fn main() -> Result<()> {
         return ours_only(&model_dir, &device, &texts, ours_batch);
     }
     let on = match &device {
-        Device::Cpu => "CPU".to_owned(),
+        Device::Cpu => format!("CPU, {} kernels", CpuPath::get().name()),
         Device::Metal(_) => "Metal".to_owned(),
         d => describe_device(d),
     };
-    let reference = || {
-        reference(
+    let onnx_python = arg("--onnx-python").map(std::path::PathBuf::from);
+    if onnx_python.is_some() && !device.is_cpu() {
+        return Err("--onnx-python: ONNX Runtime runs on the CPU here; drop --device".into());
+    }
+    let onnx = |precision| -> Result<Option<Run>> {
+        onnx_python
+            .as_deref()
+            .map(|py| onnx_runtime(py, &model_dir, &texts_path, precision, threads, onnx_batch))
+            .transpose()
+    };
+    let st = || {
+        sentence_transformers(
             &python,
             &model_dir,
             &texts_path,
@@ -233,9 +353,16 @@ fn main() -> Result<()> {
             torch_device,
         )
     };
-    let before = reference()?;
-    out!("{}: {:.1} texts/s", before.name, before.texts_per_s);
-    let mut runs = Vec::new();
+
+    // References, ours, references again: the ratio is against the mean of
+    // the references' two runs, so drift in the machine's speed shows.
+    let st_before = st()?;
+    out!("{}: {:.1} texts/s", st_before.name, st_before.texts_per_s);
+    let ort_before = [onnx(Precision::F32)?, onnx(Precision::Int8)?];
+    for r in ort_before.iter().flatten() {
+        out!("{}: {:.1} texts/s", r.name, r.texts_per_s);
+    }
+    let mut ours_runs = Vec::new();
     let mut dim = 0;
     for precision in [Precision::F32, Precision::Int8] {
         let model = BertEmbedder::load(&model_dir, &device, precision)?;
@@ -243,41 +370,102 @@ fn main() -> Result<()> {
         let name = format!("Minions worker ({}, {on})", precision.as_str());
         let r = ours(&name, &model, &texts, ours_batch)?;
         out!("{}: {:.1} texts/s", r.name, r.texts_per_s);
-        runs.push(r);
+        ours_runs.push(r);
     }
-    let after = reference()?;
-    out!("{}: {:.1} texts/s", after.name, after.texts_per_s);
-    let base = (before.texts_per_s + after.texts_per_s) / 2.0;
+    let ort_after = [onnx(Precision::F32)?, onnx(Precision::Int8)?];
+    for r in ort_after.iter().flatten() {
+        out!("{}: {:.1} texts/s", r.name, r.texts_per_s);
+    }
+    let st_after = st()?;
+    out!("{}: {:.1} texts/s", st_after.name, st_after.texts_per_s);
 
+    // Each row: what, texts/s, ratio to its yardstick, max abs diff to
+    // sentence-transformers, cosine to its own f32 (mean, min).
+    let st_rate = mean(&st_before, &st_after);
     let mut rows = vec![format!(
-        "| {} | {base:.1} ({:.1}, {:.1}) | 1.000 | 0 | 1.000000 |",
-        before.name, before.texts_per_s, after.texts_per_s
+        "| {} | {st_rate:.1} ({:.1}, {:.1}) | — | 0 | — |",
+        st_before.name, st_before.texts_per_s, st_after.texts_per_s
     )];
-    for r in &runs {
-        let (max, cos) = compare(&r.vectors, &before.vectors, dim)?;
+    let mut yardstick = [st_rate, st_rate];
+    let ort_f32 = if let ([Some(f0), Some(q0)], [Some(f1), Some(q1)]) = (&ort_before, &ort_after) {
+        yardstick = [mean(f0, f1), mean(q0, q1)];
+        let d = compare(&f0.vectors, &st_before.vectors, dim)?;
+        rows.push(format!(
+            "| {} | {:.1} ({:.1}, {:.1}) | 1.000 | {:.1e} | 1.000000 |",
+            f0.name, yardstick[0], f0.texts_per_s, f1.texts_per_s, d.max
+        ));
+        let dq = compare(&q0.vectors, &f0.vectors, dim)?;
+        let dq_st = compare(&q0.vectors, &st_before.vectors, dim)?;
+        rows.push(format!(
+            "| {} | {:.1} ({:.1}, {:.1}) | 1.000 | {:.1e} | {:.6} (min {:.6}) |",
+            q0.name,
+            yardstick[1],
+            q0.texts_per_s,
+            q1.texts_per_s,
+            dq_st.max,
+            dq.mean_cos,
+            dq.min_cos
+        ));
+        Some(f0)
+    } else {
+        None
+    };
+    let against = if ort_f32.is_some() {
+        "ONNX Runtime in the same precision"
+    } else {
+        "sentence-transformers"
+    };
+    for (r, base) in ours_runs.iter().zip(yardstick) {
+        let d_st = compare(&r.vectors, &st_before.vectors, dim)?;
+        let d_f32 = compare(&r.vectors, &ours_runs[0].vectors, dim)?;
         out!(
-            "{}: ratio {:.3}, max abs diff {max:.2e}, mean cosine {cos:.6}",
+            "{}: {:.3}× {against}, max abs diff to sentence-transformers {:.2e}, cosine to our f32 mean {:.6} min {:.6}",
             r.name,
-            r.texts_per_s / base
+            r.texts_per_s / base,
+            d_st.max,
+            d_f32.mean_cos,
+            d_f32.min_cos
         );
         rows.push(format!(
-            "| {} | {:.1} | **{:.3}** | {max:.1e} | {cos:.6} |",
+            "| {} | {:.1} | **{:.3}** | {:.1e} | {:.6} (min {:.6}) |",
             r.name,
             r.texts_per_s,
-            r.texts_per_s / base
+            r.texts_per_s / base,
+            d_st.max,
+            d_f32.mean_cos,
+            d_f32.min_cos
         ));
     }
+    let paths = if flag("--paths") && device.is_cpu() {
+        let rows: Vec<String> = per_path(n)?
+            .into_iter()
+            .map(|(p, f, q)| format!("| `{}` | {f:.1} | {q:.1} |", p.name()))
+            .collect();
+        format!(
+            "\n\nEach CPU kernel path this CPU has, forced in turn (`{CPU_PATH_ENV}`, one process \
+             each, ours alone; the f32 products are gemm's, which picks its own instructions, so \
+             the f32 column moves with our other kernels only):\n\n\
+             | path | f32 texts/s | int8 texts/s |\n|---|---:|---:|\n{}",
+            rows.join("\n")
+        )
+    } else {
+        String::new()
+    };
     let lens: Vec<usize> = texts.iter().map(|t| t.chars().count()).collect();
     let doc = format!(
-        "## Inference against sentence-transformers\n\n\
+        "## Inference against ONNX Runtime and sentence-transformers\n\n\
          Made by `bash tests/bench/inference.sh{}` on {} UTC, {}.\n\n\
-         all-MiniLM-L6-v2 (sentence-transformers in f32), {} texts of {}–{} characters from CPython's bundled reference \
-         documentation, {threads} threads. sentence-transformers runs batches of {batch} texts; ours \
-         runs passes of at most {} texts and {} tokens, as a worker does by default. \
-         sentence-transformers runs right \
-         before and right after ours (texts/s: mean (before, after)); the ratio is against the \
-         mean. Differences are against the first reference run's vectors, row by row.\n\n\
-         | what | texts/s | ratio | max abs diff | mean cosine |\n|---|---:|---:|---:|---:|\n{}\n",
+         all-MiniLM-L6-v2, {} texts of {}–{} characters from CPython's bundled reference \
+         documentation, {threads} threads each. ONNX Runtime runs optimum's export of the same \
+         model folder (f32: through onnxruntime's transformer optimizer; int8: `quantize_dynamic`, \
+         per-channel, MatMul only) with the folder's tokenizer, the same truncation, \
+         length-sorted passes of {onnx_batch} texts and mean pooling; sentence-transformers runs \
+         batches of {batch}; ours runs passes of at most {} texts and {} tokens, as a worker does \
+         by default. The references run right before and right after ours (texts/s: mean \
+         (before, after)); each ratio is against {against}. Max abs diff is against \
+         sentence-transformers' vectors; cosine against the same engine's f32 vectors, row by \
+         row.\n\n\
+         | what | texts/s | ratio | max abs diff | cosine to f32 |\n|---|---:|---:|---:|---:|\n{}{paths}\n",
         flags_shown(),
         utc_now(),
         machine(),

@@ -11,8 +11,8 @@
 //!   sorts by length within a shard, whose texts still vary);
 //! - the intermediate layer's bias and GELU are one pass of our own kernel
 //!   ([`super::kernels::bias_gelu`]);
-//! - in int8 on an x86-64 CPU with AVX2, every linear layer is our int8
-//!   kernel, with its bias, GELU and residual add in the product's
+//! - in int8 on an x86-64 CPU, every linear layer is our int8 kernel (on
+//!   AVX-512 VNNI, AVX-VNNI, AVX2 or plain Rust, whichever the CPU has), with its bias, GELU and residual add in the product's
 //!   epilogue and the layer norm that follows it on the finished rows;
 //!   elsewhere int8 is candle's quantized matmul (ggml's Q8_0);
 //! - on the CPU, attention is our kernel over the packed rows, text by
@@ -41,10 +41,10 @@ enum Weight {
     Dense(Tensor),
     /// int8 blocks of 32 with one f16 scale each (ggml's Q8_0), stored
     /// `(out, in)`; candle quantises the activations to the same form and
-    /// takes integer dot products. Off x86-64 CPUs with AVX2.
+    /// takes integer dot products. Off x86-64 CPUs.
     Int8(QMatMul),
     /// int8 with one scale per output, packed for our kernel, which also
-    /// holds the bias. On x86-64 CPUs with AVX2.
+    /// holds the bias. On x86-64 CPUs.
     Int8Cpu(Int8Weight),
 }
 

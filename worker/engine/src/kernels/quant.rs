@@ -378,8 +378,10 @@ mod simd {
             match path {
                 CpuPath::Portable => None,
                 CpuPath::Avx2 => V3::try_new().map(|v3| Self(v3, false)),
-                CpuPath::Vnni => V3::try_new()
-                    .filter(|_| std::arch::is_x86_feature_detected!("avxvnni"))
+                // The 256-bit VNNI form; the AVX-512 path's blocks are 32
+                // bytes, one 256-bit register.
+                CpuPath::Vnni | CpuPath::Avx512 => V3::try_new()
+                    .filter(|_| CpuPath::has_avx_vnni())
                     .map(|v3| Self(v3, true)),
             }
         }
@@ -669,7 +671,7 @@ mod tests {
                 let x = random(rows * k, 11 + rows as u64);
                 let mut want = vec![0f32; rows * n];
                 product_on(CpuPath::Portable, &w, &x, rows, &mut want);
-                for path in [CpuPath::Avx2, CpuPath::Vnni] {
+                for path in [CpuPath::Avx2, CpuPath::Vnni, CpuPath::Avx512] {
                     if path > best {
                         eprintln!("{path:?}: not on this CPU");
                         continue;
@@ -718,10 +720,7 @@ mod speed {
     #[ignore = "a measurement: run with --release --ignored --nocapture"]
     fn quant_paths() -> candle_core::Result<()> {
         let best = CpuPath::best();
-        let paths: Vec<CpuPath> = [CpuPath::Portable, CpuPath::Avx2, CpuPath::Vnni]
-            .into_iter()
-            .filter(|p| *p <= best)
-            .collect();
+        let paths: Vec<CpuPath> = CpuPath::ALL.into_iter().filter(|p| *p <= best).collect();
         // SmolLM2's feed-forward up projection and its output layer.
         for (n, k) in [(1536, 576), (49152, 576)] {
             let wf = Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu)?;
