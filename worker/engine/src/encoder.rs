@@ -9,12 +9,16 @@
 //! - the states of a padded batch travel packed, real tokens only, through
 //!   every layer but attention, so padding costs nothing there (a worker
 //!   sorts by length within a shard, whose texts still vary);
-//! - the intermediate layer's bias and GELU are one pass of our own kernel
-//!   ([`super::kernels::bias_gelu`]);
+//! - in f32 on the CPU, every linear layer is our op over gemm's product
+//!   ([`super::kernels::dense_linear`]): the output starts as bias plus
+//!   residual, the product adds onto it, GELU or the layer norm follow in
+//!   place; off the CPU, candle's product, then the bias and GELU in one
+//!   pass of ours ([`super::kernels::bias_gelu`]);
 //! - in int8 on an x86-64 CPU, every linear layer is our int8 kernel (on
-//!   AVX-512 VNNI, AVX-VNNI, AVX2 or plain Rust, whichever the CPU has), with its bias, GELU and residual add in the product's
-//!   epilogue and the layer norm that follows it on the finished rows;
-//!   elsewhere int8 is candle's quantized matmul (ggml's Q8_0);
+//!   AVX-512 VNNI, AVX-VNNI, AVX2 or plain Rust, whichever the CPU has),
+//!   with its bias, GELU and residual add in the product's epilogue and
+//!   the layer norm that follows it on the finished rows; elsewhere int8
+//!   is candle's quantized matmul (ggml's Q8_0);
 //! - on the CPU, attention is our kernel over the packed rows, text by
 //!   text ([`super::kernels::packed_attention`]), and layer norm is ours
 //!   ([`super::kernels::layer_norm`]); elsewhere attention runs in the
@@ -30,15 +34,18 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{Config, HiddenAct, PositionEmbeddingType};
 
 use super::kernels::{
-    Activation, Int8Weight, NormParams, bias_gelu, int8_available, int8_linear, layer_norm,
-    masked_softmax, packed_attention,
+    Activation, DenseWeight, Int8Weight, NormParams, bias_gelu, dense_linear, int8_available,
+    int8_linear, layer_norm, masked_softmax, packed_attention,
 };
 use minions_schemas::messages::Precision;
 
 /// A linear layer's weight in the form its products read.
 enum Weight {
-    /// f32, stored `(in, out)`.
+    /// f32, stored `(in, out)`; off the CPU.
     Dense(Tensor),
+    /// f32 for our CPU op (gemm's product onto the bias and residual),
+    /// which also holds the bias.
+    DenseCpu(DenseWeight),
     /// int8 blocks of 32 with one f16 scale each (ggml's Q8_0), stored
     /// `(out, in)`; candle quantises the activations to the same form and
     /// takes integer dot products. Off x86-64 CPUs.
@@ -64,6 +71,7 @@ impl Linear {
     /// `w` is `(out, in)`, as checkpoints store it.
     fn new(w: Tensor, b: Tensor, precision: Precision) -> candle_core::Result<Self> {
         let w = match precision {
+            Precision::F32 if w.device().is_cpu() => Weight::DenseCpu(DenseWeight::new(&w, &b)?),
             Precision::F32 => Weight::Dense(w.t()?.contiguous()?),
             Precision::Int8 if own_int8(w.device()) => Weight::Int8Cpu(Int8Weight::new(&w, &b)?),
             Precision::Int8 => Weight::Int8(QMatMul::from_qtensor(QTensor::quantize(
@@ -100,6 +108,9 @@ impl Linear {
         let y = match &self.w {
             Weight::Int8Cpu(q) => {
                 return int8_linear(q, x, act, residual, norm.map(|n| &n.params));
+            }
+            Weight::DenseCpu(d) => {
+                return dense_linear(d, x, act, residual, norm.map(|n| &n.params));
             }
             Weight::Dense(w) => x.matmul(w)?,
             Weight::Int8(q) => q.forward(x)?,

@@ -34,7 +34,7 @@ use rayon::prelude::*;
 use super::CpuPath;
 use super::gelu::gelu;
 use super::layer_norm::{NormParams, normalise};
-use super::{contiguous_f32, fold8, round_even};
+use super::{contiguous_f32, fold8, round_even, zeroed};
 
 /// The op's name in errors.
 const OP: &str = "int8 linear";
@@ -519,7 +519,7 @@ fn run(
         );
     }
     let rows_per_task = TILES_PER_TASK * tile_rows(w.kernel);
-    let mut out = vec![0f32; m * w.n];
+    let mut out = zeroed(m * w.n);
     out.par_chunks_mut(rows_per_task * w.n)
         .zip(x.par_chunks(rows_per_task * w.k))
         .enumerate()
@@ -880,7 +880,7 @@ mod tests {
         let pairs = w.k.div_ceil(2);
         let rows = quantise_rows::<6, 2>(x, w.k);
         let m = rows.scale.len();
-        let mut out = vec![0f32; m * w.n];
+        let mut out = zeroed(m * w.n);
         for r in 0..m {
             let a = &rows.packed[(r / 6) * pairs..(r / 6 + 1) * pairs];
             for c in 0..w.n {

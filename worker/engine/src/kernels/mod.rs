@@ -4,6 +4,7 @@
 
 mod attention;
 mod cpu_path;
+mod dense;
 mod gelu;
 mod ggml_math;
 mod int8;
@@ -14,6 +15,7 @@ mod softmax;
 
 pub(crate) use attention::packed_attention;
 pub use cpu_path::{CPU_PATH_ENV, CpuPath};
+pub(crate) use dense::{DenseWeight, dense_linear};
 pub(crate) use gelu::bias_gelu;
 pub(crate) use ggml_math::{Math, RmsWeight, rms_norm, swiglu};
 pub(crate) use int8::{Activation, Int8Weight, available as int8_available, linear as int8_linear};
@@ -84,6 +86,16 @@ fn round_even(x: f32) -> (i32, f32) {
         .wrapping_sub(ROUND_MAGIC.to_bits())
         .cast_signed();
     (n, t - ROUND_MAGIC)
+}
+
+/// `len` zeros, written by every thread: a kernel's output buffer. A
+/// zeroed allocation of tens of megabytes is otherwise one thread's
+/// `memset` (or page clearing) while the others wait for it.
+fn zeroed(len: usize) -> Vec<f32> {
+    use rayon::prelude::*;
+    let mut v = Vec::with_capacity(len);
+    v.par_extend(rayon::iter::repeat_n(0f32, len));
+    v
 }
 
 /// The values of a contiguous f32 CPU tensor, what every kernel here
