@@ -47,7 +47,7 @@ const OFFSET: i32 = 128;
 /// Micro-tiles per parallel task.
 const TILES_PER_TASK: usize = 8;
 /// Columns of the widest panel: scales and biases are padded to it.
-const MAX_NR: usize = 32;
+const MAX_NR: usize = 64;
 
 /// Whether this CPU runs the kernel (any x86-64 CPU: the portable path
 /// needs nothing; elsewhere callers use candle's quantized matmul).
@@ -82,6 +82,9 @@ impl Kernel {
     }
 }
 
+/// One input group of an AVX-512 panel: four registers of 16 columns.
+type Cell512 = [[u8; 64]; 4];
+
 /// A linear layer's quantised weights, packed for one kernel. Panel `p`,
 /// input group `i` at `p * groups + i`.
 enum Panels {
@@ -91,8 +94,8 @@ enum Panels {
     /// AVX-VNNI: 16 columns; for each, the values of inputs `4i..4i + 4`
     /// plus 128, as bytes (what `vpdpbusd` multiplies).
     Quads16(Vec<[[u8; 32]; 2]>),
-    /// AVX-512 VNNI: as [`Panels::Quads16`], 32 columns.
-    Quads32(Vec<[[u8; 64]; 2]>),
+    /// AVX-512 VNNI: as [`Panels::Quads16`], 64 columns.
+    Quads64(Vec<Cell512>),
 }
 
 /// A linear layer's weight, quantised and packed for [`linear`].
@@ -162,7 +165,7 @@ impl Int8Weight {
                 Panels::Pairs(v)
             }
             Kernel::AvxVnni => Panels::Quads16(quads::<16, 2, 32>(n, k, at)),
-            Kernel::Avx512Vnni => Panels::Quads32(quads::<32, 2, 64>(n, k, at)),
+            Kernel::Avx512Vnni => Panels::Quads64(quads::<64, 4, 64>(n, k, at)),
         };
         Ok(Self {
             k,
@@ -350,12 +353,12 @@ impl<const MR: usize> Tile<MR, 16> for PlainQuads {
     }
 }
 
-impl<const MR: usize> Tile<MR, 32> for PlainQuads {
-    type Cell = [[u8; 64]; 2];
+impl<const MR: usize> Tile<MR, 64> for PlainQuads {
+    type Cell = Cell512;
     const G: usize = 4;
 
     #[inline(always)]
-    fn tile(self, rows: &[[i32; MR]], panel: &[Self::Cell]) -> [[i32; 32]; MR] {
+    fn tile(self, rows: &[[i32; MR]], panel: &[Self::Cell]) -> [[i32; 64]; MR] {
         plain_quads(rows, panel)
     }
 }
@@ -489,7 +492,7 @@ fn run_task(a: TaskArgs<'_>) {
         Panels::Pairs(p) if a.w.kernel == Kernel::Avx2 => simd::task_avx2(a, p),
         Panels::Pairs(p) => task::<6, 16, _>(Plain, a.w, p, a.x, a.residual, a.act, a.norm, a.out),
         Panels::Quads16(p) => simd::task_avx_vnni(a, p),
-        Panels::Quads32(p) => simd::task_avx512(a, p),
+        Panels::Quads64(p) => simd::task_avx512(a, p),
     }
 }
 
@@ -612,7 +615,7 @@ pub(crate) fn linear(
 /// instructions, so its quantising, epilogue and layer norm are too.
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::{Int8Weight, PlainQuads, TaskArgs, Tile, task};
+    use super::{Cell512, Int8Weight, PlainQuads, TaskArgs, Tile, task};
     use pulp::bytemuck::cast;
     use pulp::x86::V3;
     use std::arch::x86_64::{
@@ -620,9 +623,10 @@ mod simd {
         _mm512_dpbusd_epi32, _mm512_set1_epi32, _mm512_setzero_si512,
     };
 
-    /// Rows per AVX-512 micro-tile: 2 × 12 accumulators of the 32
-    /// registers, with the panel's two and a broadcast beside them.
-    pub(super) const MR512: usize = 12;
+    /// Rows per AVX-512 micro-tile: 4 × 6 accumulators of the 32
+    /// registers, with the panel's four and a broadcast beside them (each
+    /// broadcast feeds four products).
+    pub(super) const MR512: usize = 6;
 
     /// Whether the CPU has x86-64-v3 (AVX2, FMA, …).
     pub(super) fn has_v3() -> bool {
@@ -705,12 +709,12 @@ mod simd {
     #[derive(Clone, Copy)]
     struct Avx512Vnni;
 
-    impl<const MR: usize> Tile<MR, 32> for Avx512Vnni {
-        type Cell = [[u8; 64]; 2];
+    impl<const MR: usize> Tile<MR, 64> for Avx512Vnni {
+        type Cell = Cell512;
         const G: usize = 4;
 
         #[inline(always)]
-        fn tile(self, rows: &[[i32; MR]], panel: &[Self::Cell]) -> [[i32; 32]; MR] {
+        fn tile(self, rows: &[[i32; MR]], panel: &[Self::Cell]) -> [[i32; 64]; MR] {
             // SAFETY: an `Avx512Vnni` exists only inside
             // `task_avx512_body`, entered only where the CPU reported
             // AVX-512 F, BW and VNNI; the function has no other
@@ -724,18 +728,15 @@ mod simd {
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     #[inline]
-    fn tile_avx512<const MR: usize>(
-        rows: &[[i32; MR]],
-        panel: &[[[u8; 64]; 2]],
-    ) -> [[i32; 32]; MR] {
-        let mut acc = [[_mm512_setzero_si512(); 2]; MR];
+    fn tile_avx512<const MR: usize>(rows: &[[i32; MR]], panel: &[Cell512]) -> [[i32; 64]; MR] {
+        let mut acc = [[_mm512_setzero_si512(); 4]; MR];
         for (cell, rows) in panel.iter().zip(rows) {
-            let w0: __m512i = cast(cell[0]);
-            let w1: __m512i = cast(cell[1]);
+            let w: [__m512i; 4] = cell.map(cast);
             for (acc, &row) in acc.iter_mut().zip(rows) {
                 let a = _mm512_set1_epi32(row);
-                acc[0] = _mm512_dpbusd_epi32(acc[0], w0, a);
-                acc[1] = _mm512_dpbusd_epi32(acc[1], w1, a);
+                for (acc, &w) in acc.iter_mut().zip(&w) {
+                    *acc = _mm512_dpbusd_epi32(*acc, w, a);
+                }
             }
         }
         acc.map(cast)
@@ -792,7 +793,7 @@ mod simd {
     }
 
     /// The AVX-512 task.
-    pub(super) fn task_avx512(a: TaskArgs<'_>, panels: &[[[u8; 64]; 2]]) {
+    pub(super) fn task_avx512(a: TaskArgs<'_>, panels: &[Cell512]) {
         if has_v3() && crate::CpuPath::has_avx512() {
             // SAFETY: the CPU reported AVX2, FMA and AVX-512 F, BW, VL
             // and VNNI, every feature the function is compiled for.
@@ -801,7 +802,7 @@ mod simd {
                 task_avx512_body(a.w, panels, a.x, a.residual, a.act, a.norm, a.out)
             }
         } else {
-            task::<MR512, 32, _>(
+            task::<MR512, 64, _>(
                 PlainQuads, a.w, panels, a.x, a.residual, a.act, a.norm, a.out,
             );
         }
@@ -810,14 +811,14 @@ mod simd {
     #[target_feature(enable = "avx,avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
     fn task_avx512_body(
         w: &Int8Weight,
-        panels: &[[[u8; 64]; 2]],
+        panels: &[Cell512],
         x: &[f32],
         residual: Option<&[f32]>,
         act: super::Activation,
         norm: Option<&super::NormParams>,
         out: &mut [f32],
     ) {
-        task::<MR512, 32, _>(Avx512Vnni, w, panels, x, residual, act, norm, out);
+        task::<MR512, 64, _>(Avx512Vnni, w, panels, x, residual, act, norm, out);
     }
 }
 
@@ -825,7 +826,7 @@ mod simd {
 /// quantized matmul, [`available`]).
 #[cfg(not(target_arch = "x86_64"))]
 mod simd {
-    use super::{Plain, PlainQuads, TaskArgs, task};
+    use super::{Cell512, Plain, PlainQuads, TaskArgs, task};
 
     /// Unused off x86-64.
     pub(super) const MR512: usize = 6;
@@ -844,8 +845,8 @@ mod simd {
         );
     }
 
-    pub(super) fn task_avx512(a: TaskArgs<'_>, panels: &[[[u8; 64]; 2]]) {
-        task::<MR512, 32, _>(
+    pub(super) fn task_avx512(a: TaskArgs<'_>, panels: &[Cell512]) {
+        task::<MR512, 64, _>(
             PlainQuads, a.w, panels, a.x, a.residual, a.act, a.norm, a.out,
         );
     }
