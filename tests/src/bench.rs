@@ -165,3 +165,60 @@ pub fn bench_python() -> std::path::PathBuf {
         std::path::PathBuf::from,
     )
 }
+
+/// Waits until `n` workers report in.
+pub fn wait_workers(fleet: &crate::Fleet, n: usize) -> crate::Result<()> {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let v: serde_json::Value =
+            serde_json::from_str(&fleet.cli(&["worker", "list", "--json"])?)?;
+        let up = v
+            .as_array()
+            .map_or(0, |a| a.iter().filter(|w| w["state"] != "dead").count());
+        if up >= n {
+            return Ok(());
+        }
+        if std::time::Instant::now() > until {
+            return Err(format!("{up} of {n} workers up after 60 s\n{}", fleet.logs()).into());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// Submits the texts as job `job` and waits for it: texts/s from submit to
+/// done. Checks that every text has its vector.
+pub fn job(
+    fleet: &crate::Fleet,
+    texts: &std::path::Path,
+    n: usize,
+    job: &str,
+    shard: u64,
+    precision: &str,
+) -> crate::Result<f64> {
+    let started = std::time::Instant::now();
+    let id = fleet.cli(&[
+        "submit",
+        "--model",
+        "minilm",
+        "--input",
+        &texts.display().to_string(),
+        "--job",
+        job,
+        "--shard-size",
+        &shard.to_string(),
+        "--precision",
+        precision,
+    ])?;
+    let status = fleet.wait_job(&id, std::time::Duration::from_secs(3600))?;
+    let secs = started.elapsed().as_secs_f64();
+    if status["state"] != "done" {
+        return Err(format!("job {id} ended {status}").into());
+    }
+    let npy = fleet.dir.path().join(format!("{job}.npy"));
+    fleet.cli(&["collect", &id, "--output", &npy.display().to_string()])?;
+    let (rows, _, _) = crate::read_npy_f32(&npy)?;
+    if rows != n {
+        return Err(format!("job {id}: {rows} vectors for {n} texts").into());
+    }
+    Ok(n as f64 / secs)
+}

@@ -16,12 +16,12 @@
 //! Its flags are in [`USAGE`], which `--help` prints.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use minions_tests::bench::{
-    bench_python, bench_texts, flag, help, machine, num, utc_now, write_section,
+    bench_python, bench_texts, flag, help, job, machine, num, utc_now, wait_workers, write_section,
 };
-use minions_tests::{Fleet, Result, out, read_npy_f32, real_model_dir, workspace_root};
+use minions_tests::{Fleet, Result, out, real_model_dir, workspace_root};
 
 /// Runs `tests/bench/ray_reference.py` once: its name and texts/s.
 fn ray(
@@ -55,63 +55,6 @@ fn ray(
         report["name"].as_str().unwrap_or("Ray Data").to_owned(),
         report["texts_per_s"].as_f64().ok_or("no texts_per_s")?,
     ))
-}
-
-/// Waits until `n` workers report in.
-fn wait_workers(fleet: &Fleet, n: usize) -> Result<()> {
-    let until = Instant::now() + Duration::from_secs(60);
-    loop {
-        let v: serde_json::Value =
-            serde_json::from_str(&fleet.cli(&["worker", "list", "--json"])?)?;
-        let up = v
-            .as_array()
-            .map_or(0, |a| a.iter().filter(|w| w["state"] != "dead").count());
-        if up >= n {
-            return Ok(());
-        }
-        if Instant::now() > until {
-            return Err(format!("{up} of {n} workers up after 60 s\n{}", fleet.logs()).into());
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-/// Submits the texts as job `job` and waits for it: texts/s from submit to
-/// done. Checks that every text has its vector.
-fn job(
-    fleet: &Fleet,
-    texts: &Path,
-    n: usize,
-    job: &str,
-    shard: u64,
-    precision: &str,
-) -> Result<f64> {
-    let started = Instant::now();
-    let id = fleet.cli(&[
-        "submit",
-        "--model",
-        "minilm",
-        "--input",
-        &texts.display().to_string(),
-        "--job",
-        job,
-        "--shard-size",
-        &shard.to_string(),
-        "--precision",
-        precision,
-    ])?;
-    let status = fleet.wait_job(&id, Duration::from_secs(3600))?;
-    let secs = started.elapsed().as_secs_f64();
-    if status["state"] != "done" {
-        return Err(format!("job {id} ended {status}").into());
-    }
-    let npy = fleet.dir.path().join(format!("{job}.npy"));
-    fleet.cli(&["collect", &id, "--output", &npy.display().to_string()])?;
-    let (rows, _, _) = read_npy_f32(&npy)?;
-    if rows != n {
-        return Err(format!("job {id}: {rows} vectors for {n} texts").into());
-    }
-    Ok(n as f64 / secs)
 }
 
 /// What `--help` prints.

@@ -1,17 +1,20 @@
-//! Benchmark: the worker's inference next to sentence-transformers (PyTorch)
-//! on the same machine, texts and model, in one run.
+//! Benchmark: the worker's inference next to ONNX Runtime (the engine
+//! deployed for CPU embeddings) and sentence-transformers (PyTorch, the f32
+//! accuracy reference) on the same machine, texts and model, in one run.
 //!
 //! all-MiniLM-L6-v2 over real English texts of 10–600 characters (CPython's
-//! bundled reference documentation, cut by `tests/bench/texts.py`). The
-//! reference (`tests/bench/reference.py`) runs right before and right after
-//! Minions' own model code; the ratio is against the mean of its two runs.
-//! Outputs are compared row by row: max abs difference and mean cosine.
+//! bundled reference documentation, cut by `tests/bench/texts.py`).
+//! sentence-transformers (`tests/bench/reference.py`) runs once; ONNX
+//! Runtime (`tests/bench/onnx_reference.py`) and Minions' own model code
+//! then run in rounds side by side, f32 and int8; ratios are of means.
+//! Outputs are compared row by row: max abs difference and cosine.
 //!
 //!   bash tests/bench/inference.sh          # installs, builds, runs, writes
 //!
-//! which runs, after installing sentence-transformers into `.tools/bench-venv`:
+//! which runs, after installing both references into `.tools/`:
 //!
-//!   target/release/bench_inference --python .tools/bench-venv/bin/python --write
+//!   target/release/bench_inference --python .tools/bench-venv/bin/python \
+//!     --onnx-python .tools/onnx-venv/bin/python --write
 //!
 //! Its flags are in [`USAGE`], which `--help` prints.
 
@@ -20,7 +23,8 @@ use std::time::Instant;
 
 use candle_core::Device;
 use minions_tests::bench::{
-    arg, bench_python, bench_texts, flag, help, machine, num, utc_now, write_section,
+    arg, bench_python, bench_texts, flag, help, job, machine, num, utc_now, wait_workers,
+    write_section,
 };
 use minions_tests::{Result, out, real_model_dir, workspace_root};
 use minions_worker::model::{
@@ -238,12 +242,15 @@ Usage: bench_inference [--python PATH] [--onnx-python PATH] [--write] [FLAGS]
   --our-batch B      our passes: at most B texts each (the worker's default)
   --batch-tokens T   our passes: at most T tokens each, padding included (the worker's default)
   --threads T        the references' threads; 0 = cores (0)
+  --rounds R         rounds of ONNX Runtime and ours side by side, per precision (3)
   --device D         cpu (default), metal or cuda: ours on that device, sentence-transformers
                      on PyTorch's matching one (mps, cuda); metal and cuda need this binary
                      built with --features minions-worker/metal or minions-worker/cuda
   --python PATH      a Python with sentence-transformers (the f32 accuracy reference)
   --onnx-python PATH a Python with optimum and onnxruntime (the speed yardstick); without it,
                      ratios are against sentence-transformers
+  --fleet            also run the texts as one job through a local fleet of one worker (its own
+                     nats-server and store; the workspace's release binaries), f32 and int8
   --paths            also run ours once per CPU kernel path this CPU has (MINIONS_CPU_PATH)
   --ours-only        our precisions only, no reference runs (for profiling)
   --precision P      with --ours-only: f32 or int8 alone
@@ -289,9 +296,75 @@ fn per_path(texts: u64) -> Result<Vec<(CpuPath, f64, f64)>> {
     Ok(rows)
 }
 
-/// The mean of two runs' throughputs.
-fn mean(a: &Run, b: &Run) -> f64 {
-    (a.texts_per_s + b.texts_per_s) / 2.0
+/// `--fleet`: the texts as one job per precision through a local fleet of
+/// one worker with every thread, timed from `minions submit` to `done`
+/// (the worker up and the model pushed, as the in-process run has it
+/// loaded): texts/s per precision.
+fn through_fleet(model_dir: &Path, texts: &Path, n: usize) -> Result<Vec<f64>> {
+    let fleet = minions_tests::Fleet::local()?;
+    fleet.cli(&[
+        "model",
+        "push",
+        &model_dir.display().to_string(),
+        "--name",
+        "minilm",
+    ])?;
+    let mut fleet = fleet;
+    fleet.add_worker(&[])?;
+    wait_workers(&fleet, 1)?;
+    // A first small job per precision loads the model, as the in-process
+    // run's warm-up does; the measured job then finds it in the cache.
+    let warm = fleet.dir.path().join("warm.jsonl");
+    let head: String = std::fs::read_to_string(texts)?
+        .lines()
+        .take(64)
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let count = head.lines().count();
+    std::fs::write(&warm, head)?;
+    let mut rates = Vec::new();
+    for precision in [Precision::F32, Precision::Int8] {
+        let p = precision.as_str();
+        job(&fleet, &warm, count, &format!("warm-{p}"), 256, p)?;
+        let rate = job(&fleet, texts, n, &format!("fleet-{p}"), 256, p)?;
+        out!("Minions fleet, one worker ({p}): {rate:.1} texts/s");
+        rates.push(rate);
+    }
+    Ok(rates)
+}
+
+/// Several runs of one engine in one precision: their throughputs and the
+/// first run's vectors.
+struct Runs {
+    name: String,
+    rates: Vec<f64>,
+    vectors: Vec<f32>,
+}
+
+impl Runs {
+    /// Adds `r` to `runs`, starting them with it.
+    fn add(runs: &mut Option<Runs>, r: Run) {
+        match runs {
+            Some(runs) => runs.rates.push(r.texts_per_s),
+            None => {
+                *runs = Some(Runs {
+                    name: r.name,
+                    rates: vec![r.texts_per_s],
+                    vectors: r.vectors,
+                });
+            }
+        }
+    }
+
+    fn mean(&self) -> f64 {
+        self.rates.iter().sum::<f64>() / self.rates.len().max(1) as f64
+    }
+
+    /// `mean (run, run, …)`.
+    fn shown(&self) -> String {
+        let each: Vec<String> = self.rates.iter().map(|r| format!("{r:.1}")).collect();
+        format!("{:.1} ({})", self.mean(), each.join(", "))
+    }
 }
 
 fn main() -> Result<()> {
@@ -354,87 +427,97 @@ fn main() -> Result<()> {
         )
     };
 
-    // References, ours, references again: the ratio is against the mean of
-    // the references' two runs, so drift in the machine's speed shows.
-    let st_before = st()?;
-    out!("{}: {:.1} texts/s", st_before.name, st_before.texts_per_s);
-    let ort_before = [onnx(Precision::F32)?, onnx(Precision::Int8)?];
-    for r in ort_before.iter().flatten() {
-        out!("{}: {:.1} texts/s", r.name, r.texts_per_s);
+    // sentence-transformers once (the accuracy reference), then rounds of
+    // ONNX Runtime and ours side by side, precision by precision: this
+    // machine's speed drifts by 10-20% within minutes, so each ratio is of
+    // means over the same stretch of time.
+    let st0 = st()?;
+    out!("{}: {:.1} texts/s", st0.name, st0.texts_per_s);
+    let rounds = num("--rounds", 3)?.max(1);
+    let models = [
+        BertEmbedder::load(&model_dir, &device, Precision::F32)?,
+        BertEmbedder::load(&model_dir, &device, Precision::Int8)?,
+    ];
+    let dim = models[0].dim();
+    let mut ort: [Option<Runs>; 2] = [None, None];
+    let mut mine: [Option<Runs>; 2] = [None, None];
+    for _ in 0..rounds {
+        for (i, precision) in [Precision::F32, Precision::Int8].into_iter().enumerate() {
+            if let Some(r) = onnx(precision)? {
+                out!("{}: {:.1} texts/s", r.name, r.texts_per_s);
+                Runs::add(&mut ort[i], r);
+            }
+            let name = format!("Minions worker ({}, {on})", precision.as_str());
+            let r = ours(&name, &models[i], &texts, ours_batch)?;
+            out!("{}: {:.1} texts/s", r.name, r.texts_per_s);
+            Runs::add(&mut mine[i], r);
+        }
     }
-    let mut ours_runs = Vec::new();
-    let mut dim = 0;
-    for precision in [Precision::F32, Precision::Int8] {
-        let model = BertEmbedder::load(&model_dir, &device, precision)?;
-        dim = model.dim();
-        let name = format!("Minions worker ({}, {on})", precision.as_str());
-        let r = ours(&name, &model, &texts, ours_batch)?;
-        out!("{}: {:.1} texts/s", r.name, r.texts_per_s);
-        ours_runs.push(r);
-    }
-    let ort_after = [onnx(Precision::F32)?, onnx(Precision::Int8)?];
-    for r in ort_after.iter().flatten() {
-        out!("{}: {:.1} texts/s", r.name, r.texts_per_s);
-    }
-    let st_after = st()?;
-    out!("{}: {:.1} texts/s", st_after.name, st_after.texts_per_s);
+    let [Some(ours_f32), Some(ours_int8)] = mine else {
+        return Err("no runs of ours".into());
+    };
 
     // Each row: what, texts/s, ratio to its yardstick, max abs diff to
     // sentence-transformers, cosine to its own f32 (mean, min).
-    let st_rate = mean(&st_before, &st_after);
     let mut rows = vec![format!(
-        "| {} | {st_rate:.1} ({:.1}, {:.1}) | — | 0 | — |",
-        st_before.name, st_before.texts_per_s, st_after.texts_per_s
+        "| {} | {:.1} | — | 0 | — |",
+        st0.name, st0.texts_per_s
     )];
-    let mut yardstick = [st_rate, st_rate];
-    let ort_f32 = if let ([Some(f0), Some(q0)], [Some(f1), Some(q1)]) = (&ort_before, &ort_after) {
-        yardstick = [mean(f0, f1), mean(q0, q1)];
-        let d = compare(&f0.vectors, &st_before.vectors, dim)?;
+    let mut yardstick = [st0.texts_per_s, st0.texts_per_s];
+    let against = if let [Some(f), Some(q)] = &ort {
+        yardstick = [f.mean(), q.mean()];
+        let d = compare(&f.vectors, &st0.vectors, dim)?;
         rows.push(format!(
-            "| {} | {:.1} ({:.1}, {:.1}) | 1.000 | {:.1e} | 1.000000 |",
-            f0.name, yardstick[0], f0.texts_per_s, f1.texts_per_s, d.max
+            "| {} | {} | 1.000 | {:.1e} | 1.000000 |",
+            f.name,
+            f.shown(),
+            d.max
         ));
-        let dq = compare(&q0.vectors, &f0.vectors, dim)?;
-        let dq_st = compare(&q0.vectors, &st_before.vectors, dim)?;
+        let dq = compare(&q.vectors, &f.vectors, dim)?;
+        let dq_st = compare(&q.vectors, &st0.vectors, dim)?;
         rows.push(format!(
-            "| {} | {:.1} ({:.1}, {:.1}) | 1.000 | {:.1e} | {:.6} (min {:.6}) |",
-            q0.name,
-            yardstick[1],
-            q0.texts_per_s,
-            q1.texts_per_s,
+            "| {} | {} | 1.000 | {:.1e} | {:.6} (min {:.6}) |",
+            q.name,
+            q.shown(),
             dq_st.max,
             dq.mean_cos,
             dq.min_cos
         ));
-        Some(f0)
-    } else {
-        None
-    };
-    let against = if ort_f32.is_some() {
         "ONNX Runtime in the same precision"
     } else {
         "sentence-transformers"
     };
+    let ours_runs = [ours_f32, ours_int8];
     for (r, base) in ours_runs.iter().zip(yardstick) {
-        let d_st = compare(&r.vectors, &st_before.vectors, dim)?;
+        let d_st = compare(&r.vectors, &st0.vectors, dim)?;
         let d_f32 = compare(&r.vectors, &ours_runs[0].vectors, dim)?;
         out!(
             "{}: {:.3}× {against}, max abs diff to sentence-transformers {:.2e}, cosine to our f32 mean {:.6} min {:.6}",
             r.name,
-            r.texts_per_s / base,
+            r.mean() / base,
             d_st.max,
             d_f32.mean_cos,
             d_f32.min_cos
         );
         rows.push(format!(
-            "| {} | {:.1} | **{:.3}** | {:.1e} | {:.6} (min {:.6}) |",
+            "| {} | {} | **{:.3}** | {:.1e} | {:.6} (min {:.6}) |",
             r.name,
-            r.texts_per_s,
-            r.texts_per_s / base,
+            r.shown(),
+            r.mean() / base,
             d_st.max,
             d_f32.mean_cos,
             d_f32.min_cos
         ));
+    }
+    if flag("--fleet") && device.is_cpu() {
+        let rates = through_fleet(&model_dir, &texts_path, texts.len())?;
+        for ((r, rate), p) in ours_runs.iter().zip(&rates).zip(["f32", "int8"]) {
+            let ratio = rate / r.mean();
+            out!("fleet {p}: {ratio:.3}× in-process");
+            rows.push(format!(
+                "| Minions fleet, one worker ({p}, shards of 256, submit to done) | {rate:.1} | {ratio:.3} of in-process | — | — |"
+            ));
+        }
     }
     let paths = if flag("--paths") && device.is_cpu() {
         let rows: Vec<String> = per_path(n)?
@@ -461,8 +544,9 @@ fn main() -> Result<()> {
          per-channel, MatMul only) with the folder's tokenizer, the same truncation, \
          length-sorted passes of {onnx_batch} texts and mean pooling; sentence-transformers runs \
          batches of {batch}; ours runs passes of at most {} texts and {} tokens, as a worker does \
-         by default. The references run right before and right after ours (texts/s: mean \
-         (before, after)); each ratio is against {against}. Max abs diff is against \
+         by default. sentence-transformers runs once first; then {rounds} rounds of ONNX Runtime \
+         and ours side by side, precision by precision (texts/s: mean (each run)); each ratio \
+         is of means, against {against}. Max abs diff is against \
          sentence-transformers' vectors; cosine against the same engine's f32 vectors, row by \
          row.\n\n\
          | what | texts/s | ratio | max abs diff | cosine to f32 |\n|---|---:|---:|---:|---:|\n{}{paths}\n",
