@@ -28,5 +28,6 @@ else
   onnx_py="$py"
 fi
 
-cargo build --release -p minions-tests --bin bench_inference
+# --fleet runs the workspace's release binaries.
+cargo build --release --workspace --bins
 target/release/bench_inference --python "$st_py" --onnx-python "$onnx_py" --write "$@"

@@ -250,7 +250,8 @@ Usage: bench_inference [--python PATH] [--onnx-python PATH] [--write] [FLAGS]
   --onnx-python PATH a Python with optimum and onnxruntime (the speed yardstick); without it,
                      ratios are against sentence-transformers
   --fleet            also run the texts as one job through a local fleet of one worker (its own
-                     nats-server and store; the workspace's release binaries), f32 and int8
+                     nats-server and store; the workspace's release binaries) in each round,
+                     after ours in the same precision
   --paths            also run ours once per CPU kernel path this CPU has (MINIONS_CPU_PATH)
   --ours-only        our precisions only, no reference runs (for profiling)
   --precision P      with --ours-only: f32 or int8 alone
@@ -296,41 +297,71 @@ fn per_path(texts: u64) -> Result<Vec<(CpuPath, f64, f64)>> {
     Ok(rows)
 }
 
-/// `--fleet`: the texts as one job per precision through a local fleet of
-/// one worker with every thread, timed from `minions submit` to `done`
-/// (the worker up and the model pushed, as the in-process run has it
-/// loaded): texts/s per precision.
-fn through_fleet(model_dir: &Path, texts: &Path, n: usize) -> Result<Vec<f64>> {
-    let fleet = minions_tests::Fleet::local()?;
-    fleet.cli(&[
-        "model",
-        "push",
-        &model_dir.display().to_string(),
-        "--name",
-        "minilm",
-    ])?;
-    let mut fleet = fleet;
-    fleet.add_worker(&[])?;
-    wait_workers(&fleet, 1)?;
-    // A first small job per precision loads the model, as the in-process
-    // run's warm-up does; the measured job then finds it in the cache.
-    let warm = fleet.dir.path().join("warm.jsonl");
-    let head: String = std::fs::read_to_string(texts)?
-        .lines()
-        .take(64)
-        .map(|l| format!("{l}\n"))
-        .collect();
-    let count = head.lines().count();
-    std::fs::write(&warm, head)?;
-    let mut rates = Vec::new();
-    for precision in [Precision::F32, Precision::Int8] {
-        let p = precision.as_str();
-        job(&fleet, &warm, count, &format!("warm-{p}"), 256, p)?;
-        let rate = job(&fleet, texts, n, &format!("fleet-{p}"), 256, p)?;
-        out!("Minions fleet, one worker ({p}): {rate:.1} texts/s");
-        rates.push(rate);
+/// `--fleet`: a local fleet of one worker with every thread, the model
+/// pushed; its jobs are timed from `minions submit` to `done`.
+struct LocalFleet {
+    fleet: minions_tests::Fleet,
+    /// The first 64 texts: a job of them loads the model, as the
+    /// in-process run's warm-up does.
+    warm: std::path::PathBuf,
+    warm_count: usize,
+    jobs: usize,
+}
+
+impl LocalFleet {
+    fn start(model_dir: &Path, texts: &Path) -> Result<Self> {
+        let mut fleet = minions_tests::Fleet::local()?;
+        fleet.cli(&[
+            "model",
+            "push",
+            &model_dir.display().to_string(),
+            "--name",
+            "minilm",
+        ])?;
+        fleet.add_worker(&[])?;
+        wait_workers(&fleet, 1)?;
+        let warm = fleet.dir.path().join("warm.jsonl");
+        let head: String = std::fs::read_to_string(texts)?
+            .lines()
+            .take(64)
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let warm_count = head.lines().count();
+        std::fs::write(&warm, head)?;
+        Ok(Self {
+            fleet,
+            warm,
+            warm_count,
+            jobs: 0,
+        })
     }
-    Ok(rates)
+
+    /// The texts as one job in `precision` (shards of 256, the default),
+    /// after a warm-up job the first time: texts/s.
+    fn run(&mut self, texts: &Path, n: usize, precision: Precision) -> Result<f64> {
+        let p = precision.as_str();
+        self.jobs += 1;
+        if self.jobs <= 2 {
+            job(
+                &self.fleet,
+                &self.warm,
+                self.warm_count,
+                &format!("warm-{p}"),
+                256,
+                p,
+            )?;
+        }
+        let rate = job(
+            &self.fleet,
+            texts,
+            n,
+            &format!("fleet-{p}-{}", self.jobs),
+            256,
+            p,
+        )?;
+        out!("Minions fleet, one worker ({p}): {rate:.1} texts/s");
+        Ok(rate)
+    }
 }
 
 /// Several runs of one engine in one precision: their throughputs and the
@@ -441,6 +472,11 @@ fn main() -> Result<()> {
     let dim = models[0].dim();
     let mut ort: [Option<Runs>; 2] = [None, None];
     let mut mine: [Option<Runs>; 2] = [None, None];
+    let mut fleet = match flag("--fleet") && device.is_cpu() {
+        true => Some(LocalFleet::start(&model_dir, &texts_path)?),
+        false => None,
+    };
+    let mut through_fleet: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     for _ in 0..rounds {
         for (i, precision) in [Precision::F32, Precision::Int8].into_iter().enumerate() {
             if let Some(r) = onnx(precision)? {
@@ -451,8 +487,12 @@ fn main() -> Result<()> {
             let r = ours(&name, &models[i], &texts, ours_batch)?;
             out!("{}: {:.1} texts/s", r.name, r.texts_per_s);
             Runs::add(&mut mine[i], r);
+            if let Some(f) = &mut fleet {
+                through_fleet[i].push(f.run(&texts_path, texts.len(), precision)?);
+            }
         }
     }
+    drop(fleet);
     let [Some(ours_f32), Some(ours_int8)] = mine else {
         return Err("no runs of ours".into());
     };
@@ -509,15 +549,18 @@ fn main() -> Result<()> {
             d_f32.min_cos
         ));
     }
-    if flag("--fleet") && device.is_cpu() {
-        let rates = through_fleet(&model_dir, &texts_path, texts.len())?;
-        for ((r, rate), p) in ours_runs.iter().zip(&rates).zip(["f32", "int8"]) {
-            let ratio = rate / r.mean();
-            out!("fleet {p}: {ratio:.3}× in-process");
-            rows.push(format!(
-                "| Minions fleet, one worker ({p}, shards of 256, submit to done) | {rate:.1} | {ratio:.3} of in-process | — | — |"
-            ));
+    for ((r, rates), p) in ours_runs.iter().zip(&through_fleet).zip(["f32", "int8"]) {
+        if rates.is_empty() {
+            continue;
         }
+        let mean = rates.iter().sum::<f64>() / rates.len() as f64;
+        let each: Vec<String> = rates.iter().map(|r| format!("{r:.1}")).collect();
+        let ratio = mean / r.mean();
+        out!("fleet {p}: {ratio:.3}× in-process");
+        rows.push(format!(
+            "| Minions fleet, one worker ({p}, shards of 256, submit to done) | {mean:.1} ({}) | {ratio:.3} of in-process | — | — |",
+            each.join(", ")
+        ));
     }
     let paths = if flag("--paths") && device.is_cpu() {
         let rows: Vec<String> = per_path(n)?

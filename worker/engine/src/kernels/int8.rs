@@ -18,7 +18,7 @@
 //!
 //! The paths ([`Kernel`]):
 //! - AVX-512 VNNI: `vpdpbusd` on 512-bit registers, four byte products
-//!   summed per lane, 32-column panels. The instruction multiplies unsigned
+//!   summed per lane, 64-column panels. The instruction multiplies unsigned
 //!   by signed bytes, so the weights are stored offset by 128 (in [1, 255])
 //!   and each row's sum is corrected by 128 × the sum of its values: the
 //!   same integers, exactly.
