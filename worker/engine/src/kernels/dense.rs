@@ -11,13 +11,13 @@
 //! row. The sums are the same terms added in another order (the bias
 //! first), so results differ from candle's in the last bits only.
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
+use candle_core::Tensor;
 use rayon::prelude::*;
 
 use super::gelu::gelu;
 use super::int8::Activation;
 use super::layer_norm::{NormParams, normalise};
-use super::{contiguous_f32, zeroed};
+use super::zeroed;
 
 /// The op's name in errors.
 const OP: &str = "f32 linear";
@@ -99,18 +99,8 @@ fn run(
     act: Activation,
     norm: Option<&NormParams>,
 ) -> candle_core::Result<Vec<f32>> {
-    if w.k == 0 || !x.len().is_multiple_of(w.k) {
-        candle_core::bail!("{OP}: {} values are not rows of {}", x.len(), w.k);
-    }
+    // Sizes checked by `linear_op::linear`.
     let m = x.len() / w.k;
-    if residual.is_some_and(|r| r.len() != m * w.n) {
-        candle_core::bail!("{OP}: residual is not {m} rows of {}", w.n);
-    }
-    if let Some(norm) = norm
-        && norm.len() != w.n
-    {
-        candle_core::bail!("{OP}: layer norm of {} after {} outputs", norm.len(), w.n);
-    }
     if act == Activation::Gelu && residual.is_some() {
         // GELU applies to the product and bias alone; no layer has both.
         candle_core::bail!("{OP}: GELU with a residual");
@@ -166,59 +156,29 @@ fn vectorized(f: impl FnOnce()) {
     f()
 }
 
-/// The shape of `x` with its last dimension replaced by `n`.
-fn out_shape(layout: &Layout, k: usize, n: usize) -> candle_core::Result<Shape> {
-    let mut dims = layout.dims().to_vec();
-    match dims.last_mut() {
-        Some(d) if *d == k => *d = n,
-        _ => candle_core::bail!("{OP}: input {:?}, inner size {k}", layout.dims()),
-    }
-    Ok(Shape::from(dims))
-}
+impl super::linear_op::LinearKernel for DenseWeight {
+    const OP: &'static str = OP;
 
-/// The op: the weight, the activation, and the layer norm after it.
-struct Linear<'a>(&'a DenseWeight, Activation, Option<&'a NormParams>);
-
-impl CustomOp1 for Linear<'_> {
-    fn name(&self) -> &'static str {
-        "minions-f32-linear"
+    fn k(&self) -> usize {
+        self.k
     }
 
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let shape = out_shape(l, self.0.k, self.0.n)?;
-        let out = run(self.0, contiguous_f32(OP, s, l)?, None, self.1, self.2)?;
-        Ok((CpuStorage::F32(out), shape))
-    }
-}
-
-impl CustomOp2 for Linear<'_> {
-    fn name(&self) -> &'static str {
-        "minions-f32-linear-residual"
+    fn n(&self) -> usize {
+        self.n
     }
 
-    fn cpu_fwd(
+    fn run(
         &self,
-        s: &CpuStorage,
-        l: &Layout,
-        rs: &CpuStorage,
-        rl: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let shape = out_shape(l, self.0.k, self.0.n)?;
-        if rl.shape() != &shape {
-            candle_core::bail!("{OP}: residual {:?}, output {shape:?}", rl.dims());
-        }
-        let out = run(
-            self.0,
-            contiguous_f32(OP, s, l)?,
-            Some(contiguous_f32(OP, rs, rl)?),
-            self.1,
-            self.2,
-        )?;
-        Ok((CpuStorage::F32(out), shape))
+        x: &[f32],
+        residual: Option<&[f32]>,
+        act: Activation,
+        norm: Option<&NormParams>,
+    ) -> candle_core::Result<Vec<f32>> {
+        run(self, x, residual, act, norm)
     }
 }
 
-/// `act(x · W + b)`, plus `residual` when given, then layer-normed when
+/// `act(x · Wᵀ + b)`, plus `residual` when given, then layer-normed when
 /// `norm` is given; `x` an f32 CPU tensor whose last dimension is the
 /// weight's input size.
 pub(crate) fn dense_linear(
@@ -228,12 +188,7 @@ pub(crate) fn dense_linear(
     residual: Option<&Tensor>,
     norm: Option<&NormParams>,
 ) -> candle_core::Result<Tensor> {
-    let x = x.contiguous()?;
-    let op = Linear(w, act, norm);
-    match residual {
-        None => x.apply_op1_no_bwd(&op),
-        Some(r) => x.apply_op2_no_bwd(&r.contiguous()?, &op),
-    }
+    super::linear_op::linear(w, x, act, residual, norm)
 }
 
 #[cfg(test)]

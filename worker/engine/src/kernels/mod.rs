@@ -10,6 +10,7 @@ mod ggml_math;
 mod int8;
 mod lanes;
 mod layer_norm;
+mod linear_op;
 mod peak;
 mod quant;
 mod softmax;
