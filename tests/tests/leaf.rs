@@ -1,0 +1,312 @@
+//! An office site as a leaf node: the shipped hub configs
+//! (`deploy/nats/cluster/n1.conf`..`n3.conf`) run as three real
+//! nats-servers, the shipped `leaf.conf` as a fourth that connects out to
+//! them, each on free loopback ports with its own store. The streams are
+//! created with three replicas on the hub, a job is submitted to the hub,
+//! and a worker connected only to the leaf server runs every shard; the
+//! collected vectors equal the in-process ones.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use minions_tests::{
+    Proc, Result, bin, free_port, max_abs_diff, minions_ok, read_npy_f32, scratch, tiny_model,
+    tool, wait_for_port, workspace_root, write_corpus,
+};
+
+/// The password the hub's `leafnodes` block reads from the environment.
+const LEAF_PASSWORD: &str = "leaf-secret";
+
+/// One nats-server started from a shipped config.
+struct Server {
+    proc: Proc,
+    client: u16,
+    http: u16,
+}
+
+/// `text` with every `127.0.0.1:PORT` whose port is a key of `ports`
+/// pointed at the port it maps to.
+fn localize(text: &str, ports: &HashMap<u16, u16>) -> String {
+    let mut out = text.to_owned();
+    for (from, to) in ports {
+        out = out.replace(&format!("127.0.0.1:{from}"), &format!("127.0.0.1:{to}"));
+    }
+    out
+}
+
+/// Starts `deploy/nats/cluster/<name>.conf` with its loopback ports moved
+/// to free ones (`ports`), in its own directory under `dir` (its relative
+/// store_dir lands there), with the hub's secrets in the environment.
+/// `client` is its shipped client port; its monitoring port is 4000 above.
+fn start(dir: &Path, name: &str, ports: &HashMap<u16, u16>, client: u16) -> Result<Server> {
+    let shipped = workspace_root()
+        .join("deploy/nats/cluster")
+        .join(format!("{name}.conf"));
+    let text = std::fs::read_to_string(&shipped)?;
+    let text = localize(&text, ports).replace("leaf:CHANGE-ME@", &format!("leaf:{LEAF_PASSWORD}@"));
+    let home = dir.join(name);
+    std::fs::create_dir_all(&home)?;
+    let conf = home.join(format!("{name}.conf"));
+    std::fs::write(&conf, text)?;
+    let env = vec![
+        ("MINIONS_SYS_PASSWORD".to_owned(), "sys-secret".to_owned()),
+        ("MINIONS_LEAF_PASSWORD".to_owned(), LEAF_PASSWORD.to_owned()),
+    ];
+    let proc = Proc::spawn_in(
+        name,
+        &tool("NATS_SERVER_BIN", "nats-server")?,
+        &["-c".to_owned(), conf.display().to_string()],
+        &env,
+        dir,
+        Some(&home),
+    )?;
+    let port = |shipped: u16| {
+        ports
+            .get(&shipped)
+            .copied()
+            .ok_or_else(|| format!("port {shipped} not moved"))
+    };
+    let server = Server {
+        proc,
+        client: port(client)?,
+        http: port(client + 4000)?,
+    };
+    wait_for_port(server.client, Duration::from_secs(15))
+        .map_err(|e| format!("{name}: {e}\n{}", server.proc.log_tail(20)))?;
+    Ok(server)
+}
+
+/// GETs `path` from the monitoring port `http` (empty on any failure).
+fn monitor(http: u16, path: &str) -> String {
+    minions_tests::web::get(&format!("http://127.0.0.1:{http}{path}"))
+        .map(|(_, body)| body)
+        .unwrap_or_default()
+}
+
+/// Polls `check` every 100 ms until it holds or `within` passes.
+fn wait_until(what: &str, within: Duration, mut check: impl FnMut() -> bool) -> Result<()> {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        if check() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err(format!("{what} not within {within:?}").into())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_on_a_leaf_node_runs_the_hubs_shards() -> Result<()> {
+    let started = Instant::now();
+    let dir = scratch("minions-leaf-")?;
+    // Every loopback port the shipped configs use, moved to a free one.
+    let mut ports = HashMap::new();
+    for shipped in [4222u16, 6222, 7422, 8222] {
+        for i in 0..3 {
+            ports.insert(shipped + i, free_port()?);
+        }
+    }
+    ports.insert(4230, free_port()?);
+    ports.insert(8230, free_port()?);
+
+    let hub: Vec<Server> = (1..=3u16)
+        .map(|i| start(dir.path(), &format!("n{i}"), &ports, 4221 + i))
+        .collect::<Result<_>>()?;
+    let hub_urls = hub
+        .iter()
+        .map(|s| format!("nats://127.0.0.1:{}", s.client))
+        .collect::<Vec<_>>()
+        .join(",");
+    // One of the three answers as JetStream's meta leader.
+    let leader = || {
+        hub.iter()
+            .any(|s| monitor(s.http, "/jsz?leader-only=true").contains("\"meta_cluster\""))
+    };
+    wait_until("a JetStream meta leader", Duration::from_secs(30), leader).map_err(|e| {
+        let logs: Vec<String> = hub.iter().map(|s| s.proc.log_tail(20)).collect();
+        format!("{e}\n{}", logs.join("\n"))
+    })?;
+    eprintln!(
+        "hub of 3 up with a meta leader after {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    let leaf = start(dir.path(), "leaf", &ports, 4230)?;
+    wait_until(
+        "the leaf's connection to the hub",
+        Duration::from_secs(20),
+        || monitor(leaf.http, "/leafz").contains("\"leafnodes\": 1"),
+    )
+    .map_err(|e| format!("{e}\n{}", leaf.proc.log_tail(20)))?;
+
+    let store = format!("file://{}", dir.path().join("store").display());
+    let hub_env = vec![
+        ("MINIONS_NATS_URL".to_owned(), hub_urls.clone()),
+        ("MINIONS_STORE".to_owned(), store.clone()),
+    ];
+    minions_ok(&["admin", "init", "--replicas", "3"], &hub_env)?;
+
+    // The work queue is replicated on all three hub servers.
+    let client = minions_schemas::endpoints::nats::connect(
+        &hub_urls,
+        &minions_schemas::endpoints::nats::NatsSecurity::default(),
+        "leaf-test",
+    )
+    .await?;
+    let js = async_nats::jetstream::new(client);
+    let mut work = js.get_stream(minions_schemas::streams::WORK_STREAM).await?;
+    let info = work.info().await?;
+    assert_eq!(info.config.num_replicas, 3, "{:?}", info.config);
+    let replicas = info.cluster.as_ref().map_or(0, |c| c.replicas.len());
+    assert_eq!(replicas, 2, "a leader and two replicas: {:?}", info.cluster);
+
+    let model = tiny_model(dir.path(), "tiny")?;
+    minions_ok(
+        &[
+            "model",
+            "push",
+            &model.display().to_string(),
+            "--name",
+            "tiny",
+        ],
+        &hub_env,
+    )?;
+    let input = dir.path().join("input.jsonl");
+    let texts = write_corpus(&input, 300)?;
+    let job = minions_ok(
+        &[
+            "submit",
+            "--model",
+            "tiny",
+            "--input",
+            &input.display().to_string(),
+            "--shard-size",
+            "30",
+            "--job",
+            "leaf1",
+            "--nats",
+            &hub_urls,
+        ],
+        &[("MINIONS_STORE".to_owned(), store.clone())],
+    )?;
+    assert_eq!(job, "leaf1");
+
+    // The worker knows only the leaf server.
+    let leaf_url = format!("nats://127.0.0.1:{}", leaf.client);
+    let worker = Proc::spawn(
+        "worker",
+        &bin("minions-worker")?,
+        &[
+            "--nats".into(),
+            leaf_url.clone(),
+            "--store".into(),
+            store.clone(),
+            "--cache-dir".into(),
+            dir.path().join("cache").display().to_string(),
+            "--name".into(),
+            "site-w1".into(),
+        ],
+        &[
+            ("RUST_LOG".to_owned(), "info".to_owned()),
+            ("MINIONS_REPLICAS".to_owned(), "3".to_owned()),
+        ],
+        dir.path(),
+    )?;
+    let mut last = String::new();
+    let done = wait_until("job leaf1 done", Duration::from_secs(60), || {
+        last = minions_ok(&["status", &job, "--json"], &hub_env).unwrap_or_default();
+        serde_json::from_str::<serde_json::Value>(&last)
+            .is_ok_and(|v| v["state"] == "done" && v["done"] == 10)
+    });
+    if let Err(e) = done {
+        return Err(format!(
+            "{e}: {last}\n--- worker ---\n{}\n--- leaf ---\n{}",
+            worker.log_tail(40),
+            leaf.proc.log_tail(20)
+        )
+        .into());
+    }
+    eprintln!(
+        "10 shards run by the leaf's worker; {:.1} s since the start",
+        started.elapsed().as_secs_f64()
+    );
+
+    // Every shard went through the hub's queue: the leaf's own JetStream
+    // holds nothing, and the worker's done events name it.
+    assert!(
+        monitor(leaf.http, "/jsz").contains("\"streams\": 0"),
+        "the leaf's own JetStream holds streams: {}",
+        monitor(leaf.http, "/jsz")
+    );
+    let workers = done_by(&js, &job).await?;
+    assert!(workers.len() >= 10, "done events: {workers:?}");
+    assert!(
+        workers.iter().all(|w| w.starts_with("site-w1")),
+        "done by others: {workers:?}"
+    );
+
+    let npy = dir.path().join("leaf1.npy");
+    minions_ok(
+        &["collect", &job, "--output", &npy.display().to_string()],
+        &hub_env,
+    )?;
+    check_vectors(&npy, &model, &texts)?;
+    // Acks reached the hub: the work queue ends empty.
+    let until = Instant::now() + Duration::from_secs(10);
+    while work.info().await?.state.messages != 0 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(work.info().await?.state.messages, 0, "work queue not empty");
+    drop(worker);
+    eprintln!("leaf test done in {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// The worker ids of `job`'s done events.
+async fn done_by(js: &async_nats::jetstream::Context, job: &str) -> Result<Vec<String>> {
+    use futures::StreamExt;
+    let stream = js
+        .get_stream(minions_schemas::streams::EVENTS_STREAM)
+        .await?;
+    let consumer = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
+            filter_subject: format!("minions.events.{job}.>"),
+            ..Default::default()
+        })
+        .await?;
+    let mut workers = Vec::new();
+    if consumer.cached_info().num_pending == 0 {
+        return Ok(workers);
+    }
+    let mut messages = consumer.messages().await?;
+    while let Some(m) = messages.next().await {
+        let m = m?;
+        let pending = m.info().map(|i| i.pending).unwrap_or(0);
+        let e: minions_schemas::messages::ShardEvent =
+            minions_schemas::decode("shard event", &m.payload, 1 << 20)?;
+        if matches!(e.kind, minions_schemas::messages::EventKind::Done { .. }) {
+            workers.push(e.worker.to_string());
+        }
+        if pending == 0 {
+            break;
+        }
+    }
+    Ok(workers)
+}
+
+/// The collected vectors in `npy` equal (≤ 1e-5) the in-process ones of
+/// `model` for `texts`.
+fn check_vectors(npy: &Path, model: &Path, texts: &[String]) -> Result<()> {
+    let (rows, _, got) = read_npy_f32(npy)?;
+    assert_eq!(rows, texts.len());
+    let want = minions_worker::model::BertEmbedder::load(
+        model,
+        &candle_core::Device::Cpu,
+        minions_worker::model::Precision::F32,
+    )?
+    .embed(texts, minions_worker::model::Batching::texts(32))?;
+    let diff = max_abs_diff(&got, &want);
+    assert!(diff <= 1e-5, "collected vectors differ by {diff}");
+    Ok(())
+}
