@@ -362,10 +362,22 @@ pub struct DevArgs {
     /// (RAYON_NUM_THREADS each, unless it is set already).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(0..=64))]
     pub workers: u16,
-    /// Port for nats-server (client connections on 127.0.0.1).
+    /// Port for nats-server (client connections on 127.0.0.1); with
+    /// --cluster, the first server's, the others' follow it.
     #[arg(long, default_value_t = 4222)]
     pub port: u16,
-    /// Folder for nats-server's JetStream data. Default: a per-user data dir.
+    /// nats-servers to run. 1: one server, as on a single machine. 3 (or 5):
+    /// a JetStream cluster on loopback, configured like
+    /// deploy/nats/cluster/ (clients on --port, --port + 1, ..., routes on
+    /// free ports, every write flushed before it is acknowledged), with the
+    /// watchdog and workers given all of them and creating what is missing
+    /// with that many replicas: to try a multi-server fleet, or to see
+    /// shards survive one server's loss, on one machine. Prints the
+    /// MINIONS_NATS_URL (and MINIONS_REPLICAS) for other terminals.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5))]
+    pub cluster: u8,
+    /// Folder for nats-server's JetStream data (with --cluster, a
+    /// cluster/nI folder per server). Default: a per-user data dir.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
     /// Slots per worker.

@@ -1,5 +1,6 @@
 //! `minions dev`: a whole local fleet in one command — nats-server with
-//! JetStream in a data dir, a watchdog and N workers, their logs interleaved
+//! JetStream in a data dir (or, with `--cluster 3`, a cluster of three as in
+//! deploy/nats/cluster/), a watchdog and N workers, their logs interleaved
 //! with a name in front of each line. Ctrl-C (or SIGTERM) stops the workers
 //! first (they drain and hand back), then the watchdog, then nats-server.
 
@@ -118,8 +119,13 @@ fn terminate(p: &Proc) {
     }
 }
 
-async fn stop(mut p: Proc, grace: Duration) {
+async fn stop(p: Proc, grace: Duration) {
     terminate(&p);
+    wait_stopped(p, grace).await;
+}
+
+/// Waits up to `grace` for a process told to stop, then kills it.
+async fn wait_stopped(mut p: Proc, grace: Duration) {
     match tokio::time::timeout(grace, p.child.wait()).await {
         Ok(_) => tracing::info!(process = %p.name, "stopped"),
         Err(_) => {
@@ -152,14 +158,20 @@ pub async fn run(
     let nats_bin = find_nats_server()?;
     let worker_bin = sibling("minions-worker")?;
     let watchdog_bin = sibling("minions-watchdog")?;
-    if tokio::net::TcpStream::connect(("127.0.0.1", args.port))
-        .await
-        .is_ok()
-    {
-        bail!(
-            "port {} is in use (another nats-server?); pick another with --port",
-            args.port
-        );
+    for i in 0..args.cluster {
+        let Some(port) = args.port.checked_add(u16::from(i)) else {
+            bail!(
+                "--port {} leaves no room for {} servers",
+                args.port,
+                args.cluster
+            );
+        };
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            bail!("port {port} is in use (another nats-server?); pick another with --port");
+        }
     }
     let data_dir = args.data_dir.clone().unwrap_or_else(|| {
         dirs::data_dir()
@@ -170,34 +182,32 @@ pub async fn run(
     std::fs::create_dir_all(&data_dir)
         .with_context(|| format!("cannot create {}", data_dir.display()))?;
     let store = endpoints.store_url();
-    let nats_url = format!("nats://127.0.0.1:{}", args.port);
-
-    let mut nats_args: Vec<String> = vec![
-        "-js".into(),
-        "-a".into(),
-        "127.0.0.1".into(),
-        "-p".into(),
-        args.port.to_string(),
-        "-sd".into(),
-        data_dir.join("jetstream").display().to_string(),
-        "--server_name".into(),
-        "minions-dev".into(),
-    ];
-    // nats-server's monitoring endpoints (/varz, /jsz) on port + 4000 where free.
-    let monitor = args.port.checked_add(4000);
-    if let Some(m) = monitor
-        && tokio::net::TcpStream::connect(("127.0.0.1", m))
-            .await
-            .is_err()
+    let servers = usize::from(args.cluster);
+    let nats = if servers == 1 {
+        vec![start_single(&nats_bin, args.port, &data_dir).await?]
+    } else {
+        start_cluster(&nats_bin, args.port, servers, &data_dir).await?
+    };
+    let nats_url = (0..args.cluster)
+        .map(|i| {
+            format!(
+                "nats://127.0.0.1:{}",
+                args.port.saturating_add(u16::from(i))
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(",");
+    if servers > 1
+        && let Err(e) = wait_for_meta_leader(&nats_url, Duration::from_secs(30)).await
     {
-        nats_args.extend(["-m".into(), m.to_string()]);
-    }
-    let nats = spawn("nats", &nats_bin, &nats_args, &[])?;
-    if !wait_for_port(args.port, Duration::from_secs(15)).await {
-        stop(nats, Duration::from_secs(2)).await;
-        bail!("nats-server did not start listening on port {}", args.port);
+        stop_all(nats, Duration::from_secs(10)).await;
+        return Err(e);
     }
     let common = vec!["--nats".to_owned(), nats_url.clone()];
+    // What the watchdog and workers create when missing (streams, the work
+    // consumer, the registry) gets one copy per server: a user's own
+    // MINIONS_REPLICAS would not fit this fleet.
+    let replicas = ("MINIONS_REPLICAS", servers.to_string());
     let mut wd_args = common.clone();
     wd_args.extend([
         "--store".to_owned(),
@@ -205,14 +215,20 @@ pub async fn run(
         "--listen".to_owned(),
         args.dashboard.clone(),
     ]);
-    let watchdog = spawn("watchdog", &watchdog_bin, &wd_args, &[])?;
+    let watchdog = spawn(
+        "watchdog",
+        &watchdog_bin,
+        &wd_args,
+        std::slice::from_ref(&replicas),
+    )?;
     // The workers share this machine's cores: each computes with its share
     // (as if each were a machine of its own), unless the user set the count.
     let threads = worker_threads(args.workers);
-    let worker_env: Vec<(&str, String)> = threads
+    let mut worker_env: Vec<(&str, String)> = threads
         .map(|t| ("RAYON_NUM_THREADS", t.to_string()))
         .into_iter()
         .collect();
+    worker_env.push(replicas.clone());
     let mut workers = Vec::new();
     for i in 1..=args.workers {
         let mut a = common.clone();
@@ -231,10 +247,23 @@ pub async fn run(
     } else {
         format!("http://{}/", args.dashboard)
     };
-    tracing::info!(nats = %nats_url, store = %store, workers = args.workers,
+    tracing::info!(nats = %nats_url, servers, store = %store, workers = args.workers,
         threads_per_worker = ?threads, data = %data_dir.display(),
         dashboard = %dashboard,
         "local fleet running; in another terminal: MINIONS_NATS_URL={nats_url} minions submit ... (Ctrl-C stops the fleet)");
+    // What another terminal needs, on stdout where a script can take it.
+    let mut exports = format!("export MINIONS_NATS_URL={nats_url}\n");
+    if servers > 1 {
+        exports.push_str(&format!("export MINIONS_REPLICAS={servers}\n"));
+    }
+    {
+        use std::io::Write;
+        let mut stdout = std::io::stdout().lock();
+        stdout
+            .write_all(exports.as_bytes())
+            .and_then(|()| stdout.flush())
+            .context("cannot write to stdout")?;
+    }
 
     // Wait for Ctrl-C or for any process to die.
     let died = tokio::select! {
@@ -248,10 +277,202 @@ pub async fn run(
         stop(w, Duration::from_secs(35)).await;
     }
     stop(watchdog, Duration::from_secs(5)).await;
-    stop(nats, Duration::from_secs(10)).await;
+    stop_all(nats, Duration::from_secs(10)).await;
     match died {
         Some(name) => bail!("{name} exited unexpectedly"),
         None => Ok(()),
+    }
+}
+
+/// Starts one nats-server with JetStream on `port`, its store under
+/// `data_dir/jetstream`, and its monitoring endpoints on port + 4000 where
+/// free; waits until it listens.
+async fn start_single(nats_bin: &Path, port: u16, data_dir: &Path) -> anyhow::Result<Proc> {
+    let mut nats_args: Vec<String> = vec![
+        "-js".into(),
+        "-a".into(),
+        "127.0.0.1".into(),
+        "-p".into(),
+        port.to_string(),
+        "-sd".into(),
+        data_dir.join("jetstream").display().to_string(),
+        "--server_name".into(),
+        "minions-dev".into(),
+    ];
+    if let Some(m) = free_monitor_port(port).await {
+        nats_args.extend(["-m".into(), m.to_string()]);
+    }
+    let nats = spawn("nats", nats_bin, &nats_args, &[])?;
+    if !wait_for_port(port, Duration::from_secs(15)).await {
+        stop(nats, Duration::from_secs(2)).await;
+        bail!("nats-server did not start listening on port {port}");
+    }
+    Ok(nats)
+}
+
+/// nats-server's monitoring port for the server on `port`: port + 4000,
+/// when that is free.
+async fn free_monitor_port(port: u16) -> Option<u16> {
+    let m = port.checked_add(4000)?;
+    tokio::net::TcpStream::connect(("127.0.0.1", m))
+        .await
+        .is_err()
+        .then_some(m)
+}
+
+/// A port on 127.0.0.1 that nothing listens on now.
+fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))
+        .context("cannot find a free port for the cluster's routes")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// `path` as a quoted string of nats-server's config syntax.
+fn conf_string(path: &Path) -> String {
+    let raw = path.display().to_string();
+    format!("\"{}\"", raw.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// The config of server `i` (1-based) of a loopback cluster: the settings
+/// of deploy/nats/cluster/n1.conf (a name per server, routes to every
+/// server, flushing every write before acknowledging it) on the given
+/// ports, its store under `store`.
+fn cluster_config(
+    i: usize,
+    client: u16,
+    route: u16,
+    routes: &[u16],
+    monitor: Option<u16>,
+    store: &Path,
+) -> String {
+    let routes = routes
+        .iter()
+        .map(|p| format!("    nats-route://127.0.0.1:{p}\n"))
+        .collect::<String>();
+    let http = monitor.map_or(String::new(), |m| format!("http: 127.0.0.1:{m}\n"));
+    format!(
+        "# Written by `minions dev --cluster`; rewritten on every start.\n\
+         server_name: minions-dev-{i}\n\
+         listen: 127.0.0.1:{client}\n\
+         {http}\
+         jetstream {{\n  store_dir: {store}\n  sync_interval: always\n}}\n\
+         cluster {{\n  name: minions-dev\n  listen: 127.0.0.1:{route}\n  routes: [\n{routes}  ]\n}}\n\
+         max_payload: 1MB\n",
+        store = conf_string(store),
+    )
+}
+
+/// Starts a cluster of `servers` nats-servers on loopback, clients on
+/// `port`, `port + 1`, ..., routes on free ports, each server's store and
+/// config under `data_dir/cluster/nI`; waits until every one listens.
+async fn start_cluster(
+    nats_bin: &Path,
+    port: u16,
+    servers: usize,
+    data_dir: &Path,
+) -> anyhow::Result<Vec<Proc>> {
+    if servers.is_multiple_of(2) {
+        bail!(
+            "--cluster {servers}: JetStream needs a majority of its servers, so an even count \
+             survives no more failures than one server fewer; use 1, 3 or 5"
+        );
+    }
+    let routes = (0..servers)
+        .map(|_| free_port())
+        .collect::<anyhow::Result<Vec<u16>>>()?;
+    let mut procs = Vec::with_capacity(servers);
+    for (i, route) in routes.iter().enumerate() {
+        let client = port
+            .checked_add(u16::try_from(i)?)
+            .context("client port out of range")?;
+        let dir = data_dir.join("cluster").join(format!("n{}", i + 1));
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        let conf = dir.join("nats.conf");
+        let text = cluster_config(
+            i + 1,
+            client,
+            *route,
+            &routes,
+            free_monitor_port(client).await,
+            &dir.join("store"),
+        );
+        std::fs::write(&conf, text).with_context(|| format!("cannot write {}", conf.display()))?;
+        let name = format!("nats-{}", i + 1);
+        match spawn(
+            &name,
+            nats_bin,
+            &["-c".into(), conf.display().to_string()],
+            &[],
+        ) {
+            Ok(p) => procs.push(p),
+            Err(e) => {
+                stop_all(procs, Duration::from_secs(5)).await;
+                return Err(e);
+            }
+        }
+    }
+    for i in 0..servers {
+        let client = port.saturating_add(u16::try_from(i)?);
+        if !wait_for_port(client, Duration::from_secs(15)).await {
+            stop_all(procs, Duration::from_secs(5)).await;
+            bail!(
+                "nats-server {} did not start listening on port {client}",
+                i + 1
+            );
+        }
+    }
+    Ok(procs)
+}
+
+/// Waits until the cluster at `urls` has a JetStream meta leader: the
+/// stream list, which only the leader answers, comes back.
+async fn wait_for_meta_leader(urls: &str, within: Duration) -> anyhow::Result<()> {
+    let until = tokio::time::Instant::now() + within;
+    let servers = urls
+        .split(',')
+        .map(str::parse::<async_nats::ServerAddr>)
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("cannot read the server list {urls}"))?;
+    let client = async_nats::ConnectOptions::new()
+        .retry_on_initial_connect()
+        .connect(servers)
+        .await
+        .with_context(|| format!("cannot connect to the cluster at {urls}"))?;
+    let mut last = String::from("no answer");
+    while tokio::time::Instant::now() < until {
+        let answer = tokio::time::timeout(
+            Duration::from_secs(2),
+            client.request("$JS.API.STREAM.NAMES", bytes::Bytes::from_static(b"{}")),
+        )
+        .await;
+        match answer {
+            Ok(Ok(msg)) => {
+                let v: serde_json::Value = serde_json::from_slice(&msg.payload).unwrap_or_default();
+                if v.get("error").is_none() && v.get("type").is_some() {
+                    tracing::info!(urls, "JetStream meta leader elected");
+                    return Ok(());
+                }
+                last = String::from_utf8_lossy(&msg.payload).into_owned();
+            }
+            Ok(Err(e)) => last = e.to_string(),
+            Err(_) => last = "no answer within 2 s".to_owned(),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bail!(
+        "the cluster at {urls} elected no JetStream leader within {within:?} (last answer: {last})"
+    )
+}
+
+/// Stops servers: all told at once, so that a cluster does not elect new
+/// leaders one server at a time while it shuts down.
+async fn stop_all(procs: Vec<Proc>, grace: Duration) {
+    for p in &procs {
+        terminate(p);
+    }
+    for p in procs {
+        wait_stopped(p, grace).await;
     }
 }
 
