@@ -37,7 +37,9 @@ pub struct Cli {
 /// The two shared places every command talks to.
 #[derive(Debug, Clone, Args)]
 pub struct Endpoints {
-    /// NATS server URL.
+    /// NATS server URL; a cluster's servers separated by commas
+    /// (nats://a:4222,nats://b:4222,nats://c:4222): any one is used and the
+    /// others take over when it is lost.
     #[arg(long, global = true, env = "MINIONS_NATS_URL", default_value = DEFAULT_NATS_URL)]
     pub nats: String,
     /// Object store URL: file:///dir or s3://bucket[/prefix] (S3 reads the usual
@@ -48,6 +50,9 @@ pub struct Endpoints {
     /// NATS credentials and TLS.
     #[command(flatten)]
     pub security: minions_schemas::endpoints::nats::NatsSecurity,
+    /// Replicas of what a command creates when missing.
+    #[command(flatten)]
+    pub replication: minions_schemas::streams::Replication,
 }
 
 impl Endpoints {

@@ -2,6 +2,7 @@
 
 use anyhow::Context;
 use async_nats::jetstream;
+use minions_schemas::endpoints::resilient;
 use minions_schemas::messages::{EventKind, ShardEvent, ShardTask};
 use minions_schemas::time::now_ms;
 use minions_schemas::{JobId, SCHEMA_VERSION, WorkerId, encode, subjects};
@@ -12,21 +13,20 @@ pub async fn task(js: &jetstream::Context, task: &ShardTask, msg_id: &str) -> an
     let mut headers = async_nats::HeaderMap::new();
     headers.insert(async_nats::header::NATS_MESSAGE_ID, msg_id);
     let payload = encode("shard task", task)?;
-    let ack = js
-        .publish_with_headers(
-            subjects::work(&task.job, task.shard),
-            headers,
-            payload.into(),
+    let ack = resilient::publish_confirmed(
+        js,
+        &subjects::work(&task.job, task.shard),
+        headers,
+        payload.into(),
+        resilient::PATIENCE,
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "the work stream did not confirm shard {} of job {}",
+            task.shard, task.job
         )
-        .await
-        .with_context(|| format!("publishing shard {} of job {}", task.job, task.shard))?
-        .await
-        .with_context(|| {
-            format!(
-                "the work stream did not confirm shard {} of job {}",
-                task.shard, task.job
-            )
-        })?;
+    })?;
     Ok(!ack.duplicate)
 }
 
@@ -47,11 +47,15 @@ pub async fn event(
         at_ms: now_ms(),
         kind,
     };
-    js.publish(
-        subjects::event(job, shard, &e.worker),
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(async_nats::header::NATS_MESSAGE_ID, e.msg_id().as_str());
+    resilient::publish_confirmed(
+        js,
+        &subjects::event(job, shard, &e.worker),
+        headers,
         encode("shard event", &e)?.into(),
+        resilient::PATIENCE,
     )
-    .await?
     .await
     .context("the events stream did not confirm")?;
     Ok(())

@@ -57,6 +57,12 @@ pub struct WorkSettings {
     /// The duplicate window of the work stream: a shard published twice
     /// within it is stored once.
     pub duplicate_window: Duration,
+    /// Copies of every stream, the work consumer and the worker registry
+    /// across a cluster's servers: 1 on a single server, 3 on a three-server
+    /// cluster (a majority survives one server lost). Chosen when they are
+    /// created: scaling a work queue from 1 to 3 later is a known trouble
+    /// spot (nats-server #3953), so create them with 3 from the start.
+    pub replicas: usize,
 }
 
 impl Default for WorkSettings {
@@ -67,6 +73,40 @@ impl Default for WorkSettings {
             max_ack_pending: 20_000,
             max_waiting: 20_000,
             duplicate_window: Duration::from_secs(30 * 60),
+            replicas: 1,
+        }
+    }
+}
+
+/// Most replicas JetStream keeps of a stream.
+pub const MAX_REPLICAS: usize = 5;
+
+/// The `--replicas` setting every binary takes: how many copies of what it
+/// creates when missing (streams, the work consumer, the worker registry).
+/// Existing ones keep theirs.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct Replication {
+    /// Copies of the streams, the work consumer and the worker registry when
+    /// this program creates them: 1 for one nats-server, 3 for a
+    /// three-server cluster (survives losing any one). Existing ones keep
+    /// theirs; `minions admin init --replicas 3` creates them once.
+    #[arg(long, global = true, env = "MINIONS_REPLICAS", default_value_t = 1,
+          value_parser = clap::value_parser!(u8).range(1..=MAX_REPLICAS as i64))]
+    pub replicas: u8,
+}
+
+impl Default for Replication {
+    fn default() -> Self {
+        Self { replicas: 1 }
+    }
+}
+
+impl Replication {
+    /// Default work settings with this many replicas.
+    pub fn work_settings(self) -> WorkSettings {
+        WorkSettings {
+            replicas: usize::from(self.replicas),
+            ..Default::default()
         }
     }
 }
@@ -81,12 +121,13 @@ pub fn work_stream_config(settings: &WorkSettings) -> stream::Config {
         storage: stream::StorageType::File,
         duplicate_window: settings.duplicate_window,
         max_message_size: i32::try_from(crate::limits::MAX_TASK_BYTES).unwrap_or(i32::MAX),
+        num_replicas: settings.replicas,
         ..Default::default()
     }
 }
 
 /// The events stream's configuration.
-pub fn events_stream_config() -> stream::Config {
+pub fn events_stream_config(replicas: usize) -> stream::Config {
     stream::Config {
         name: EVENTS_STREAM.to_owned(),
         description: Some("Minions shard events".to_owned()),
@@ -95,13 +136,14 @@ pub fn events_stream_config() -> stream::Config {
         storage: stream::StorageType::File,
         max_age: EVENTS_MAX_AGE,
         max_message_size: i32::try_from(crate::limits::MAX_EVENT_BYTES).unwrap_or(i32::MAX),
+        num_replicas: replicas,
         ..Default::default()
     }
 }
 
 /// The heartbeat stream's configuration: memory storage, one message per
 /// worker subject (the latest beat), an hour of history at most.
-pub fn heartbeats_stream_config() -> stream::Config {
+pub fn heartbeats_stream_config(replicas: usize) -> stream::Config {
     stream::Config {
         name: HEARTBEATS_STREAM.to_owned(),
         description: Some("Minions worker heartbeats (last per worker)".to_owned()),
@@ -111,13 +153,14 @@ pub fn heartbeats_stream_config() -> stream::Config {
         max_messages_per_subject: 1,
         max_age: Duration::from_secs(3600),
         max_message_size: i32::try_from(crate::limits::MAX_HEARTBEAT_BYTES).unwrap_or(i32::MAX),
+        num_replicas: replicas,
         ..Default::default()
     }
 }
 
 /// The dead-letter stream's configuration. Records are published with a
 /// message id, so several watchdogs write each record once.
-pub fn dead_stream_config() -> stream::Config {
+pub fn dead_stream_config(replicas: usize) -> stream::Config {
     stream::Config {
         name: DEAD_STREAM.to_owned(),
         description: Some("Minions dead-lettered shards".to_owned()),
@@ -126,18 +169,20 @@ pub fn dead_stream_config() -> stream::Config {
         storage: stream::StorageType::File,
         max_age: EVENTS_MAX_AGE,
         duplicate_window: Duration::from_secs(3600),
+        num_replicas: replicas,
         ..Default::default()
     }
 }
 
 /// The worker registry's configuration.
-pub fn workers_kv_config() -> jetstream::kv::Config {
+pub fn workers_kv_config(replicas: usize) -> jetstream::kv::Config {
     jetstream::kv::Config {
         bucket: WORKERS_BUCKET.to_owned(),
         description: "Minions worker registry".to_owned(),
         history: 1,
         storage: stream::StorageType::File,
         max_age: Duration::from_secs(7 * 24 * 3600),
+        num_replicas: replicas,
         ..Default::default()
     }
 }
@@ -153,6 +198,7 @@ pub fn work_consumer_config(settings: &WorkSettings) -> consumer::pull::Config {
         max_ack_pending: settings.max_ack_pending,
         max_waiting: settings.max_waiting,
         filter_subject: subjects::WORK_SUBJECTS.to_owned(),
+        num_replicas: settings.replicas,
         ..Default::default()
     }
 }
@@ -186,8 +232,22 @@ pub enum EnsureError {
 }
 
 /// Creates every stream, the worker registry and the work consumer where
-/// missing (existing ones are used as they are), and returns the work consumer.
+/// missing (existing ones are used as they are), and returns the work
+/// consumer. Rides out a cluster's leader elections (see
+/// [`crate::endpoints::resilient`]).
 pub async fn ensure(
+    js: &jetstream::Context,
+    settings: &WorkSettings,
+) -> Result<consumer::PullConsumer, EnsureError> {
+    crate::endpoints::resilient::patiently(
+        "setting up the streams",
+        crate::endpoints::resilient::PATIENCE,
+        || ensure_once(js, settings),
+    )
+    .await
+}
+
+async fn ensure_once(
     js: &jetstream::Context,
     settings: &WorkSettings,
 ) -> Result<consumer::PullConsumer, EnsureError> {
@@ -198,10 +258,29 @@ pub async fn ensure(
             stream: WORK_STREAM,
             source,
         })?;
+    // The work stream decides: whatever is missing gets its replica count,
+    // so a program started with another --replicas than the one that made
+    // the fleet adds nothing that does not match (a work queue's consumer
+    // must have its stream's replicas).
+    let replicas = work.cached_info().config.num_replicas.max(1);
+    if replicas != settings.replicas {
+        tracing::debug!(
+            replicas,
+            asked = settings.replicas,
+            "the work stream exists; its replica count is used"
+        );
+    }
+    let settings = &WorkSettings {
+        replicas,
+        ..settings.clone()
+    };
     for (name, config) in [
-        (EVENTS_STREAM, events_stream_config()),
-        (HEARTBEATS_STREAM, heartbeats_stream_config()),
-        (DEAD_STREAM, dead_stream_config()),
+        (EVENTS_STREAM, events_stream_config(settings.replicas)),
+        (
+            HEARTBEATS_STREAM,
+            heartbeats_stream_config(settings.replicas),
+        ),
+        (DEAD_STREAM, dead_stream_config(settings.replicas)),
     ] {
         js.get_or_create_stream(config)
             .await
@@ -210,17 +289,21 @@ pub async fn ensure(
                 source,
             })?;
     }
-    workers_kv(js).await?;
+    workers_kv(js, settings.replicas).await?;
     work.get_or_create_consumer(WORK_CONSUMER, work_consumer_config(settings))
         .await
         .map_err(|source| EnsureError::Consumer { source })
 }
 
-/// Opens the worker registry, creating it where missing.
-pub async fn workers_kv(js: &jetstream::Context) -> Result<jetstream::kv::Store, EnsureError> {
+/// Opens the worker registry, creating it with `replicas` copies where
+/// missing.
+pub async fn workers_kv(
+    js: &jetstream::Context,
+    replicas: usize,
+) -> Result<jetstream::kv::Store, EnsureError> {
     match js.get_key_value(WORKERS_BUCKET).await {
         Ok(kv) => Ok(kv),
-        Err(_) => match js.create_key_value(workers_kv_config()).await {
+        Err(_) => match js.create_key_value(workers_kv_config(replicas)).await {
             Ok(kv) => Ok(kv),
             // Another process created it meanwhile.
             Err(e) => js

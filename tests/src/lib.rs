@@ -8,6 +8,7 @@
 //! script fills, then to `PATH`.
 
 pub mod bench;
+pub mod cluster;
 pub mod fuzz;
 pub mod web;
 
@@ -252,6 +253,10 @@ pub struct NatsServer {
     /// User and password for [`NatsServer::client`] where the server
     /// requires them (the administrator's).
     pub login: Option<(String, String)>,
+    /// Its server name in a cluster (`n1`, `n2`, ...); empty alone.
+    pub server_name: String,
+    /// Flags it is restarted with (a cluster node's routes and name).
+    keep: Vec<String>,
     dir: tempfile::TempDir,
 }
 
@@ -392,6 +397,8 @@ impl NatsServer {
             port,
             ca,
             login: None,
+            server_name: String::new(),
+            keep: Vec::new(),
             dir,
         }
     }
@@ -441,7 +448,14 @@ impl NatsServer {
     /// Kills the server and starts it again on the same port and store.
     pub fn restart(&mut self) -> Result<()> {
         self.proc.kill();
-        self.proc = Self::spawn(self.dir.path(), self.port, self.ca.is_some())?;
+        self.start_again()
+    }
+
+    /// Starts a server that was killed ([`Proc::kill`]) again on the same
+    /// port, store and flags.
+    pub fn start_again(&mut self) -> Result<()> {
+        let keep: Vec<&str> = self.keep.iter().map(String::as_str).collect();
+        self.proc = Self::spawn_with(self.dir.path(), self.port, self.ca.is_some(), &keep)?;
         Ok(())
     }
 
@@ -666,8 +680,10 @@ pub fn scratch(prefix: &str) -> Result<tempfile::TempDir> {
 pub struct Fleet {
     /// Scratch space (logs, local store, caches).
     pub dir: tempfile::TempDir,
-    /// The NATS server.
+    /// The NATS server (on a cluster: its first node).
     pub nats: NatsServer,
+    /// A cluster's other nodes (empty on one server).
+    pub peers: Vec<NatsServer>,
     /// The store URL every process uses.
     pub store_url: String,
     /// Extra environment for every process (S3 settings).
@@ -705,8 +721,63 @@ impl Fleet {
             worker_env: Vec::new(),
             worker_identities: false,
             watchdog_env: Vec::new(),
+            peers: Vec::new(),
             spawned: 0,
         })
+    }
+
+    /// A fleet with a local-directory store on a cluster of `n` routed
+    /// nats-servers (see [`cluster`]); every process is given all of them.
+    pub async fn cluster(n: usize) -> Result<Self> {
+        let mut nodes = cluster::start(n).await?;
+        if nodes.is_empty() {
+            return Err("a cluster needs a node".into());
+        }
+        let first = nodes.remove(0);
+        let dir = scratch("minions-fleet-")?;
+        let store_url = format!("file://{}", dir.path().join("store").display());
+        Ok(Self {
+            nats: first,
+            peers: nodes,
+            dir,
+            store_url,
+            env: Vec::new(),
+            workers: Vec::new(),
+            watchdogs: Vec::new(),
+            dashboards: Vec::new(),
+            worker_env: Vec::new(),
+            worker_identities: false,
+            watchdog_env: Vec::new(),
+            spawned: 0,
+        })
+    }
+
+    /// The NATS URL every process is given: the server, or all of a
+    /// cluster's nodes separated by commas.
+    pub fn nats_url(&self) -> String {
+        std::iter::once(&self.nats)
+            .chain(&self.peers)
+            .map(NatsServer::url)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The node named `server_name` (`n1`...) of a cluster.
+    pub fn node(&mut self, server_name: &str) -> Result<&mut NatsServer> {
+        std::iter::once(&mut self.nats)
+            .chain(self.peers.iter_mut())
+            .find(|n| n.server_name == server_name)
+            .ok_or_else(|| format!("no node named {server_name:?}").into())
+    }
+
+    /// A client of the fleet's NATS (on a cluster: one that follows the
+    /// nodes as they go and come).
+    pub async fn client(&self) -> Result<async_nats::Client> {
+        if self.peers.is_empty() {
+            self.nats.client().await
+        } else {
+            cluster::client(&self.nats_url()).await
+        }
     }
 
     /// A fleet with a local-directory store whose nats-server accepts TLS
@@ -763,6 +834,7 @@ impl Fleet {
             worker_env: Vec::new(),
             worker_identities: false,
             watchdog_env: Vec::new(),
+            peers: Vec::new(),
             spawned: 0,
         })
     }
@@ -770,7 +842,7 @@ impl Fleet {
     /// The environment that points a CLI run at this fleet.
     pub fn cli_env(&self) -> Vec<(String, String)> {
         let mut e = self.env.clone();
-        e.push(("MINIONS_NATS_URL".into(), self.nats.url()));
+        e.push(("MINIONS_NATS_URL".into(), self.nats_url()));
         e.push(("MINIONS_STORE".into(), self.store_url.clone()));
         e
     }
@@ -780,7 +852,7 @@ impl Fleet {
         let i = self.watchdogs.len() + 1;
         let mut args: Vec<String> = vec![
             "--nats".into(),
-            self.nats.url(),
+            self.nats_url(),
             "--store".into(),
             self.store_url.clone(),
             "--name".into(),
@@ -831,7 +903,7 @@ impl Fleet {
         let i = self.spawned;
         let mut args: Vec<String> = vec![
             "--nats".into(),
-            self.nats.url(),
+            self.nats_url(),
             "--store".into(),
             self.store_url.clone(),
             "--cache-dir".into(),
@@ -944,7 +1016,7 @@ impl Fleet {
     /// Every event of `job` so far, in stream order.
     pub async fn events(&self, job: &str) -> Result<Vec<minions_schemas::messages::ShardEvent>> {
         use futures::StreamExt;
-        let js = async_nats::jetstream::new(self.nats.client().await?);
+        let js = async_nats::jetstream::new(self.client().await?);
         let stream = js
             .get_stream(minions_schemas::streams::EVENTS_STREAM)
             .await?;
@@ -1054,7 +1126,7 @@ impl Fleet {
 
     /// Messages in `stream` whose subject matches `filter`.
     pub async fn count_messages(&self, stream: &str, filter: &str) -> Result<u64> {
-        let js = async_nats::jetstream::new(self.nats.client().await?);
+        let js = async_nats::jetstream::new(self.client().await?);
         let stream = js.get_stream(stream).await?;
         let consumer = stream
             .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
@@ -1075,7 +1147,7 @@ impl Fleet {
 
     /// Messages left in the work stream.
     pub async fn work_stream_messages(&self) -> Result<u64> {
-        let js = async_nats::jetstream::new(self.nats.client().await?);
+        let js = async_nats::jetstream::new(self.client().await?);
         let mut s = js.get_stream(minions_schemas::streams::WORK_STREAM).await?;
         Ok(s.info().await?.state.messages)
     }
@@ -1197,7 +1269,7 @@ pub async fn core_job_scenario(fleet: &mut Fleet) -> Result<()> {
         "work stream must be empty"
     );
 
-    let js = async_nats::jetstream::new(fleet.nats.client().await?);
+    let js = async_nats::jetstream::new(fleet.client().await?);
     let mut stream = js.get_stream(minions_schemas::streams::WORK_STREAM).await?;
     let before = stream.info().await?.state.last_sequence;
     let out = fleet.cli_raw(&[

@@ -16,7 +16,9 @@ use crate::run::WatchdogConfig;
 #[derive(Debug, Parser)]
 #[command(name = "minions-watchdog", version, about, long_about)]
 pub struct WatchdogArgs {
-    /// NATS server URL.
+    /// NATS server URL; a cluster's servers separated by commas
+    /// (nats://a:4222,nats://b:4222,nats://c:4222): any one is used and the
+    /// others take over when it is lost.
     #[arg(long, env = "MINIONS_NATS_URL", default_value = DEFAULT_NATS_URL)]
     pub nats: String,
     /// Object store URL (job specs are read and manifests written there).
@@ -26,6 +28,10 @@ pub struct WatchdogArgs {
     /// NATS credentials and TLS.
     #[command(flatten)]
     pub security: minions_schemas::endpoints::nats::NatsSecurity,
+    /// Replicas of the streams, consumer and registry if this watchdog is
+    /// the one that creates them.
+    #[command(flatten)]
+    pub replication: minions_schemas::streams::Replication,
     /// Heartbeat intervals a worker may miss before it is declared dead and
     /// its shards handed back. Lower moves work sooner and risks declaring a
     /// worker on a slow network dead (it then rejoins; nothing is lost).
@@ -53,6 +59,7 @@ impl WatchdogArgs {
         WatchdogConfig {
             nats_url: self.nats,
             nats_security: self.security,
+            replicas: usize::from(self.replication.replicas),
             store_url: self
                 .store
                 .unwrap_or_else(minions_schemas::endpoints::store::default_store_url),

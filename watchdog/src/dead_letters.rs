@@ -62,13 +62,13 @@ pub async fn on_max_deliveries(
             async_nats::header::NATS_MESSAGE_ID,
             format!("maxdeliver/{}/{}/{}", task.job, task.shard, adv.stream_seq).as_str(),
         );
-        js.publish_with_headers(
-            subjects::event(&task.job, task.shard, &event.worker),
+        minions_schemas::endpoints::resilient::publish_confirmed(
+            js,
+            &subjects::event(&task.job, task.shard, &event.worker),
             headers,
             bytes.into(),
+            minions_schemas::endpoints::resilient::PATIENCE,
         )
-        .await
-        .map_err(|e| e.to_string())?
         .await
         .map_err(|e| e.to_string())?;
         tracing::error!(job = %task.job, shard = task.shard, deliveries = adv.deliveries, "shard reached max deliveries; dead-lettered");

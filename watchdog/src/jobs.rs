@@ -243,19 +243,20 @@ impl Tracker {
             async_nats::header::NATS_MESSAGE_ID,
             format!("{job}/{shard}/{attempt}").as_str(),
         );
-        match self
-            .js
-            .publish_with_headers(subject, headers, bytes.into())
-            .await
+        match minions_schemas::endpoints::resilient::publish_confirmed(
+            &self.js,
+            &subject,
+            headers,
+            bytes.into(),
+            minions_schemas::endpoints::resilient::PATIENCE,
+        )
+        .await
         {
-            Ok(ack) => match ack.await {
-                Ok(a) if !a.duplicate => {
-                    tracing::warn!(job = %job, shard, deliveries = attempt, reason = %reason, hosts = ?s.hosts, "dead letter recorded")
-                }
-                Ok(_) => {}
-                Err(e) => tracing::error!(job = %job, shard, error = %e, "dead letter not stored"),
-            },
-            Err(e) => tracing::error!(job = %job, shard, error = %e, "dead letter not sent"),
+            Ok(a) if !a.duplicate => {
+                tracing::warn!(job = %job, shard, deliveries = attempt, reason = %reason, hosts = ?s.hosts, "dead letter recorded")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::error!(job = %job, shard, error = %e, "dead letter not stored"),
         }
     }
 

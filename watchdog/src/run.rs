@@ -52,6 +52,9 @@ pub struct WatchdogConfig {
     pub nats_url: String,
     /// NATS credentials and TLS.
     pub nats_security: nats::NatsSecurity,
+    /// Replicas of the streams, consumer and registry if this watchdog
+    /// creates them.
+    pub replicas: usize,
     /// Object store URL (job specs are read and manifests written there).
     pub store_url: String,
     /// Heartbeat intervals a worker may miss before it is declared dead.
@@ -83,8 +86,12 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
     )
     .await?;
     let js = jetstream::new(client.clone());
-    streams::ensure(&js, &Default::default()).await?;
-    let kv = streams::workers_kv(&js).await?;
+    let settings = streams::WorkSettings {
+        replicas: config.replicas,
+        ..Default::default()
+    };
+    streams::ensure(&js, &settings).await?;
+    let kv = streams::workers_kv(&js, config.replicas).await?;
     let work = js
         .get_stream(streams::WORK_STREAM)
         .await

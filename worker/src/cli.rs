@@ -20,7 +20,9 @@ pub struct WorkerArgs {
     /// Something other than running the worker.
     #[command(subcommand)]
     pub command: Option<WorkerCommand>,
-    /// NATS server URL.
+    /// NATS server URL; a cluster's servers separated by commas
+    /// (nats://a:4222,nats://b:4222,nats://c:4222): any one is used and the
+    /// others take over when it is lost.
     #[arg(long, global = true, env = "MINIONS_NATS_URL", default_value = DEFAULT_NATS_URL)]
     pub nats: String,
     /// Object store URL: file:///dir or s3://bucket[/prefix] (S3 uses the usual
@@ -31,6 +33,10 @@ pub struct WorkerArgs {
     /// NATS credentials and TLS.
     #[command(flatten)]
     pub security: minions_schemas::endpoints::nats::NatsSecurity,
+    /// Replicas of the streams, consumer and registry if this worker is the
+    /// one that creates them.
+    #[command(flatten)]
+    pub replication: minions_schemas::streams::Replication,
     /// Folder for cached model files. Default: a per-user cache dir.
     #[arg(long, env = "MINIONS_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
@@ -172,6 +178,7 @@ impl WorkerArgs {
         c.drain_timeout = secs("drain-timeout-secs", self.drain_timeout_secs)?;
         c.work.ack_wait = secs("ack-wait-secs", self.ack_wait_secs)?;
         c.work.max_deliver = self.max_deliver;
+        c.work.replicas = usize::from(self.replication.replicas);
         c.name = self.name;
         if self.policy.is_some() || !self.owner_signals.is_empty() {
             let mut p = match &self.policy {

@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use async_nats::jetstream::{AckKind, Message};
 use bytes::Bytes;
+use minions_schemas::endpoints::resilient;
 use minions_schemas::messages::{
     EventKind, InFlight, ShardEvent, ShardInput, ShardOutput, ShardTask,
 };
@@ -24,6 +25,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::Ctx;
+
+/// How long a confirmed shard event keeps trying through a cluster's leader
+/// election before the shard is handed back (well inside the ack wait).
+const EVENT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(20);
 use crate::error::{Settle, ShardError, backoff};
 use crate::model::Batching;
 
@@ -526,16 +531,16 @@ pub(crate) async fn publish_event(
             }
         };
     }
-    match ctx.js.publish(subject, bytes.into()).await {
-        Ok(ack) => match ack.await {
-            Ok(_) => true,
-            Err(e) => {
-                tracing::warn!(job = %task.job, shard = task.shard, error = %e, "shard event not confirmed");
-                false
-            }
-        },
+    // Retried through leader elections; the message id keeps a retry whose
+    // first try was stored from being stored twice.
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(async_nats::header::NATS_MESSAGE_ID, event.msg_id().as_str());
+    match resilient::publish_confirmed(&ctx.js, &subject, headers, bytes.into(), EVENT_PATIENCE)
+        .await
+    {
+        Ok(_) => true,
         Err(e) => {
-            tracing::warn!(job = %task.job, shard = task.shard, error = %e, "shard event not sent");
+            tracing::warn!(job = %task.job, shard = task.shard, error = %e, "shard event not confirmed");
             false
         }
     }

@@ -20,6 +20,7 @@ pub async fn init(endpoints: &Endpoints, args: &AdminInitArgs) -> anyhow::Result
         max_deliver: i64::from(args.max_deliver),
         max_ack_pending: i64::from(args.max_ack_pending),
         max_waiting: i64::from(args.max_ack_pending),
+        replicas: usize::from(endpoints.replication.replicas),
         ..Default::default()
     };
     let existed = js.get_stream(streams::WORK_STREAM).await.is_ok();
@@ -27,6 +28,7 @@ pub async fn init(endpoints: &Endpoints, args: &AdminInitArgs) -> anyhow::Result
         .await
         .context("setting up the streams")?;
     let mut out = String::new();
+    let mut kept_replicas = Vec::new();
     for name in [
         streams::WORK_STREAM,
         streams::EVENTS_STREAM,
@@ -42,22 +44,42 @@ pub async fn init(endpoints: &Endpoints, args: &AdminInitArgs) -> anyhow::Result
             .with_context(|| format!("reading stream {name}"))?;
         writeln!(
             out,
-            "stream {name}: subjects {}, {:?} retention, {:?} storage, {} messages",
+            "stream {name}: subjects {}, {:?} retention, {:?} storage, {} replica(s){}, {} messages",
             info.config.subjects.join(" "),
             info.config.retention,
             info.config.storage,
+            info.config.num_replicas,
+            leader(info.cluster.as_ref()),
             info.state.messages
         )?;
+        if info.config.num_replicas != settings.replicas {
+            kept_replicas.push(format!("{name} ({})", info.config.num_replicas));
+        }
     }
     let c = consumer.info().await.context("reading the work consumer")?;
     writeln!(
         out,
-        "consumer {}: ack wait {} s, max deliver {}, max ack pending {}",
+        "consumer {}: ack wait {} s, max deliver {}, max ack pending {}, {} replica(s){}",
         streams::WORK_CONSUMER,
         c.config.ack_wait.as_secs(),
         c.config.max_deliver,
-        c.config.max_ack_pending
+        c.config.max_ack_pending,
+        // 0 means "as many as its stream".
+        if c.config.num_replicas == 0 {
+            settings.replicas
+        } else {
+            c.config.num_replicas
+        },
+        leader(c.cluster.as_ref())
     )?;
+    if !kept_replicas.is_empty() {
+        writeln!(
+            out,
+            "note: {} existed with another replica count and kept it; to change it, recreate them on an idle fleet \
+             (scaling a work queue's replicas in place is a known trouble spot, nats-server #3953)",
+            kept_replicas.join(", ")
+        )?;
+    }
     let wanted = (
         settings.ack_wait,
         settings.max_deliver,
@@ -84,4 +106,12 @@ pub async fn init(endpoints: &Endpoints, args: &AdminInitArgs) -> anyhow::Result
         }
     )?;
     Ok(out)
+}
+
+/// ", leader NAME" when the server reports a cluster leader.
+fn leader(cluster: Option<&async_nats::jetstream::stream::ClusterInfo>) -> String {
+    cluster
+        .and_then(|c| c.leader.as_ref())
+        .map(|l| format!(", leader {l}"))
+        .unwrap_or_default()
 }

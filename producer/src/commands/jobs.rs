@@ -26,7 +26,7 @@ async fn open(endpoints: &Endpoints, job: &str, who: &str) -> anyhow::Result<Ctx
     let store = minions_schemas::endpoints::store::open(&endpoints.store_url())?;
     let spec = job_spec(store.as_ref(), &job).await?;
     let (client, js) = endpoints.connect(who).await?;
-    streams::ensure(&js, &Default::default()).await?;
+    streams::ensure(&js, &endpoints.replication.work_settings()).await?;
     Ok(Ctx {
         js,
         client,

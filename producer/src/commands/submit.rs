@@ -12,6 +12,7 @@ use anyhow::{Context, bail};
 use async_nats::jetstream;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use minions_schemas::endpoints::resilient;
 use minions_schemas::messages::{
     EventKind, GenerationRecord, InputDescription, JobSpec, ShardInput,
 };
@@ -77,7 +78,7 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
         ))?,
     };
     let (_, js) = endpoints.connect("minions submit").await?;
-    minions_schemas::streams::ensure(&js, &Default::default()).await?;
+    minions_schemas::streams::ensure(&js, &endpoints.replication.work_settings()).await?;
 
     let file = std::fs::File::open(&args.input)
         .with_context(|| format!("cannot open input {}", args.input.display()))?;
@@ -204,24 +205,50 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
             async_nats::header::NATS_MESSAGE_ID,
             subjects::msg_id(&job, s).as_str(),
         );
-        let payload = encode("shard task", &task)?;
-        let ack = js
-            .publish_with_headers(subjects::work(&job, s), headers, payload.into())
+        let payload = bytes::Bytes::from(encode("shard task", &task)?);
+        let subject = subjects::work(&job, s);
+        match js
+            .publish_with_headers(subject.clone(), headers.clone(), payload.clone())
             .await
-            .with_context(|| format!("publishing shard {s} of job {job}"))?;
-        acks.push(ack.into_future());
+        {
+            Ok(ack) => {
+                let ack = ack.into_future();
+                acks.push(async move {
+                    Unconfirmed {
+                        subject,
+                        headers,
+                        payload,
+                        ack: ack.await,
+                    }
+                });
+            }
+            Err(e) if resilient::transient_publish(&e) => {
+                let ack = resilient::publish_confirmed(
+                    &js,
+                    &subject,
+                    headers,
+                    payload,
+                    resilient::PATIENCE,
+                )
+                .await;
+                count(ack, &mut published, &mut duplicates)?;
+            }
+            Err(e) => {
+                return Err(e).with_context(|| format!("publishing shard {s} of job {job}"));
+            }
+        }
         if last_report.elapsed().as_secs() >= 2 {
             last_report = Instant::now();
             tracing::info!(job = %job, shard = s, shards, "publishing");
         }
         while acks.len() >= PUBLISH_WINDOW {
             if let Some(a) = acks.next().await {
-                count(a, &mut published, &mut duplicates)?;
+                count(a.settle(&js).await, &mut published, &mut duplicates)?;
             }
         }
     }
     while let Some(a) = acks.next().await {
-        count(a, &mut published, &mut duplicates)?;
+        count(a.settle(&js).await, &mut published, &mut duplicates)?;
     }
     let report = SubmitReport {
         job,
@@ -270,6 +297,39 @@ fn gen_defaults(args: &SubmitArgs, context: Option<u32>) -> anyhow::Result<GenDe
 
 fn reader_hash<R: std::io::Read>(reader: JsonlReader<BufReader<HashingReader<R>>>) -> Vec<u8> {
     reader.into_inner().into_inner().hasher.finalize().to_vec()
+}
+
+/// A shard task published, with what it takes to publish it again.
+struct Unconfirmed {
+    subject: String,
+    headers: async_nats::HeaderMap,
+    payload: bytes::Bytes,
+    ack: Result<jetstream::publish::PublishAck, jetstream::context::PublishError>,
+}
+
+impl Unconfirmed {
+    /// The stream's confirmation; one lost to a leader election or a
+    /// reconnect is sought again (the message id keeps the shard from being
+    /// stored twice).
+    async fn settle(
+        self,
+        js: &jetstream::Context,
+    ) -> Result<jetstream::publish::PublishAck, jetstream::context::PublishError> {
+        match self.ack {
+            Err(e) if resilient::transient_publish(&e) => {
+                tracing::debug!(subject = %self.subject, error = %e, "shard not confirmed; publishing it again");
+                resilient::publish_confirmed(
+                    js,
+                    &self.subject,
+                    self.headers,
+                    self.payload,
+                    resilient::PATIENCE,
+                )
+                .await
+            }
+            other => other,
+        }
+    }
 }
 
 fn count(

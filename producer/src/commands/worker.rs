@@ -47,7 +47,7 @@ async fn connect(
 /// Lists workers: the last heartbeat of each, with the registry's verdict.
 pub async fn list(endpoints: &Endpoints, json: bool) -> anyhow::Result<String> {
     let (_client, js) = connect(endpoints, "minions worker list").await?;
-    let kv = streams::workers_kv(&js).await?;
+    let kv = streams::workers_kv(&js, usize::from(endpoints.replication.replicas)).await?;
     let beats = snapshot::last_heartbeats(&js).await?;
     let mut rows = BTreeMap::new();
     for hb in beats {

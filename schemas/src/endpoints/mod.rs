@@ -6,6 +6,7 @@ pub mod exit;
 pub mod host;
 pub mod logging;
 pub mod nats;
+pub mod resilient;
 pub mod signals;
 pub mod snapshot;
 pub mod store;

@@ -42,6 +42,16 @@ pub enum NatsConnectError {
     /// The settings contradict each other.
     #[error("{0}")]
     Settings(String),
+    /// A server address in the URL list cannot be read.
+    #[error(
+        "NATS URL {given:?}: {reason} (give one URL or several separated by commas, e.g. nats://a:4222,nats://b:4222)"
+    )]
+    Url {
+        /// The address that could not be read.
+        given: String,
+        /// Why.
+        reason: String,
+    },
     /// The server runs without JetStream.
     #[error(
         "nats-server at {url} runs without JetStream; start it with -js (or `jetstream {{}}` in its config)"
@@ -135,7 +145,7 @@ impl NatsSecurity {
         self.nats_tls
             || self.nats_ca.is_some()
             || self.nats_cert.is_some()
-            || url.starts_with("tls://")
+            || url.split(',').any(|u| u.trim().starts_with("tls://"))
     }
 
     /// Connect options carrying these settings; every named file is checked
@@ -203,6 +213,39 @@ impl NatsSecurity {
     }
 }
 
+/// Most servers one URL list may name.
+pub const MAX_SERVERS: usize = 32;
+
+/// Reads a server list: one URL, or several separated by commas (the
+/// servers of one cluster; the client picks any and moves to another when
+/// it is lost). Empty entries are refused, as are more than
+/// [`MAX_SERVERS`].
+pub fn server_addrs(url: &str) -> Result<Vec<async_nats::ServerAddr>, NatsConnectError> {
+    let parts: Vec<&str> = url.split(',').map(str::trim).collect();
+    if parts.len() > MAX_SERVERS {
+        return Err(NatsConnectError::Url {
+            given: url.to_owned(),
+            reason: format!("{} servers named, at most {MAX_SERVERS}", parts.len()),
+        });
+    }
+    parts
+        .into_iter()
+        .map(|part| {
+            if part.is_empty() {
+                return Err(NatsConnectError::Url {
+                    given: url.to_owned(),
+                    reason: "an empty entry".to_owned(),
+                });
+            }
+            part.parse::<async_nats::ServerAddr>()
+                .map_err(|e| NatsConnectError::Url {
+                    given: part.to_owned(),
+                    reason: e.to_string(),
+                })
+        })
+        .collect()
+}
+
 fn refusal_feed() -> &'static tokio::sync::broadcast::Sender<String> {
     static FEED: std::sync::OnceLock<tokio::sync::broadcast::Sender<String>> =
         std::sync::OnceLock::new();
@@ -217,7 +260,8 @@ pub fn refusals() -> tokio::sync::broadcast::Receiver<String> {
     refusal_feed().subscribe()
 }
 
-/// Connects to `url` as `name` (shown in the server's connection list) with
+/// Connects to `url` (one server, or a cluster's servers separated by
+/// commas) as `name` (shown in the server's connection list) with
 /// `security`, waits for the server's greeting, and refuses servers older
 /// than [`crate::streams::MIN_SERVER_VERSION`] or without JetStream. A
 /// refused TLS handshake or credential fails at once with its cause.
@@ -226,6 +270,7 @@ pub async fn connect(
     security: &NatsSecurity,
     name: &str,
 ) -> Result<async_nats::Client, NatsConnectError> {
+    let servers = server_addrs(url)?;
     let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(4);
     let client = security
         .options(url)
@@ -249,7 +294,7 @@ pub async fn connect(
                 }
             }
         })
-        .connect(url)
+        .connect(servers)
         .await
         .map_err(|source| NatsConnectError::Connect {
             url: url.to_owned(),
@@ -291,5 +336,33 @@ pub async fn connect(
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_lists() {
+        let one = server_addrs("nats://127.0.0.1:4222").map(|v| v.len());
+        assert_eq!(one.ok(), Some(1));
+        let three = server_addrs("nats://a:4222, nats://b:4223,tls://c:4224").map(|v| v.len());
+        assert_eq!(three.ok(), Some(3));
+        let empty = server_addrs("nats://a:4222,,nats://b:4222").err();
+        assert!(
+            empty.is_some_and(|e| e.to_string().contains("empty entry")),
+            "an empty entry must be refused"
+        );
+        let bad = server_addrs("nats://a:4222,http://b:4222")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(bad.contains("http://b:4222"), "{bad}");
+        let many = vec!["nats://a:4222"; MAX_SERVERS + 1].join(",");
+        assert!(server_addrs(&many).is_err());
+        let s = NatsSecurity::default();
+        assert!(s.tls("nats://a:4222,tls://b:4222"));
+        assert!(!s.tls("nats://a:4222,nats://b:4222"));
     }
 }

@@ -81,7 +81,37 @@ pub struct ShardEvent {
     pub kind: EventKind,
 }
 
+impl EventKind {
+    /// The variant's name, for message ids and logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Submitted { .. } => "submitted",
+            Self::Started => "started",
+            Self::Done { .. } => "done",
+            Self::Progress { .. } => "progress",
+            Self::Requeued => "requeued",
+            Self::HandedBack { .. } => "handed-back",
+            Self::Failed { .. } => "failed",
+        }
+    }
+}
+
 impl ShardEvent {
+    /// The event's message id: the same for every retried publish of this
+    /// event (so the events stream stores it once), different for any
+    /// other event.
+    pub fn msg_id(&self) -> String {
+        format!(
+            "{}/{}/{}/{}/{}/{}",
+            self.job,
+            self.shard,
+            self.worker,
+            self.attempt,
+            self.kind.name(),
+            self.at_ms
+        )
+    }
+
     /// Whether `subject` is the one this event's sender publishes it on. An
     /// event on another subject claims a sender whose identity did not send
     /// it (or comes from an older release); readers ignore it.

@@ -1,0 +1,138 @@
+//! A real nats-server cluster on loopback: nodes `n1`..`nN`, each a
+//! [`NatsServer`] with its own client port, route port and store, routed to
+//! every other, JetStream on. Killable and restartable one by one.
+
+use std::time::{Duration, Instant};
+
+use crate::{NatsServer, Result, free_port};
+
+/// The cluster's name in every node's config.
+pub const CLUSTER_NAME: &str = "minions-test";
+
+/// Starts `n` routed servers and waits until their JetStream has a meta
+/// leader (streams can be created).
+pub async fn start(n: usize) -> Result<Vec<NatsServer>> {
+    let routes: Vec<u16> = (0..n).map(|_| free_port()).collect::<Result<_>>()?;
+    let route_urls = routes
+        .iter()
+        .map(|p| format!("nats://127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut nodes = Vec::with_capacity(n);
+    for (i, route) in routes.iter().enumerate() {
+        let name = format!("n{}", i + 1);
+        let keep: Vec<String> = vec![
+            "--server_name".into(),
+            name.clone(),
+            "--cluster_name".into(),
+            CLUSTER_NAME.into(),
+            "--cluster".into(),
+            format!("nats://127.0.0.1:{route}"),
+            "--routes".into(),
+            route_urls.clone(),
+        ];
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("minions-nats-{name}-"))
+            .tempdir()?;
+        let port = free_port()?;
+        let args: Vec<&str> = keep.iter().map(String::as_str).collect();
+        let proc = NatsServer::spawn_with(dir.path(), port, false, &args)?;
+        let mut node = NatsServer::from_parts(proc, port, None, dir);
+        node.server_name = name;
+        node.keep = keep;
+        nodes.push(node);
+    }
+    wait_ready(&url(&nodes), Duration::from_secs(30)).await?;
+    Ok(nodes)
+}
+
+/// The URL list naming every node.
+pub fn url(nodes: &[NatsServer]) -> String {
+    nodes.iter().map(|n| n.url()).collect::<Vec<_>>().join(",")
+}
+
+/// A client that knows every node in `url` (a comma-separated list) and
+/// moves to another when its server goes.
+pub async fn client(url: &str) -> Result<async_nats::Client> {
+    let servers = minions_schemas::endpoints::nats::server_addrs(url)?;
+    Ok(async_nats::ConnectOptions::new()
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .connect(servers)
+        .await?)
+}
+
+/// Waits until JetStream answers through `url` (a meta leader is elected).
+pub async fn wait_ready(url: &str, within: Duration) -> Result<()> {
+    let js = async_nats::jetstream::new(client(url).await?);
+    let until = Instant::now() + within;
+    loop {
+        match js.query_account().await {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() > until => {
+                return Err(format!("no JetStream meta leader within {within:?}: {e}").into());
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// The server name of the leader of `stream`, asked through `js` (retried
+/// while an election is under way, up to `within`).
+pub async fn stream_leader(
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+    within: Duration,
+) -> Result<String> {
+    let until = Instant::now() + within;
+    loop {
+        let leader = match js.get_stream(stream).await {
+            Ok(mut s) => s
+                .info()
+                .await
+                .ok()
+                .and_then(|i| i.cluster.as_ref().and_then(|c| c.leader.clone())),
+            Err(_) => None,
+        };
+        match leader {
+            Some(l) if !l.is_empty() => return Ok(l),
+            _ if Instant::now() > until => {
+                return Err(format!("stream {stream} has no leader after {within:?}").into());
+            }
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// The server name of the leader of `consumer` on `stream`.
+pub async fn consumer_leader(
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+    consumer: &str,
+    within: Duration,
+) -> Result<String> {
+    let until = Instant::now() + within;
+    loop {
+        let leader = match js.get_stream(stream).await {
+            Ok(s) => match s
+                .get_consumer::<async_nats::jetstream::consumer::pull::Config>(consumer)
+                .await
+            {
+                Ok(mut c) => c
+                    .info()
+                    .await
+                    .ok()
+                    .and_then(|i| i.cluster.as_ref().and_then(|c| c.leader.clone())),
+                Err(_) => None,
+            },
+            Err(_) => None,
+        };
+        match leader {
+            Some(l) if !l.is_empty() => return Ok(l),
+            _ if Instant::now() > until => {
+                return Err(format!("consumer {consumer} has no leader after {within:?}").into());
+            }
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
