@@ -10,6 +10,7 @@
 //! models/blobs/<hash>/manifest.msgpack    model manifest (its SHA-256 is <hash>)
 //! models/blobs/<hash>/files/<name>        model files
 //! models/names/<name>.msgpack             name -> hash record (mutable)
+//! watchdog/checkpoints/<seq:020>.msgpack   a watchdog's folded events up to stream sequence <seq>
 //! ```
 //! Keys are built only from validated ids and checked file names.
 
@@ -76,6 +77,25 @@ pub fn model_name(name: &ModelName) -> String {
 /// The folder of model name records.
 pub const MODEL_NAMES: &str = "models/names";
 
+/// The folder of the watchdogs' checkpoints of their folded event state.
+pub const WATCHDOG_CHECKPOINTS: &str = "watchdog/checkpoints";
+
+/// The key of a watchdog checkpoint that covers the events stream up to
+/// sequence `seq` (zero-padded, so that names sort as sequences do).
+pub fn watchdog_checkpoint(seq: u64) -> String {
+    format!("{WATCHDOG_CHECKPOINTS}/{seq:020}.msgpack")
+}
+
+/// The sequence a watchdog checkpoint key names, if it is one.
+pub fn watchdog_checkpoint_seq(key: &str) -> Option<u64> {
+    let name = key.strip_prefix(WATCHDOG_CHECKPOINTS)?.strip_prefix('/')?;
+    let digits = name.strip_suffix(".msgpack")?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
 /// Whether `name` may be a model file name: one path segment of letters,
 /// digits, `.`, `-`, `_`, not starting with `.`, at most 128 bytes.
 pub fn valid_model_file_name(name: &str) -> bool {
@@ -96,6 +116,14 @@ mod tests {
         let j = JobId::new("j")?;
         assert_eq!(shard_output(&j, 3), "jobs/j/outputs/00000003.msgpack");
         assert_eq!(shard_input(&j, 12), "jobs/j/inputs/00000012.msgpack");
+        let k = watchdog_checkpoint(42);
+        assert_eq!(k, "watchdog/checkpoints/00000000000000000042.msgpack");
+        assert_eq!(watchdog_checkpoint_seq(&k), Some(42));
+        assert_eq!(
+            watchdog_checkpoint_seq("watchdog/checkpoints/42.msgpack"),
+            None
+        );
+        assert_eq!(watchdog_checkpoint_seq("jobs/j/spec.msgpack"), None);
         Ok(())
     }
 

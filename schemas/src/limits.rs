@@ -25,3 +25,9 @@ pub const MAX_DEPTH: usize = 32;
 pub const MAX_SHARD_RECORDS: u32 = 1_000_000;
 /// Longest single input record text, in bytes.
 pub const MAX_TEXT_BYTES: usize = 1024 * 1024;
+/// A watchdog's checkpoint of its folded event state in the store (it grows
+/// with the shards of the jobs the events stream still holds: tens of bytes
+/// a shard).
+pub const MAX_WATCHDOG_CHECKPOINT_BYTES: usize = 1 << 31;
+/// The header of a watchdog checkpoint (which stream sequence it covers).
+pub const MAX_CHECKPOINT_HEADER_BYTES: usize = 64 * 1024;

@@ -170,6 +170,112 @@ pub struct JobFold {
     handed_back: u64,
 }
 
+/// A [`JobFold`] as it is saved (a watchdog checkpoint): the spec and each
+/// shard's state as a compact tuple `(done, running, failed reason,
+/// attempts, tokens)`; the running totals and the failed-shard list are
+/// derived again on loading, so a saved fold cannot carry totals that
+/// disagree with its shards.
+#[derive(Serialize)]
+struct SavedFoldRef<'a> {
+    spec: &'a JobSpec,
+    shards: SavedShardsRef<'a>,
+    first_start: Option<u64>,
+    last_done: Option<u64>,
+    handed_back: u64,
+}
+
+struct SavedShardsRef<'a>(&'a [ShardState]);
+
+impl Serialize for SavedShardsRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        ser.collect_seq(
+            self.0
+                .iter()
+                .map(|s| (s.done, s.running, &s.failed, s.attempts, s.tokens)),
+        )
+    }
+}
+
+/// The owned form of [`SavedFoldRef`].
+#[derive(Deserialize)]
+struct SavedFold {
+    spec: JobSpec,
+    shards: Vec<(bool, bool, Option<String>, u64, u64)>,
+    first_start: Option<u64>,
+    last_done: Option<u64>,
+    handed_back: u64,
+}
+
+impl Serialize for JobFold {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        SavedFoldRef {
+            spec: &self.spec,
+            shards: SavedShardsRef(&self.shards),
+            first_start: self.first_start,
+            last_done: self.last_done,
+            handed_back: self.handed_back,
+        }
+        .serialize(ser)
+    }
+}
+
+impl<'de> Deserialize<'de> for JobFold {
+    /// Refuses a fold whose shard list does not match its spec's shard
+    /// count; derives the totals from the shards.
+    fn deserialize<D: serde::Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        let saved = SavedFold::deserialize(de)?;
+        let want = usize::try_from(saved.spec.shards).unwrap_or(usize::MAX);
+        if saved.shards.len() != want {
+            return Err(serde::de::Error::custom(format!(
+                "job {} has {} shards but its saved fold holds {}",
+                saved.spec.job,
+                saved.spec.shards,
+                saved.shards.len()
+            )));
+        }
+        let shards: Vec<ShardState> = saved
+            .shards
+            .into_iter()
+            .map(|(done, running, failed, attempts, tokens)| ShardState {
+                done,
+                running,
+                failed,
+                attempts,
+                tokens,
+            })
+            .collect();
+        let mut totals = Totals::default();
+        let mut failed = std::collections::BTreeMap::new();
+        for (i, s) in (0u32..).zip(&shards) {
+            totals.redeliveries = totals
+                .redeliveries
+                .saturating_add(s.attempts.saturating_sub(1));
+            totals.tokens = totals.tokens.saturating_add(s.tokens);
+            match s.class() {
+                Class::Done => {
+                    totals.done += 1;
+                    totals.records_done += saved.spec.shard_rows(i);
+                }
+                Class::Failed => {
+                    totals.failed += 1;
+                    failed.insert(i, (s.failed.clone().unwrap_or_default(), s.attempts));
+                }
+                Class::Running => totals.running += 1,
+                Class::Pending => {}
+            }
+        }
+        Ok(Self {
+            spec: saved.spec,
+            shards,
+            totals,
+            failed,
+            first_start: saved.first_start,
+            last_done: saved.last_done,
+            handed_back: saved.handed_back,
+        })
+    }
+}
+
 impl JobFold {
     /// An empty fold for the job `spec` describes.
     pub fn new(spec: JobSpec) -> Self {
@@ -557,6 +663,43 @@ mod tests {
         );
         assert_eq!(failed.state, JobState::Failed);
         assert!(failed.render().contains("completed with 1 failed"));
+        Ok(())
+    }
+
+    #[test]
+    fn a_saved_fold_loads_with_the_same_progress() -> Result<(), Box<dyn std::error::Error>> {
+        let spec = spec()?;
+        let mut f = JobFold::new(spec.clone());
+        for e in [
+            ev(0, 1, 1000, EventKind::Started)?,
+            ev(0, 1, 2000, done())?,
+            ev(1, 2, 1500, EventKind::Started)?,
+            ev(
+                2,
+                3,
+                1700,
+                EventKind::Failed {
+                    reason: "bad input".into(),
+                    permanent: true,
+                },
+            )?,
+        ] {
+            f.apply(&e);
+        }
+        let bytes = rmp_serde::to_vec_named(&f)?;
+        let g: JobFold = rmp_serde::from_slice(&bytes)?;
+        assert_eq!(g.progress(3000), f.progress(3000));
+        assert_eq!(rmp_serde::to_vec_named(&g)?, bytes);
+        // A fold whose shards do not match its spec is refused.
+        let mut short = spec;
+        short.shards = 3;
+        let mut h = JobFold::new(short);
+        h.shards.push(ShardState::default());
+        let err = rmp_serde::from_slice::<JobFold>(&rmp_serde::to_vec_named(&h)?).err();
+        assert!(err.is_some_and(|e| {
+            e.to_string()
+                .contains("has 3 shards but its saved fold holds 4")
+        }));
         Ok(())
     }
 

@@ -47,6 +47,19 @@ pub struct WatchdogArgs {
     /// behind an authenticating proxy.
     #[arg(long, env = "MINIONS_WATCHDOG_LISTEN", default_value = DEFAULT_LISTEN)]
     pub listen: String,
+    /// Checkpoint the folded events (job progress, counters) to the store
+    /// after this many events (at most every 30 s), after every
+    /// --checkpoint-secs while events flow, once caught up and on a clean
+    /// stop; a restart then reads only the events after the newest one.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub checkpoint_events: u64,
+    /// Seconds between checkpoints while any event arrives.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    pub checkpoint_secs: u64,
+    /// Neither read nor write checkpoints: every start replays the whole
+    /// events stream.
+    #[arg(long)]
+    pub no_checkpoints: bool,
 }
 
 /// The dashboard's default address.
@@ -67,6 +80,12 @@ impl WatchdogArgs {
             sweep_every: Duration::from_millis(100),
             listen: (self.listen != "off").then_some(self.listen),
             queue_poll: Duration::from_secs(1),
+            checkpoints: crate::checkpoint::CheckpointPolicy {
+                disabled: self.no_checkpoints,
+                every_events: self.checkpoint_events,
+                every: Duration::from_secs(self.checkpoint_secs),
+                ..Default::default()
+            },
             name: self.name.unwrap_or_else(|| {
                 format!("watchdog-{}", host::id_prefix(&host::host_name(), "host"))
             }),

@@ -4,6 +4,12 @@
 //! check of what is already there, create-or-compare puts), so several
 //! watchdogs, or one that restarts and replays the events, write each once.
 //! It also folds every event into the shared [`View`] for the dashboard.
+//!
+//! Its state (and the view's jobs) can be saved and restored as a
+//! checkpoint ([`crate::checkpoint`]): what it has folded records what it
+//! has already written (each job's last manifest outcome) and what it could
+//! not write yet (dead letters to retry), so that a watchdog that resumes
+//! from a checkpoint neither rewrites nor loses any of it.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -17,6 +23,7 @@ use minions_schemas::{
 };
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions};
+use serde::{Deserialize, Serialize};
 
 use crate::view::View;
 
@@ -99,12 +106,121 @@ impl JobTrack {
     }
 }
 
+/// A dead-letter record that could not be written yet; retried by
+/// [`Tracker::resume`] (and saved with a checkpoint, so it is not lost).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingDead {
+    /// The job.
+    pub job: JobId,
+    /// The shard that failed for good.
+    pub shard: u32,
+    /// Why.
+    pub reason: String,
+    /// The delivery it failed on (the record's message id carries it).
+    pub attempt: u64,
+}
+
+/// One shard's track as a checkpoint saves it:
+/// `(shard, done by (worker, sha256, ms), failed reason, attempts, hosts)`.
+type SavedShard = (
+    u32,
+    Option<(WorkerId, String, u64)>,
+    Option<String>,
+    u64,
+    Vec<String>,
+);
+
+struct SavedShardsRef<'a>(&'a BTreeMap<u32, ShardTrack>);
+
+impl Serialize for SavedShardsRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        ser.collect_seq(
+            self.0
+                .iter()
+                .map(|(i, s)| (i, &s.done, &s.failed, s.attempts, &s.hosts)),
+        )
+    }
+}
+
+#[derive(Serialize)]
+pub(crate) struct SavedJobRef<'a> {
+    job: &'a JobId,
+    spec: &'a Option<JobSpec>,
+    shards: SavedShardsRef<'a>,
+    manifest: Option<(u32, u32)>,
+}
+
+#[derive(Deserialize)]
+struct SavedJob {
+    job: JobId,
+    spec: Option<JobSpec>,
+    shards: Vec<SavedShard>,
+    manifest: Option<(u32, u32)>,
+}
+
+/// The tracker's state as a checkpoint saves it, borrowed; jobs sorted by
+/// id, so that equal states save to equal bytes. Its layout is that of
+/// [`SavedTracker`].
+#[derive(Serialize)]
+pub struct SavedTrackerRef<'a> {
+    pub(crate) jobs: Vec<SavedJobRef<'a>>,
+    pub(crate) pending_dead: &'a [PendingDead],
+}
+
+/// The tracker's state as a checkpoint holds it; see [`Tracker::restore`].
+#[derive(Deserialize)]
+pub struct SavedTracker {
+    jobs: Vec<SavedJob>,
+    pending_dead: Vec<PendingDead>,
+}
+
+#[cfg(test)]
+impl SavedTracker {
+    /// Forgets every manifest written, as if the store had refused them.
+    pub(crate) fn forget_manifests(&mut self) {
+        for j in &mut self.jobs {
+            j.manifest = None;
+        }
+    }
+}
+
+/// Why a checkpoint's state cannot be restored.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    /// The tracker's part names a job twice.
+    #[error("the saved tracker holds job {0} twice")]
+    DuplicateJob(JobId),
+    /// A job's shard appears twice.
+    #[error("the saved tracker holds shard {1} of job {0} twice")]
+    DuplicateShard(JobId, u32),
+    /// The view's part is inconsistent.
+    #[error(transparent)]
+    View(#[from] crate::view::jobs::DuplicateJob),
+}
+
 /// Follows shard events for every job.
 pub struct Tracker {
     jobs: HashMap<JobId, JobTrack>,
-    js: jetstream::Context,
+    /// Where dead letters go (None: nowhere, they stay pending; tests).
+    js: Option<jetstream::Context>,
     store: std::sync::Arc<dyn ObjectStore>,
     view: std::sync::Arc<View>,
+    /// Dead-letter records not written yet.
+    pending_dead: Vec<PendingDead>,
+    /// Why the view missed an event because the store failed, if it did: a
+    /// checkpoint would keep that gap, so none is written until a restart
+    /// folds those events again.
+    lossy: Option<String>,
+}
+
+/// What reading a job's spec found.
+enum SpecRead {
+    /// The spec.
+    Found(JobSpec),
+    /// There is none, or it is unreadable for good (too large, malformed).
+    Missing,
+    /// The store failed; another read may succeed.
+    Failed(String),
 }
 
 impl Tracker {
@@ -117,9 +233,168 @@ impl Tracker {
     ) -> Self {
         Self {
             jobs: HashMap::new(),
-            js,
+            js: Some(js),
             store,
             view,
+            pending_dead: Vec::new(),
+            lossy: None,
+        }
+    }
+
+    /// A tracker without NATS: dead letters are never written, only kept
+    /// pending.
+    #[cfg(test)]
+    pub(crate) fn offline(
+        store: std::sync::Arc<dyn ObjectStore>,
+        view: std::sync::Arc<View>,
+    ) -> Self {
+        Self {
+            jobs: HashMap::new(),
+            js: None,
+            store,
+            view,
+            pending_dead: Vec::new(),
+            lossy: None,
+        }
+    }
+
+    /// The state, borrowed in its saved form (the view's jobs are saved
+    /// beside it, see [`crate::checkpoint`]).
+    pub fn saved(&self) -> SavedTrackerRef<'_> {
+        let mut jobs: Vec<SavedJobRef<'_>> = self
+            .jobs
+            .iter()
+            .map(|(job, t)| SavedJobRef {
+                job,
+                spec: &t.spec,
+                shards: SavedShardsRef(&t.shards),
+                manifest: t.manifest,
+            })
+            .collect();
+        jobs.sort_by(|a, b| a.job.cmp(b.job));
+        SavedTrackerRef {
+            jobs,
+            pending_dead: &self.pending_dead,
+        }
+    }
+
+    /// The view this tracker folds into.
+    pub fn view(&self) -> &std::sync::Arc<View> {
+        &self.view
+    }
+
+    /// Replaces the state with a checkpoint's (tracker and view's jobs);
+    /// counts are derived again from the shards. On error nothing changes.
+    pub fn restore(
+        &mut self,
+        tracker: SavedTracker,
+        view: crate::view::jobs::SavedJobs,
+    ) -> Result<(), RestoreError> {
+        let mut jobs = HashMap::with_capacity(tracker.jobs.len());
+        for j in tracker.jobs {
+            let mut t = JobTrack {
+                spec: j.spec,
+                manifest: j.manifest,
+                ..Default::default()
+            };
+            for (shard, done, failed, attempts, hosts) in j.shards {
+                let s = ShardTrack {
+                    done,
+                    failed,
+                    attempts,
+                    hosts,
+                };
+                let (d, f) = s.outcome();
+                t.done += u32::from(d);
+                t.failed += u32::from(f);
+                if t.shards.insert(shard, s).is_some() {
+                    return Err(RestoreError::DuplicateShard(j.job, shard));
+                }
+            }
+            if jobs.insert(j.job.clone(), t).is_some() {
+                return Err(RestoreError::DuplicateJob(j.job));
+            }
+        }
+        let view = crate::view::jobs::JobsView::restore(view)?;
+        self.jobs = jobs;
+        self.pending_dead = tracker.pending_dead;
+        *self.view.jobs() = view;
+        Ok(())
+    }
+
+    /// Whether a checkpoint of the state may be written now: not after the
+    /// view missed an event because the store failed (the reason is given).
+    pub fn lossy(&self) -> Option<&str> {
+        self.lossy.as_deref()
+    }
+
+    /// Does what folded events asked for and is not done yet: dead-letter
+    /// records that could not be written and manifests of complete jobs
+    /// not written. Called after restoring a checkpoint and before each
+    /// checkpoint is written.
+    pub async fn resume(&mut self) {
+        for p in std::mem::take(&mut self.pending_dead) {
+            let s = self
+                .jobs
+                .get(&p.job)
+                .and_then(|t| t.shards.get(&p.shard))
+                .cloned()
+                .unwrap_or_default();
+            let payload = match self.spec(&p.job).await {
+                SpecRead::Found(spec) => encode("shard task", &spec.task(p.shard)).ok(),
+                _ => None,
+            };
+            let PendingDead {
+                job,
+                shard,
+                reason,
+                attempt,
+            } = p;
+            if !self
+                .dead_letter(
+                    &job,
+                    shard,
+                    reason.clone(),
+                    &s,
+                    attempt,
+                    payload.unwrap_or_default(),
+                )
+                .await
+            {
+                self.pending_dead.push(PendingDead {
+                    job,
+                    shard,
+                    reason,
+                    attempt,
+                });
+            }
+        }
+        let unwritten: Vec<JobId> = self
+            .jobs
+            .iter()
+            .filter(|(_, t)| {
+                t.spec
+                    .as_ref()
+                    .is_some_and(|s| t.done + t.failed >= s.shards)
+                    && t.manifest != Some((t.done, t.failed))
+            })
+            .map(|(job, _)| job.clone())
+            .collect();
+        for job in unwritten {
+            self.maybe_complete(&job).await;
+        }
+    }
+
+    /// Marks cancelled the jobs whose cancellation marker is in the store
+    /// though the view does not know it (cancelled while no watchdog
+    /// listened): called after restoring a checkpoint.
+    pub async fn recheck_cancellations(&self) {
+        let open = self.view.jobs().open_uncancelled();
+        for job in open {
+            let marker = StorePath::from(keys::job_cancelled(&job));
+            if self.store.head(&marker).await.is_ok() {
+                self.view.jobs().cancel(&job);
+            }
         }
     }
 
@@ -137,19 +412,28 @@ impl Tracker {
         }
         let dead = self.jobs.entry(job.clone()).or_default().fold(&e);
         if let Some((reason, s)) = dead {
-            let payload = self
-                .spec(&job)
+            let payload = match self.spec(&job).await {
+                SpecRead::Found(spec) => encode("shard task", &spec.task(e.shard)).ok(),
+                _ => None,
+            };
+            if !self
+                .dead_letter(
+                    &job,
+                    e.shard,
+                    reason.clone(),
+                    &s,
+                    e.attempt,
+                    payload.unwrap_or_default(),
+                )
                 .await
-                .and_then(|spec| encode("shard task", &spec.task(e.shard)).ok());
-            self.dead_letter(
-                &job,
-                e.shard,
-                reason,
-                &s,
-                e.attempt,
-                payload.unwrap_or_default(),
-            )
-            .await;
+            {
+                self.pending_dead.push(PendingDead {
+                    job: job.clone(),
+                    shard: e.shard,
+                    reason,
+                    attempt: e.attempt,
+                });
+            }
         }
         self.maybe_complete(&job).await;
     }
@@ -158,12 +442,24 @@ impl Tracker {
     async fn show(&mut self, e: &ShardEvent) {
         let known = self.view.jobs().knows(&e.job);
         if !known {
-            let Some(spec) = self.spec(&e.job).await else {
-                return;
+            let spec = match self.spec(&e.job).await {
+                SpecRead::Found(spec) => spec,
+                SpecRead::Missing => return,
+                SpecRead::Failed(why) => {
+                    self.missed(&e.job, why);
+                    return;
+                }
             };
             let model_mb = self.model_mb(&spec).await;
             let marker = StorePath::from(keys::job_cancelled(&e.job));
-            let cancelled = self.store.head(&marker).await.is_ok();
+            let cancelled = match self.store.head(&marker).await {
+                Ok(_) => true,
+                Err(object_store::Error::NotFound { .. }) => false,
+                Err(err) => {
+                    self.missed(&e.job, err.to_string());
+                    false
+                }
+            };
             self.view.jobs().add(spec, model_mb, cancelled);
         }
         self.view.jobs().apply(e);
@@ -182,20 +478,44 @@ impl Tracker {
         Some(total.div_ceil(1024 * 1024))
     }
 
-    async fn spec(&mut self, job: &JobId) -> Option<JobSpec> {
-        let track = self.jobs.entry(job.clone()).or_default();
-        if track.spec.is_none() {
-            let key = StorePath::from(keys::job_spec(job));
-            if let Ok(got) = self.store.get(&key).await
-                && got.meta.size <= limits::MAX_SPEC_BYTES as u64
-                && let Ok(bytes) = got.bytes().await
-            {
-                track.spec = decode("job spec", &bytes, limits::MAX_SPEC_BYTES).ok();
-            }
+    /// Notes that the view missed (part of) an event of `job` because the
+    /// store failed: no checkpoint is written from now on.
+    fn missed(&mut self, job: &JobId, why: String) {
+        if self.lossy.is_none() {
+            tracing::warn!(job = %job, error = %why,
+                "the store failed while a job was added to the view; no checkpoints until a restart folds its events again");
+            self.lossy = Some(format!("job {job}: {why}"));
         }
-        track.spec.clone()
     }
 
+    async fn spec(&mut self, job: &JobId) -> SpecRead {
+        let track = self.jobs.entry(job.clone()).or_default();
+        if let Some(spec) = &track.spec {
+            return SpecRead::Found(spec.clone());
+        }
+        let key = StorePath::from(keys::job_spec(job));
+        let got = match self.store.get(&key).await {
+            Ok(got) => got,
+            Err(object_store::Error::NotFound { .. }) => return SpecRead::Missing,
+            Err(e) => return SpecRead::Failed(e.to_string()),
+        };
+        if got.meta.size > limits::MAX_SPEC_BYTES as u64 {
+            return SpecRead::Missing;
+        }
+        let bytes = match got.bytes().await {
+            Ok(b) => b,
+            Err(e) => return SpecRead::Failed(e.to_string()),
+        };
+        match decode::<JobSpec>("job spec", &bytes, limits::MAX_SPEC_BYTES) {
+            Ok(spec) => {
+                track.spec = Some(spec.clone());
+                SpecRead::Found(spec)
+            }
+            Err(_) => SpecRead::Missing,
+        }
+    }
+
+    /// Writes a dead-letter record; true when it is stored (now or before).
     async fn dead_letter(
         &self,
         job: &JobId,
@@ -204,10 +524,13 @@ impl Tracker {
         s: &ShardTrack,
         attempt: u64,
         payload: Vec<u8>,
-    ) {
+    ) -> bool {
+        let Some(js) = &self.js else {
+            return false;
+        };
         let subject = subjects::dead(job, shard);
         // Already recorded for this delivery count (a replay after restart)?
-        if let Ok(stream) = self.js.get_stream(streams::DEAD_STREAM).await
+        if let Ok(stream) = js.get_stream(streams::DEAD_STREAM).await
             && let Ok(last) = stream.get_last_raw_message_by_subject(&subject).await
             && let Ok(old) = decode::<DeadLetter>(
                 "dead letter",
@@ -216,7 +539,7 @@ impl Tracker {
             )
             && old.deliveries == attempt
         {
-            return;
+            return true;
         }
         let record = DeadLetter {
             v: SCHEMA_VERSION,
@@ -236,7 +559,8 @@ impl Tracker {
             at_ms: now_ms(),
         };
         let Ok(bytes) = encode("dead letter", &record) else {
-            return;
+            // Not caused by input, and no retry would change it.
+            return true;
         };
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(
@@ -244,7 +568,7 @@ impl Tracker {
             format!("{job}/{shard}/{attempt}").as_str(),
         );
         match minions_schemas::endpoints::resilient::publish_confirmed(
-            &self.js,
+            js,
             &subject,
             headers,
             bytes.into(),
@@ -252,11 +576,16 @@ impl Tracker {
         )
         .await
         {
-            Ok(a) if !a.duplicate => {
-                tracing::warn!(job = %job, shard, deliveries = attempt, reason = %reason, hosts = ?s.hosts, "dead letter recorded")
+            Ok(a) => {
+                if !a.duplicate {
+                    tracing::warn!(job = %job, shard, deliveries = attempt, reason = %reason, hosts = ?s.hosts, "dead letter recorded")
+                }
+                true
             }
-            Ok(_) => {}
-            Err(e) => tracing::error!(job = %job, shard, error = %e, "dead letter not stored"),
+            Err(e) => {
+                tracing::error!(job = %job, shard, error = %e, "dead letter not stored; will retry");
+                false
+            }
         }
     }
 
@@ -273,7 +602,7 @@ impl Tracker {
         {
             return;
         }
-        let Some(spec) = self.spec(job).await else {
+        let SpecRead::Found(spec) = self.spec(job).await else {
             return;
         };
         let Some(track) = self.jobs.get(job) else {

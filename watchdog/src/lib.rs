@@ -12,14 +12,19 @@
 //! - [`dead_letters`] — max-deliveries advisories.
 //! - [`jobs`] — the job tracker: dead-letter records and manifests, and the
 //!   live progress of every job.
+//! - [`checkpoint`] — saving and restoring the tracker's folded events, so a
+//!   restart reads only the events stream's tail.
+//! - [`events`] — following the events stream into the tracker.
 //! - [`view`] — what the watchdog knows, shared with its web pages.
 //! - [`queue`] — the work queue as JetStream reports it.
 //! - [`explain`] — why a job's shards wait.
 //! - [`http`] — dashboard, JSON, `/metrics`, `/healthz`.
 //! - [`run`] — the loop.
 
+pub mod checkpoint;
 pub mod cli;
 pub mod dead_letters;
+pub mod events;
 pub mod explain;
 pub mod fleet;
 pub mod http;

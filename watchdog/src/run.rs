@@ -6,16 +6,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull::OrderedConfig};
+use async_nats::jetstream;
 use futures::StreamExt;
 use minions_schemas::endpoints::{nats, snapshot, store};
-use minions_schemas::messages::{Heartbeat, ShardEvent, WorkerState};
+use minions_schemas::messages::{Heartbeat, WorkerState};
 use minions_schemas::{JobId, WorkerId, decode, limits, streams, subjects};
 use tokio_util::sync::CancellationToken;
 
 use crate::dead_letters;
 use crate::fleet;
-use crate::jobs::Tracker;
 use crate::queue;
 use crate::registry::{Observation, Registry, Transition};
 use crate::view::View;
@@ -67,6 +66,8 @@ pub struct WatchdogConfig {
     pub listen: Option<String>,
     /// How often the work queue's figures are read.
     pub queue_poll: Duration,
+    /// When to checkpoint the folded events (see [`crate::checkpoint`]).
+    pub checkpoints: crate::checkpoint::CheckpointPolicy,
 }
 
 fn follow_err<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> WatchdogError {
@@ -151,56 +152,19 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
         .await
         .map_err(follow_err("advisories"))?;
 
-    // Events go to the job tracker in its own task, so a slow store never
+    // Events go to the job tracker in tasks of their own (restored from the
+    // newest checkpoint, then the stream's tail), so a slow store never
     // delays heartbeat handling.
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<ShardEvent>(4096);
-    let events_stream = js
-        .get_stream(streams::EVENTS_STREAM)
-        .await
-        .map_err(follow_err("the events stream"))?;
-    let events = events_stream
-        .create_consumer(OrderedConfig {
-            filter_subject: subjects::EVENT_SUBJECTS.to_owned(),
-            deliver_policy: DeliverPolicy::All,
-            ..Default::default()
-        })
-        .await
-        .map_err(follow_err("the events stream"))?;
-    let mut events = events
-        .messages()
-        .await
-        .map_err(follow_err("the events stream"))?;
     let stop_events = shutdown.child_token();
-    let reader = {
-        let stop = stop_events.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    m = events.next() => match m {
-                        Some(Ok(m)) => {
-                            if let Ok(e) = decode::<ShardEvent>("shard event", &m.payload, limits::MAX_EVENT_BYTES)
-                                && e.is_on(&m.subject)
-                                && tx.send(e).await.is_err()
-                            {
-                                break;
-                            }
-                        }
-                        Some(Err(e)) => tracing::warn!(error = %e, "reading events"),
-                        None => break,
-                    }
-                }
-            }
-        })
-    };
-    let tracker = {
-        let mut tracker = Tracker::new(js.clone(), store.clone(), view.clone());
-        tokio::spawn(async move {
-            while let Some(e) = rx.recv().await {
-                tracker.apply(e).await;
-            }
-        })
-    };
+    let tracker = crate::events::start(
+        &js,
+        store.clone(),
+        view.clone(),
+        config.checkpoints.clone(),
+        config.name.clone(),
+        stop_events.clone(),
+    )
+    .await?;
 
     // State changes are recorded (registry writes, hand-backs) by a task of
     // their own, in order: awaiting a registry round trip in this loop would
@@ -294,7 +258,6 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
     let _ = recorder.await;
     stop_events.cancel();
     stop_side.cancel();
-    let _ = reader.await;
     let _ = tracker.await;
     let _ = poller.await;
     if let Some(server) = server {

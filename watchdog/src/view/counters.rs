@@ -2,7 +2,7 @@
 //! shard outcomes once per shard (a duplicate delivery's second `done` is
 //! not a second shard), so they match the jobs' own totals.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Upper bounds (seconds) of the shard-duration histogram's buckets.
 pub const DURATION_BOUNDS: [f64; 13] = [
@@ -96,6 +96,59 @@ impl Default for Counters {
             redeliveries: 0,
             durations: Histogram::new(&DURATION_BOUNDS),
         }
+    }
+}
+
+/// [`Counters`] as a checkpoint holds them (the same fields as they
+/// serialize, with the histogram's bounds owned).
+#[derive(Deserialize)]
+struct SavedCounters {
+    done: u64,
+    failed: u64,
+    retried: u64,
+    handed_back: u64,
+    owner_handbacks: u64,
+    records: u64,
+    tokens: u64,
+    redeliveries: u64,
+    durations: SavedHistogram,
+}
+
+#[derive(Deserialize)]
+struct SavedHistogram {
+    bounds: Vec<f64>,
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl<'de> Deserialize<'de> for Counters {
+    /// Refuses a duration histogram whose bounds are not
+    /// [`DURATION_BOUNDS`] or whose counts do not fit them.
+    fn deserialize<D: serde::Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        let s = SavedCounters::deserialize(de)?;
+        let h = s.durations;
+        if h.bounds != DURATION_BOUNDS || h.counts.len() != DURATION_BOUNDS.len() + 1 {
+            return Err(serde::de::Error::custom(
+                "the saved duration histogram has other buckets than this build",
+            ));
+        }
+        Ok(Self {
+            done: s.done,
+            failed: s.failed,
+            retried: s.retried,
+            handed_back: s.handed_back,
+            owner_handbacks: s.owner_handbacks,
+            records: s.records,
+            tokens: s.tokens,
+            redeliveries: s.redeliveries,
+            durations: Histogram {
+                bounds: &DURATION_BOUNDS,
+                counts: h.counts,
+                sum: h.sum,
+                count: h.count,
+            },
+        })
     }
 }
 

@@ -8,6 +8,8 @@ use minions_schemas::messages::{EventKind, JobSpec, ShardEvent};
 use minions_schemas::progress::{JobFold, JobState, Progress};
 use minions_schemas::{JobId, WorkerId};
 
+use serde::{Deserialize, Serialize};
+
 use super::counters::Counters;
 
 /// Minutes of throughput history kept.
@@ -16,7 +18,7 @@ pub const HISTORY_MINUTES: u64 = 60;
 pub const WORKER_WINDOW_MS: u64 = 60_000;
 
 /// One job as the dashboard shows it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobEntry {
     /// The fold of its events.
     pub fold: JobFold,
@@ -197,6 +199,90 @@ impl JobsView {
                 .clamp(5_000, WORKER_WINDOW_MS);
             n as f64 / (span_ms as f64 / 1000.0)
         })
+    }
+}
+
+/// A worker's recent work as saved: (worker, first event ms, shards done).
+type SavedRecentRef<'a> = (&'a WorkerId, u64, &'a VecDeque<(u64, u64)>);
+/// The owned form of [`SavedRecentRef`].
+type SavedRecent = (WorkerId, u64, VecDeque<(u64, u64)>);
+
+/// The jobs view as a checkpoint saves it, borrowed (nothing is copied to
+/// save it). Its layout is that of [`SavedJobs`]; workers are sorted by id
+/// so that equal views save to equal bytes.
+#[derive(Serialize)]
+pub struct SavedJobsRef<'a> {
+    jobs: Vec<&'a JobEntry>,
+    counters: &'a Counters,
+    minutes: &'a VecDeque<(u64, u64)>,
+    recent: Vec<SavedRecentRef<'a>>,
+    since_purge: u64,
+}
+
+/// The jobs view as a checkpoint holds it; [`JobsView::restore`] turns it
+/// back into a view.
+#[derive(Debug, Deserialize)]
+pub struct SavedJobs {
+    jobs: Vec<JobEntry>,
+    counters: Counters,
+    minutes: VecDeque<(u64, u64)>,
+    recent: Vec<SavedRecent>,
+    since_purge: u64,
+}
+
+/// A saved jobs view that cannot be restored.
+#[derive(Debug, thiserror::Error)]
+#[error("the saved jobs view holds job {0} twice")]
+pub struct DuplicateJob(pub JobId);
+
+impl JobsView {
+    /// The view, borrowed in its saved form.
+    pub fn saved(&self) -> SavedJobsRef<'_> {
+        let mut recent: Vec<_> = self
+            .recent
+            .iter()
+            .map(|(id, r)| (id, r.first_ms, &r.done))
+            .collect();
+        recent.sort_by(|a, b| a.0.cmp(b.0));
+        SavedJobsRef {
+            jobs: self.jobs.values().collect(),
+            counters: &self.counters,
+            minutes: &self.minutes,
+            recent,
+            since_purge: self.since_purge,
+        }
+    }
+
+    /// The view a checkpoint saved; refuses one that holds a job twice.
+    pub fn restore(saved: SavedJobs) -> Result<Self, DuplicateJob> {
+        let mut jobs = BTreeMap::new();
+        for j in saved.jobs {
+            let id = j.fold.spec().job.clone();
+            if jobs.insert(id.clone(), j).is_some() {
+                return Err(DuplicateJob(id));
+            }
+        }
+        Ok(Self {
+            jobs,
+            counters: saved.counters,
+            minutes: saved.minutes,
+            recent: saved
+                .recent
+                .into_iter()
+                .map(|(id, first_ms, done)| (id, Recent { first_ms, done }))
+                .collect(),
+            since_purge: saved.since_purge,
+        })
+    }
+
+    /// Jobs not done and not marked cancelled: a cancellation sent while
+    /// no watchdog listened is found only by looking at the store.
+    pub fn open_uncancelled(&self) -> Vec<JobId> {
+        self.jobs
+            .iter()
+            .filter(|(_, j)| !j.cancelled && j.fold.progress(0).state != JobState::Done)
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 }
 
