@@ -1,5 +1,16 @@
 //! Helpers of the benchmark binaries (`src/bin/bench_*.rs`): flags, and
-//! what `/proc` says about a process.
+//! what `/proc` says about a process, a job's events followed live.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use minions_schemas::messages::{EventKind, ShardEvent};
+use minions_schemas::{JobId, decode, limits, subjects};
+use minions_worker::model::tiny::TinySpec;
+
+use crate::Result;
 
 /// Prints a result line to stdout (the tables are the point of a benchmark).
 #[macro_export]
@@ -221,4 +232,102 @@ pub fn job(
         return Err(format!("job {id}: {rows} vectors for {n} texts").into());
     }
     Ok(n as f64 / secs)
+}
+
+/// The near no-op model of the dispatch and latency runs.
+pub const NOOP: TinySpec = TinySpec {
+    hidden: 8,
+    layers: 1,
+    heads: 1,
+    max_len: 16,
+};
+
+/// A job's events, followed live from before it is submitted.
+pub struct JobWatch {
+    sub: async_nats::Subscriber,
+    /// Shards done so far.
+    pub done: HashSet<u32>,
+    /// The latest `done` event's time (ms since the epoch).
+    pub last_done_ms: u64,
+    /// Starts seen: (shard, worker, attempt, time ms).
+    pub started: Vec<(u32, String, u64, u64)>,
+}
+
+impl JobWatch {
+    /// Subscribes to `job`'s events (before it is submitted).
+    pub async fn new(client: &async_nats::Client, job: &str) -> Result<Self> {
+        let sub = client
+            .subscribe(subjects::job_events(&JobId::new(job)?))
+            .await?;
+        client.flush().await?;
+        Ok(Self {
+            sub,
+            done: HashSet::new(),
+            last_done_ms: 0,
+            started: Vec::new(),
+        })
+    }
+
+    /// Reads the next event, up to `until`.
+    pub async fn next(&mut self, until: Instant) -> Result<()> {
+        let left = until.saturating_duration_since(Instant::now());
+        let m = tokio::time::timeout(left, self.sub.next())
+            .await
+            .map_err(|_| "timed out waiting for the job's events")?
+            .ok_or("event subscription ended")?;
+        let e: ShardEvent = decode("shard event", &m.payload, limits::MAX_EVENT_BYTES)?;
+        match e.kind {
+            EventKind::Done { .. } => {
+                self.done.insert(e.shard);
+                self.last_done_ms = self.last_done_ms.max(e.at_ms);
+            }
+            EventKind::Started => {
+                self.started
+                    .push((e.shard, e.worker.to_string(), e.attempt, e.at_ms));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Waits until `shards` shards are done; returns the last done time (ms).
+    pub async fn all_done(&mut self, shards: usize, within: Duration) -> Result<u64> {
+        let until = Instant::now() + within;
+        while self.done.len() < shards {
+            self.next(until).await?;
+        }
+        Ok(self.last_done_ms)
+    }
+
+    /// Waits for a start of `shard` by a worker `pred` accepts; returns
+    /// (worker, start time ms).
+    pub async fn started(
+        &mut self,
+        shard: u32,
+        within: Duration,
+        pred: impl Fn(&str) -> bool,
+    ) -> Result<(String, u64)> {
+        let until = Instant::now() + within;
+        loop {
+            if let Some((_, w, _, at)) = self
+                .started
+                .iter()
+                .find(|(s, w, _, _)| *s == shard && pred(w))
+            {
+                return Ok((w.clone(), *at));
+            }
+            self.next(until).await?;
+        }
+    }
+}
+
+/// Writes `n` records of one short text each.
+pub fn write_short(path: &Path, n: usize) -> Result<()> {
+    use std::io::Write as _;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    for i in 0..n {
+        writeln!(f, "{{\"id\":\"r{i}\",\"text\":\"a dog runs {i}\"}}")?;
+    }
+    f.flush()?;
+    Ok(())
 }

@@ -136,3 +136,32 @@ pub async fn consumer_leader(
         }
     }
 }
+
+/// Waits until `stream` has a leader and every other replica is current
+/// and online (a restarted server has caught up).
+pub async fn wait_current(
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+    within: Duration,
+) -> Result<()> {
+    let until = Instant::now() + within;
+    loop {
+        let ok = match js.get_stream(stream).await {
+            Ok(mut s) => s.info().await.ok().is_some_and(|i| {
+                i.cluster.as_ref().is_some_and(|c| {
+                    c.leader.is_some()
+                        && c.replicas.len() + 1 == i.config.num_replicas
+                        && c.replicas.iter().all(|p| p.current && !p.offline)
+                })
+            }),
+            Err(_) => false,
+        };
+        if ok {
+            return Ok(());
+        }
+        if Instant::now() > until {
+            return Err(format!("{stream}: replicas not current within {within:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

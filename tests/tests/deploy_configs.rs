@@ -1,5 +1,6 @@
-//! Every nats-server config shipped under deploy/ is accepted by the real
-//! server (`nats-server -t` checks a config and exits).
+//! Every nats-server config shipped under deploy/nats (its folders
+//! included) is accepted by the real server (`nats-server -t` checks a
+//! config and exits).
 
 use minions_tests::{Result, tool, workspace_root};
 
@@ -15,11 +16,24 @@ fn shipped_nats_configs_are_valid() -> Result<()> {
         .chain([
             ("MINIONS_TLS_CERT".to_owned(), cert.display().to_string()),
             ("MINIONS_TLS_KEY".to_owned(), key.display().to_string()),
+            ("MINIONS_SYS_PASSWORD".to_owned(), "sys-secret".to_owned()),
+            ("MINIONS_LEAF_PASSWORD".to_owned(), "leaf-secret".to_owned()),
         ])
         .collect::<Vec<_>>();
     let mut checked = 0;
+    // deploy/nats and its folders (the cluster's servers, the leaf).
+    let mut paths = Vec::new();
     for entry in std::fs::read_dir(&dir)? {
         let path = entry?.path();
+        if path.is_dir() {
+            for inner in std::fs::read_dir(&path)? {
+                paths.push(inner?.path());
+            }
+        } else {
+            paths.push(path);
+        }
+    }
+    for path in paths {
         if path.extension().is_none_or(|e| e != "conf") {
             continue;
         }

@@ -24,7 +24,6 @@
 //! Markdown; `--write` also puts it into BENCHMARKS.md between markers.
 //! `--only overhead,dispatch,latency,scale,submit` runs some sections.
 
-use std::collections::HashSet;
 use std::future::IntoFuture as _;
 use std::path::Path;
 use std::sync::Arc;
@@ -40,20 +39,12 @@ use minions_schemas::{
     JobId, ModelHash, SCHEMA_VERSION, WorkerId, decode, encode, limits, streams, subjects,
 };
 use minions_tests::bench::{
-    arg, command_line, cpu_secs, flag, help, machine, num, status_mb, utc_now, write_section,
+    JobWatch, NOOP, arg, command_line, cpu_secs, flag, help, machine, num, status_mb, utc_now,
+    write_section, write_short,
 };
 use minions_tests::out;
 use minions_tests::{Fleet, NatsServer, Result, SLOW, real_model_dir, write_corpus};
 use minions_worker::model::Batching;
-use minions_worker::model::tiny::TinySpec;
-
-/// The near no-op model of the dispatch and latency runs.
-const NOOP: TinySpec = TinySpec {
-    hidden: 8,
-    layers: 1,
-    heads: 1,
-    max_len: 16,
-};
 
 // ---------------------------------------------------------------- helpers
 
@@ -70,80 +61,6 @@ fn sorted(mut v: Vec<f64>) -> Vec<f64> {
     v
 }
 
-/// A job's events, followed live from before it is submitted.
-struct JobWatch {
-    sub: async_nats::Subscriber,
-    done: HashSet<u32>,
-    last_done_ms: u64,
-    started: Vec<(u32, String, u64, u64)>,
-}
-
-impl JobWatch {
-    async fn new(client: &async_nats::Client, job: &str) -> Result<Self> {
-        let sub = client
-            .subscribe(subjects::job_events(&JobId::new(job)?))
-            .await?;
-        client.flush().await?;
-        Ok(Self {
-            sub,
-            done: HashSet::new(),
-            last_done_ms: 0,
-            started: Vec::new(),
-        })
-    }
-
-    async fn next(&mut self, until: Instant) -> Result<()> {
-        let left = until.saturating_duration_since(Instant::now());
-        let m = tokio::time::timeout(left, self.sub.next())
-            .await
-            .map_err(|_| "timed out waiting for the job's events")?
-            .ok_or("event subscription ended")?;
-        let e: ShardEvent = decode("shard event", &m.payload, limits::MAX_EVENT_BYTES)?;
-        match e.kind {
-            EventKind::Done { .. } => {
-                self.done.insert(e.shard);
-                self.last_done_ms = self.last_done_ms.max(e.at_ms);
-            }
-            EventKind::Started => {
-                self.started
-                    .push((e.shard, e.worker.to_string(), e.attempt, e.at_ms));
-            }
-            _ => {}
-        }
-        Ok(())
-    }
-
-    /// Waits until `shards` shards are done; returns the last done time (ms).
-    async fn all_done(&mut self, shards: usize, within: Duration) -> Result<u64> {
-        let until = Instant::now() + within;
-        while self.done.len() < shards {
-            self.next(until).await?;
-        }
-        Ok(self.last_done_ms)
-    }
-
-    /// Waits for a start of `shard` by a worker `pred` accepts; returns
-    /// (worker, start time ms).
-    async fn started(
-        &mut self,
-        shard: u32,
-        within: Duration,
-        pred: impl Fn(&str) -> bool,
-    ) -> Result<(String, u64)> {
-        let until = Instant::now() + within;
-        loop {
-            if let Some((_, w, _, at)) = self
-                .started
-                .iter()
-                .find(|(s, w, _, _)| *s == shard && pred(w))
-            {
-                return Ok((w.clone(), *at));
-            }
-            self.next(until).await?;
-        }
-    }
-}
-
 /// Adds a publish's confirmation to `acks`, first waiting for one when 256
 /// are in flight (publishes pipelined, as `minions submit` does).
 async fn in_window<F, T, E>(
@@ -157,17 +74,6 @@ where
         acks.next().await.transpose()?;
     }
     acks.push(ack);
-    Ok(())
-}
-
-/// Writes `n` records of one short text each.
-fn write_short(path: &Path, n: usize) -> Result<()> {
-    use std::io::Write as _;
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
-    for i in 0..n {
-        writeln!(f, "{{\"id\":\"r{i}\",\"text\":\"a dog runs {i}\"}}")?;
-    }
-    f.flush()?;
     Ok(())
 }
 
