@@ -708,22 +708,7 @@ pub struct Fleet {
 impl Fleet {
     /// A fleet with a local-directory store.
     pub fn local() -> Result<Self> {
-        let dir = scratch("minions-fleet-")?;
-        let store_url = format!("file://{}", dir.path().join("store").display());
-        Ok(Self {
-            nats: NatsServer::start()?,
-            dir,
-            store_url,
-            env: Vec::new(),
-            workers: Vec::new(),
-            watchdogs: Vec::new(),
-            dashboards: Vec::new(),
-            worker_env: Vec::new(),
-            worker_identities: false,
-            watchdog_env: Vec::new(),
-            peers: Vec::new(),
-            spawned: 0,
-        })
+        Self::local_on(NatsServer::start()?, Vec::new())
     }
 
     /// A fleet with a local-directory store on a cluster of `n` routed
@@ -734,11 +719,17 @@ impl Fleet {
             return Err("a cluster needs a node".into());
         }
         let first = nodes.remove(0);
+        Self::local_on(first, nodes)
+    }
+
+    /// A fleet with a local-directory store on `nats` and its cluster
+    /// `peers`.
+    fn local_on(nats: NatsServer, peers: Vec<NatsServer>) -> Result<Self> {
         let dir = scratch("minions-fleet-")?;
         let store_url = format!("file://{}", dir.path().join("store").display());
         Ok(Self {
-            nats: first,
-            peers: nodes,
+            nats,
+            peers,
             dir,
             store_url,
             env: Vec::new(),

@@ -110,6 +110,26 @@ fn check_job(
     fleet.check_outputs(job, model, texts)
 }
 
+/// Pushes the [`SLOW`] model, writes `2 × shards` records and submits them
+/// as `job` in two-record shards to a watchdog and two one-slot workers
+/// (MiniLM-sized shards keep a job running while servers come and go).
+/// Returns the model folder and the texts.
+fn slow_job(
+    fleet: &mut Fleet,
+    shards: usize,
+    job: &str,
+) -> Result<(std::path::PathBuf, Vec<String>)> {
+    let model = fleet.push_model("slow", SLOW)?;
+    let input = fleet.dir.path().join("in.jsonl");
+    let texts = write_corpus(&input, 2 * shards)?;
+    fleet.add_watchdog(&[])?;
+    fleet.add_worker(&["--slots", "1"])?;
+    fleet.add_worker(&["--slots", "1"])?;
+    let submitted = fleet.submit("slow", &input, 2, job)?;
+    assert_eq!(submitted, job);
+    Ok((model, texts))
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn job_survives_losing_the_leaders() -> Result<()> {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -120,15 +140,8 @@ async fn job_survives_losing_the_leaders() -> Result<()> {
 
 async fn leaders_killed(fleet: &mut Fleet) -> Result<()> {
     const SHARDS: usize = 2_000;
-    // A model of MiniLM's size, two records a shard, one slot a worker:
-    // long enough that both kills and restarts land mid-job.
-    let model = fleet.push_model("slow", SLOW)?;
-    let input = fleet.dir.path().join("in.jsonl");
-    let texts = write_corpus(&input, 2 * SHARDS)?;
-    fleet.add_watchdog(&[])?;
-    fleet.add_worker(&["--slots", "1"])?;
-    fleet.add_worker(&["--slots", "1"])?;
-    let job = fleet.submit("slow", &input, 2, "leaders")?;
+    let job = "leaders".to_owned();
+    let (model, texts) = slow_job(fleet, SHARDS, &job)?;
     let js = async_nats::jetstream::new(fleet.client().await?);
 
     let mut kills = Vec::new();
@@ -188,13 +201,8 @@ async fn job_survives_a_rolling_restart() -> Result<()> {
 
 async fn rolling_restart(fleet: &mut Fleet) -> Result<()> {
     const SHARDS: usize = 1_500;
-    let model = fleet.push_model("slow", SLOW)?;
-    let input = fleet.dir.path().join("in.jsonl");
-    let texts = write_corpus(&input, 2 * SHARDS)?;
-    fleet.add_watchdog(&[])?;
-    fleet.add_worker(&["--slots", "1"])?;
-    fleet.add_worker(&["--slots", "1"])?;
-    let job = fleet.submit("slow", &input, 2, "rolling")?;
+    let job = "rolling".to_owned();
+    let (model, texts) = slow_job(fleet, SHARDS, &job)?;
     wait_done(fleet, &job, 100, Duration::from_secs(120)).await?;
     for name in ["n1", "n2", "n3"] {
         let started = Instant::now();
@@ -211,6 +219,8 @@ async fn rolling_restart(fleet: &mut Fleet) -> Result<()> {
             "{name} restarted and current in {:.1} s ({before} of {SHARDS} shards done before)",
             started.elapsed().as_secs_f64()
         );
+        // Shards keep flowing through the restarted server before the next goes.
+        tokio::time::sleep(Duration::from_secs(3)).await;
     }
     assert!(
         done(fleet, &job) < SHARDS as u64,
@@ -234,13 +244,8 @@ async fn job_survives_leader_step_downs() -> Result<()> {
 
 async fn step_downs(fleet: &mut Fleet) -> Result<()> {
     const SHARDS: usize = 800;
-    let model = fleet.push_model("slow", SLOW)?;
-    let input = fleet.dir.path().join("in.jsonl");
-    let texts = write_corpus(&input, 2 * SHARDS)?;
-    fleet.add_watchdog(&[])?;
-    fleet.add_worker(&["--slots", "1"])?;
-    fleet.add_worker(&["--slots", "1"])?;
-    let job = fleet.submit("slow", &input, 2, "stepdown")?;
+    let job = "stepdown".to_owned();
+    let (model, texts) = slow_job(fleet, SHARDS, &job)?;
     let client = fleet.client().await?;
     let subjects = [
         format!("$JS.API.STREAM.LEADER.STEPDOWN.{WORK_STREAM}"),
