@@ -173,3 +173,76 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
     );
     Ok(())
 }
+
+/// A job id given again with another input is refused, and the first job's
+/// shard inputs stay as they were (its shards still read what was submitted).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reused_job_id_leaves_the_first_inputs_alone() -> Result<()> {
+    let fleet = Fleet::local()?;
+    let r = reused_id(&fleet);
+    fleet.explain(r)
+}
+
+fn reused_id(fleet: &Fleet) -> Result<()> {
+    let model = tiny_model(fleet.dir.path(), "tiny")?;
+    fleet.cli(&[
+        "model",
+        "push",
+        &model.display().to_string(),
+        "--name",
+        "tiny",
+    ])?;
+    let first = fleet.dir.path().join("first.jsonl");
+    write_corpus(&first, 40)?;
+    let other = fleet.dir.path().join("other.jsonl");
+    {
+        let mut f = std::fs::File::create(&other)?;
+        for i in 0..40 {
+            writeln!(
+                f,
+                "{{\"id\": {i}, \"text\": \"something else entirely {i}\"}}"
+            )?;
+        }
+    }
+    fleet.submit("tiny", &first, 10, "reused")?;
+    let inputs = fleet.dir.path().join("store/jobs/reused/inputs");
+    let read_all = || -> Result<Vec<(std::ffi::OsString, Vec<u8>)>> {
+        let mut v = Vec::new();
+        for e in std::fs::read_dir(&inputs)? {
+            let e = e?;
+            v.push((e.file_name(), std::fs::read(e.path())?));
+        }
+        v.sort();
+        Ok(v)
+    };
+    let before = read_all()?;
+    assert_eq!(before.len(), 4, "4 shards of 10 records");
+    let out = fleet.cli_raw(&[
+        "submit",
+        "--model",
+        "tiny",
+        "--input",
+        &other.display().to_string(),
+        "--shard-size",
+        "10",
+        "--job",
+        "reused",
+    ])?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a different input under a used id must be refused"
+    );
+    assert!(
+        said.contains("already exists with a different input"),
+        "{said}"
+    );
+    assert!(
+        read_all()? == before,
+        "the refused submit changed the first job's shard inputs"
+    );
+    // The same input again is a resubmit, and leaves them alone too.
+    fleet.submit("tiny", &first, 10, "reused")?;
+    assert!(read_all()? == before);
+    Ok(())
+}

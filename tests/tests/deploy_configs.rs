@@ -142,6 +142,7 @@ fn shipped_s3_policies_allow_each_role_what_it_needs_and_no_more() -> Result<()>
     let model_name = keys::model_name(&name);
     let outputs = keys::job_outputs(&job);
     let checkpoint = keys::shard_checkpoint(&job, 3);
+    let folded = keys::watchdog_checkpoint(42);
     // (policy, action, key, allowed?)
     let cases: Vec<(&str, &serde_json::Value, &str, &str, bool)> = vec![
         ("worker", &worker, get, &spec, true),
@@ -170,6 +171,20 @@ fn shipped_s3_policies_allow_each_role_what_it_needs_and_no_more() -> Result<()>
         ("watchdog", &watchdog, get, &input, false),
         ("watchdog", &watchdog, put, &output, false),
         ("watchdog", &watchdog, put, &spec, false),
+        ("watchdog", &watchdog, get, &folded, true),
+        ("watchdog", &watchdog, put, &folded, true),
+        ("watchdog", &watchdog, "s3:DeleteObject", &folded, true),
+        (
+            "watchdog",
+            &watchdog,
+            list,
+            keys::WATCHDOG_CHECKPOINTS,
+            true,
+        ),
+        ("watchdog", &watchdog, "s3:DeleteObject", &manifest, false),
+        ("watchdog", &watchdog, list, "jobs", false),
+        ("worker", &worker, put, &folded, false),
+        ("producer", &producer, put, &folded, false),
         ("producer", &producer, put, &spec, true),
         ("producer", &producer, put, &input, true),
         ("producer", &producer, put, &cancelled, true),

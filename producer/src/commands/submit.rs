@@ -100,6 +100,15 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
     let source = args.input.display().to_string();
     tracing::info!(job = %job, input = %source, bytes = input_bytes, shard_size = args.shard_size, "reading input");
 
+    // A job id given again: its inputs are in the store already (its spec
+    // is written only after they all are). Upload nothing, so that a
+    // different input under that id, refused below, overwrites nothing
+    // that the job's shards read.
+    let known = store
+        .head(&StorePath::from(keys::job_spec(&job)))
+        .await
+        .is_ok();
+
     // Pass: read, cut, upload. Nothing is published yet.
     let started = Instant::now();
     let mut uploads = FuturesUnordered::new();
@@ -122,7 +131,9 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
             }
             Err(ReadError::Io(e)) => bail!("{source}: cannot read: {e}"),
         };
-        if let Some(input) = cutter.push(rec)? {
+        if let Some(input) = cutter.push(rec)?
+            && !known
+        {
             uploads.push(upload(store.clone(), input));
             while uploads.len() >= UPLOAD_WINDOW {
                 if let Some(r) = uploads.next().await {
@@ -140,7 +151,9 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
             );
         }
     }
-    if let Some(input) = cutter.finish()? {
+    if let Some(input) = cutter.finish()?
+        && !known
+    {
         uploads.push(upload(store.clone(), input));
     }
     let (records, shard) = (cutter.records, cutter.shard);
