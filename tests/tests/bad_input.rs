@@ -217,6 +217,9 @@ fn reused_id(fleet: &Fleet) -> Result<()> {
     };
     let before = read_all()?;
     assert_eq!(before.len(), 4, "4 shards of 10 records");
+    // One input lost from the store: a refused submit must not fill it in.
+    std::fs::remove_file(inputs.join(&before[0].0))?;
+    let rest = read_all()?;
     let out = fleet.cli_raw(&[
         "submit",
         "--model",
@@ -238,10 +241,11 @@ fn reused_id(fleet: &Fleet) -> Result<()> {
         "{said}"
     );
     assert!(
-        read_all()? == before,
+        read_all()? == rest,
         "the refused submit changed the first job's shard inputs"
     );
-    // The same input again is a resubmit, and leaves them alone too.
+    // The same input again is a resubmit: it puts back the lost input and
+    // leaves the others alone.
     fleet.submit("tiny", &first, 10, "reused")?;
     assert!(read_all()? == before);
     Ok(())

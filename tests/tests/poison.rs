@@ -90,7 +90,7 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
         "manifest written"
     );
 
-    // Fix the cause (submit again re-uploads the inputs; it queues nothing new
+    // Fix the cause (submit again puts back the missing inputs; it queues nothing new
     // inside the duplicate window), then retry.
     fleet.cli(&submit)?;
     let said = fleet.cli(&["retry", "poison"])?;

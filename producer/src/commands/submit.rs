@@ -101,9 +101,11 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
     tracing::info!(job = %job, input = %source, bytes = input_bytes, shard_size = args.shard_size, "reading input");
 
     // A job id given again: its inputs are in the store already (its spec
-    // is written only after they all are). Upload nothing, so that a
-    // different input under that id, refused below, overwrites nothing
-    // that the job's shards read.
+    // is written only after they all are). Overwrite none of them, so that
+    // a different input under that id, refused below, changes nothing that
+    // the job's shards read; inputs found missing are kept aside and put
+    // back only once the spec shows the input is the same.
+    let mut missing = Vec::new();
     let known = store
         .head(&StorePath::from(keys::job_spec(&job)))
         .await
@@ -131,14 +133,16 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
             }
             Err(ReadError::Io(e)) => bail!("{source}: cannot read: {e}"),
         };
-        if let Some(input) = cutter.push(rec)?
-            && !known
-        {
-            uploads.push(upload(store.clone(), input));
-            while uploads.len() >= UPLOAD_WINDOW {
-                if let Some(r) = uploads.next().await {
-                    r?;
+        if let Some(input) = cutter.push(rec)? {
+            if !known {
+                uploads.push(upload(store.clone(), input));
+                while uploads.len() >= UPLOAD_WINDOW {
+                    if let Some(r) = uploads.next().await {
+                        r?;
+                    }
                 }
+            } else if !input_exists(store.as_ref(), &input).await {
+                missing.push(input);
             }
         }
         if last_report.elapsed().as_secs() >= 2 {
@@ -151,10 +155,12 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
             );
         }
     }
-    if let Some(input) = cutter.finish()?
-        && !known
-    {
-        uploads.push(upload(store.clone(), input));
+    if let Some(input) = cutter.finish()? {
+        if !known {
+            uploads.push(upload(store.clone(), input));
+        } else if !input_exists(store.as_ref(), &input).await {
+            missing.push(input);
+        }
     }
     let (records, shard) = (cutter.records, cutter.shard);
     while let Some(r) = uploads.next().await {
@@ -194,6 +200,12 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
         created_ms: now_ms(),
     };
     let resubmit = write_spec(store.as_ref(), &spec).await?;
+    if !missing.is_empty() {
+        tracing::info!(job = %job, shards = missing.len(), "putting back shard inputs missing from the store");
+        for input in missing {
+            upload(store.clone(), input).await?;
+        }
+    }
     // Dashboards learn of the job now, before any shard starts.
     crate::publish::event(&js, &spec.job, 0, EventKind::Submitted { shards }).await?;
 
@@ -449,6 +461,14 @@ async fn upload(store: Arc<dyn ObjectStore>, input: ShardInput) -> anyhow::Resul
         .await
         .with_context(|| format!("uploading {key}"))?;
     Ok(())
+}
+
+/// Whether a shard's input is in the store.
+async fn input_exists(store: &dyn ObjectStore, input: &ShardInput) -> bool {
+    store
+        .head(&StorePath::from(keys::shard_input(&input.job, input.shard)))
+        .await
+        .is_ok()
 }
 
 /// Writes the job spec create-only. Returns true when the same job was
