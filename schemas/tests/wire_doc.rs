@@ -1,0 +1,840 @@
+//! `schemas/WIRE.md` and the code agree: a sample of every message and
+//! document type is encoded with the crate's own encoder, read back as a
+//! schema-less MessagePack value, and every map key and every enum tag in it
+//! must appear in WIRE.md as code (`` `name` ``, or `"name"` inside a code
+//! span or a code block), as must the name of each type.
+//!
+//! The samples are struct literals, with every `Option` set, and every enum
+//! is listed next to an exhaustive `match`, so a new field or a new variant
+//! does not compile until it is added here, and then fails until WIRE.md
+//! documents it.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use minions_schemas::messages::{
+    ChatTurn, Control, ControlCommand, ControlReply, DeadLetter, EventKind, FinishReason,
+    Generation, GenerationRecord, Heartbeat, InFlight, InputDescription, JobManifest, JobSpec,
+    ManifestShard, ModelFamily, ModelFile, ModelManifest, ModelRecord, OutputPayload, Precision,
+    Prompt, SamplingParams, ShardCheckpoint, ShardEvent, ShardInput, ShardOutput, ShardTask,
+    WorkerRecord, WorkerState,
+};
+use minions_schemas::{JobId, ModelHash, ModelName, SCHEMA_VERSION, WorkerId, codec};
+use serde::Serialize;
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+
+type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+/// Map keys whose string values are enum tags (internally or adjacently
+/// tagged enums' tags, and fields holding a plain string enum).
+const TAG_KEYS: [&str; 7] = [
+    "kind",
+    "type",
+    "family",
+    "precision",
+    "command",
+    "finish_reason",
+    "state",
+];
+
+// ---------------------------------------------------------------------------
+// A MessagePack value as the encoder wrote it, read without any schema.
+
+enum Wire {
+    Map(Vec<(Wire, Wire)>),
+    Seq(Vec<Wire>),
+    Str(String),
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Wire {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(WireVisitor)
+    }
+}
+
+struct WireVisitor;
+
+impl<'de> Visitor<'de> for WireVisitor {
+    type Value = Wire;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any MessagePack value")
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Wire, E> {
+        Ok(Wire::Other)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Wire, E> {
+        Ok(Wire::Other)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Wire, E> {
+        Ok(Wire::Other)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Wire, E> {
+        Ok(Wire::Other)
+    }
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Wire, E> {
+        Ok(Wire::Str(s.to_owned()))
+    }
+    fn visit_bytes<E: de::Error>(self, _: &[u8]) -> Result<Wire, E> {
+        Ok(Wire::Other)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Wire, E> {
+        Ok(Wire::Other)
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Wire, E> {
+        Ok(Wire::Other)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Wire, D::Error> {
+        Wire::deserialize(d)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Wire, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Wire::Seq(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Wire, A::Error> {
+        let mut entries = Vec::new();
+        while let Some(entry) = map.next_entry()? {
+            entries.push(entry);
+        }
+        Ok(Wire::Map(entries))
+    }
+}
+
+/// Every map key, and every string under a [`TAG_KEYS`] key (or standing
+/// alone, as a plain enum encodes), in a value.
+#[derive(Default)]
+struct Found {
+    keys: BTreeSet<String>,
+    tags: BTreeSet<String>,
+}
+
+impl Found {
+    fn walk(&mut self, value: &Wire) {
+        match value {
+            Wire::Map(entries) => {
+                for (k, v) in entries {
+                    if let Wire::Str(key) = k {
+                        self.keys.insert(key.clone());
+                        if let (true, Wire::Str(tag)) = (TAG_KEYS.contains(&key.as_str()), v) {
+                            self.tags.insert(tag.clone());
+                        }
+                    }
+                    self.walk_inner(v);
+                }
+            }
+            Wire::Seq(items) => items.iter().for_each(|i| self.walk_inner(i)),
+            // A plain enum on its own encodes as its tag.
+            Wire::Str(tag) => {
+                self.tags.insert(tag.clone());
+            }
+            Wire::Other => {}
+        }
+    }
+
+    /// Below the top level a bare string is data, not a tag.
+    fn walk_inner(&mut self, value: &Wire) {
+        if !matches!(value, Wire::Str(_)) {
+            self.walk(value);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// What WIRE.md shows as code.
+
+/// Every inline code span (trimmed) and every `"quoted"` string inside a code
+/// span or a fenced code block.
+fn documented_names(markdown: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut prose = String::new();
+    let mut fenced = false;
+    for line in markdown.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if fenced {
+            quoted(line, &mut names);
+        } else {
+            prose.push_str(line);
+            prose.push('\n');
+        }
+    }
+    // Inline spans may run over a line break, so split the whole prose.
+    for span in prose.split('`').skip(1).step_by(2) {
+        names.insert(span.trim().to_owned());
+        quoted(span, &mut names);
+    }
+    names
+}
+
+fn quoted(code: &str, names: &mut BTreeSet<String>) {
+    for s in code.split('"').skip(1).step_by(2) {
+        names.insert(s.to_owned());
+    }
+}
+
+/// What one sample shows that WIRE.md does not.
+#[derive(Debug, Default, PartialEq)]
+struct Missing {
+    type_name: String,
+    type_undocumented: bool,
+    keys: Vec<String>,
+    tags: Vec<String>,
+}
+
+impl Missing {
+    fn is_empty(&self) -> bool {
+        !self.type_undocumented && self.keys.is_empty() && self.tags.is_empty()
+    }
+}
+
+impl fmt::Display for Missing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:", self.type_name)?;
+        if self.type_undocumented {
+            write!(f, " the type name is not in WIRE.md;")?;
+        }
+        if !self.keys.is_empty() {
+            write!(f, " fields not in WIRE.md: {:?};", self.keys)?;
+        }
+        if !self.tags.is_empty() {
+            write!(f, " enum tags not in WIRE.md: {:?};", self.tags)?;
+        }
+        Ok(())
+    }
+}
+
+fn short_type_name<T>() -> &'static str {
+    let full = std::any::type_name::<T>();
+    full.rsplit("::").next().unwrap_or(full)
+}
+
+/// Encodes `value` as the programs do and lists what of it `documented`
+/// lacks.
+fn missing<T: Serialize>(documented: &BTreeSet<String>, value: &T) -> Res<Missing> {
+    let type_name = short_type_name::<T>();
+    let bytes = codec::encode("sample", value)?;
+    let wire: Wire = rmp_serde::from_slice(&bytes)?;
+    let mut found = Found::default();
+    found.walk(&wire);
+    Ok(Missing {
+        type_name: type_name.to_owned(),
+        type_undocumented: !documented.contains(type_name),
+        keys: found.keys.difference(documented).cloned().collect(),
+        tags: found.tags.difference(documented).cloned().collect(),
+    })
+}
+
+struct Checker {
+    documented: BTreeSet<String>,
+    problems: Vec<String>,
+    checked: BTreeSet<&'static str>,
+}
+
+impl Checker {
+    fn new() -> Res<Self> {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/WIRE.md");
+        let markdown = std::fs::read_to_string(path)?;
+        Ok(Self {
+            documented: documented_names(&markdown),
+            problems: Vec::new(),
+            checked: BTreeSet::new(),
+        })
+    }
+
+    fn check<T: Serialize>(&mut self, value: &T) -> Res {
+        self.checked.insert(short_type_name::<T>());
+        let m = missing(&self.documented, value)?;
+        if !m.is_empty() {
+            let line = m.to_string();
+            if !self.problems.contains(&line) {
+                self.problems.push(line);
+            }
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Samples. Struct literals only (no `Default`), so a new field breaks the
+// build here; every enum's list sits beside an exhaustive match.
+
+struct Ids {
+    job: JobId,
+    worker: WorkerId,
+    name: ModelName,
+    hash: ModelHash,
+}
+
+fn ids() -> Res<Ids> {
+    Ok(Ids {
+        job: JobId::new("j1")?,
+        worker: WorkerId::new("mac-01-3f9a2b7c")?,
+        name: ModelName::new("minilm")?,
+        hash: ModelHash::new("3b".repeat(32))?,
+    })
+}
+
+fn every_family() -> Vec<ModelFamily> {
+    let all = vec![ModelFamily::BertEmbedding, ModelFamily::LlmGeneration];
+    for f in &all {
+        match f {
+            ModelFamily::BertEmbedding | ModelFamily::LlmGeneration => {}
+        }
+    }
+    all
+}
+
+fn every_precision() -> Vec<Precision> {
+    let all = vec![Precision::F32, Precision::Int8];
+    for p in &all {
+        match p {
+            Precision::F32 | Precision::Int8 => {}
+        }
+    }
+    all
+}
+
+fn every_command() -> Vec<ControlCommand> {
+    let all = vec![
+        ControlCommand::Drain,
+        ControlCommand::Evict,
+        ControlCommand::Resume,
+        ControlCommand::Rejoin,
+    ];
+    for c in &all {
+        match c {
+            ControlCommand::Drain
+            | ControlCommand::Evict
+            | ControlCommand::Resume
+            | ControlCommand::Rejoin => {}
+        }
+    }
+    all
+}
+
+fn every_finish_reason() -> Vec<FinishReason> {
+    let all = vec![
+        FinishReason::Stop,
+        FinishReason::Length,
+        FinishReason::Error,
+    ];
+    for r in &all {
+        match r {
+            FinishReason::Stop | FinishReason::Length | FinishReason::Error => {}
+        }
+    }
+    all
+}
+
+fn every_worker_state() -> Vec<WorkerState> {
+    let all = vec![
+        WorkerState::Joining,
+        WorkerState::Idle,
+        WorkerState::Busy,
+        WorkerState::Draining,
+        WorkerState::Suspect,
+        WorkerState::Dead,
+        WorkerState::Left,
+    ];
+    for s in &all {
+        match s {
+            WorkerState::Joining
+            | WorkerState::Idle
+            | WorkerState::Busy
+            | WorkerState::Draining
+            | WorkerState::Suspect
+            | WorkerState::Dead
+            | WorkerState::Left => {}
+        }
+    }
+    all
+}
+
+fn every_event_kind() -> Vec<EventKind> {
+    let all = vec![
+        EventKind::Submitted { shards: 40 },
+        EventKind::Started,
+        EventKind::Done {
+            rows: 256,
+            output_bytes: 393_344,
+            duration_ms: 1830,
+            compute_ms: 1502,
+            already_done: false,
+            sha256: "3b".repeat(32),
+            tokens: 12,
+        },
+        EventKind::Progress {
+            records: 100,
+            tokens: 3000,
+        },
+        EventKind::Requeued,
+        EventKind::HandedBack {
+            reason: "worker stopping".into(),
+        },
+        EventKind::Failed {
+            reason: "unknown model".into(),
+            permanent: true,
+        },
+    ];
+    for k in &all {
+        match k {
+            EventKind::Submitted { .. }
+            | EventKind::Started
+            | EventKind::Done { .. }
+            | EventKind::Progress { .. }
+            | EventKind::Requeued
+            | EventKind::HandedBack { .. }
+            | EventKind::Failed { .. } => {}
+        }
+    }
+    all
+}
+
+fn every_prompt() -> Vec<Prompt> {
+    let all = vec![
+        Prompt::Text("<|im_start|>user\nhi<|im_end|>\n".into()),
+        Prompt::Messages(vec![chat_turn()]),
+    ];
+    for p in &all {
+        match p {
+            Prompt::Text(_) | Prompt::Messages(_) => {}
+        }
+    }
+    all
+}
+
+fn every_payload() -> Vec<OutputPayload> {
+    let all = vec![
+        OutputPayload::Embeddings {
+            dim: 2,
+            data: vec![0; 2 * 2 * 4],
+        },
+        OutputPayload::Generations {
+            records: every_finish_reason().into_iter().map(generation).collect(),
+        },
+    ];
+    for p in &all {
+        match p {
+            OutputPayload::Embeddings { .. } | OutputPayload::Generations { .. } => {}
+        }
+    }
+    all
+}
+
+fn chat_turn() -> ChatTurn {
+    ChatTurn {
+        role: "user".into(),
+        content: "Say hello.".into(),
+    }
+}
+
+fn sampling() -> SamplingParams {
+    SamplingParams {
+        max_tokens: 64,
+        temperature: 0.7,
+        top_p: 0.9,
+        top_k: 40,
+        seed: 42,
+        stop: vec!["\n\n".into()],
+    }
+}
+
+fn generation(finish_reason: FinishReason) -> Generation {
+    Generation {
+        text: "Hello.".into(),
+        finish_reason,
+        prompt_tokens: 9,
+        completion_tokens: 3,
+        error: Some("prompt exceeds the context".into()),
+    }
+}
+
+fn input_description() -> InputDescription {
+    InputDescription {
+        source: "docs.jsonl".into(),
+        sha256: "ab".repeat(32),
+        bytes: 123_456,
+        text_field: "text".into(),
+        id_field: Some("id".into()),
+    }
+}
+
+fn in_flight(ids: &Ids) -> InFlight {
+    InFlight {
+        job: ids.job.clone(),
+        shard: 7,
+        reply: "$JS.ACK.MINIONS_WORK.minions-workers.1.2.3.4.5.6.7".into(),
+        started_ms: 1_767_225_600_000,
+    }
+}
+
+fn model_file() -> ModelFile {
+    ModelFile {
+        name: "model.safetensors".into(),
+        bytes: 90_868_376,
+        sha256: "cd".repeat(32),
+    }
+}
+
+fn manifest_shard(ids: &Ids) -> ManifestShard {
+    ManifestShard {
+        shard: 0,
+        outcome: "done".into(),
+        output_key: Some("jobs/j1/outputs/00000000.msgpack".into()),
+        sha256: Some("ef".repeat(32)),
+        worker: Some(ids.worker.clone()),
+        attempts: 1,
+        duration_ms: 1830,
+        reason: Some("unknown model".into()),
+    }
+}
+
+fn generation_record(prompt: Prompt) -> GenerationRecord {
+    GenerationRecord {
+        prompt,
+        params: sampling(),
+    }
+}
+
+/// Checks a sample of every type that crosses a process boundary.
+fn check_all(c: &mut Checker) -> Res {
+    let ids = ids()?;
+    let v = SCHEMA_VERSION;
+
+    // Plain string enums, every variant, on their own.
+    for x in every_family() {
+        c.check(&x)?;
+    }
+    for x in every_precision() {
+        c.check(&x)?;
+    }
+    for x in every_command() {
+        c.check(&x)?;
+    }
+    for x in every_finish_reason() {
+        c.check(&x)?;
+    }
+    for x in every_worker_state() {
+        c.check(&x)?;
+    }
+
+    // ShardTask, in every family and precision.
+    for family in every_family() {
+        for precision in every_precision() {
+            c.check(&ShardTask {
+                v,
+                job: ids.job.clone(),
+                shard: 7,
+                shards: 40,
+                rows: 256,
+                first_row: 1792,
+                model_hash: ids.hash.clone(),
+                family,
+                max_batch: 32,
+                precision,
+            })?;
+        }
+    }
+
+    // ShardEvent with every kind, and each kind on its own.
+    for kind in every_event_kind() {
+        c.check(&kind)?;
+        c.check(&ShardEvent {
+            v,
+            job: ids.job.clone(),
+            shard: 7,
+            worker: ids.worker.clone(),
+            host: "mac-01.local".into(),
+            attempt: 1,
+            at_ms: 1_767_225_612_345,
+            kind,
+        })?;
+    }
+
+    // Heartbeat and InFlight.
+    c.check(&in_flight(&ids))?;
+    c.check(&Heartbeat {
+        v,
+        worker: ids.worker.clone(),
+        host: "mac-01.local".into(),
+        device: "metal:0".into(),
+        slots: 2,
+        draining: false,
+        leaving: false,
+        owner: "available".into(),
+        mem_total_mb: 32_768,
+        mem_avail_mb: 16_384,
+        mem_budget_mb: 8192,
+        in_flight: vec![in_flight(&ids)],
+        done: 3,
+        failed: 1,
+        interval_ms: 1000,
+        started_ms: 1_767_225_600_000,
+        at_ms: 1_767_225_612_345,
+    })?;
+
+    // Control, with every command, and ControlReply.
+    for command in every_command() {
+        c.check(&Control {
+            v,
+            command,
+            by: "cli".into(),
+        })?;
+    }
+    c.check(&ControlReply {
+        v,
+        worker: ids.worker.clone(),
+        status: "draining".into(),
+        handed_back: 1,
+    })?;
+
+    // JobSpec and InputDescription.
+    c.check(&input_description())?;
+    for family in every_family() {
+        for precision in every_precision() {
+            c.check(&JobSpec {
+                v,
+                job: ids.job.clone(),
+                model_name: ids.name.clone(),
+                model_hash: ids.hash.clone(),
+                family,
+                input: input_description(),
+                shard_size: 256,
+                max_batch: 32,
+                precision,
+                shards: 40,
+                records: 10_000,
+                skipped: 2,
+                created_ms: 1_767_225_600_000,
+            })?;
+        }
+    }
+
+    // ShardInput with texts, and with generation records of every prompt kind.
+    c.check(&ShardInput {
+        v,
+        job: ids.job.clone(),
+        shard: 7,
+        first_row: 1792,
+        ids: Some(vec!["doc-1792".into(), "doc-1793".into()]),
+        texts: vec!["first text".into(), "second text".into()],
+        records: Vec::new(),
+    })?;
+    c.check(&chat_turn())?;
+    c.check(&sampling())?;
+    for prompt in every_prompt() {
+        c.check(&prompt)?;
+        c.check(&generation_record(prompt))?;
+    }
+    c.check(&ShardInput {
+        v,
+        job: ids.job.clone(),
+        shard: 7,
+        first_row: 1792,
+        ids: Some(vec!["req-1".into(), "req-2".into()]),
+        texts: Vec::new(),
+        records: every_prompt().into_iter().map(generation_record).collect(),
+    })?;
+
+    // ShardOutput with every payload; Generation with every finish reason.
+    for reason in every_finish_reason() {
+        c.check(&generation(reason))?;
+    }
+    for payload in every_payload() {
+        c.check(&payload)?;
+        c.check(&ShardOutput {
+            v,
+            job: ids.job.clone(),
+            shard: 7,
+            first_row: 1792,
+            rows: 2,
+            model_hash: ids.hash.clone(),
+            worker: ids.worker.clone(),
+            payload,
+        })?;
+    }
+
+    // ShardCheckpoint.
+    c.check(&ShardCheckpoint {
+        v,
+        job: ids.job.clone(),
+        shard: 7,
+        rows: 3,
+        model_hash: ids.hash.clone(),
+        done: every_finish_reason()
+            .into_iter()
+            .zip(0u32..)
+            .map(|(r, i)| (i, generation(r)))
+            .collect(),
+    })?;
+
+    // ModelManifest, ModelFile, ModelRecord.
+    c.check(&model_file())?;
+    for family in every_family() {
+        c.check(&ModelManifest {
+            v,
+            family,
+            files: vec![model_file()],
+        })?;
+        c.check(&ModelRecord {
+            v,
+            name: ids.name.clone(),
+            hash: ids.hash.clone(),
+            family,
+            bytes: 90_868_376,
+            pushed_ms: 1_767_225_600_000,
+            context: Some(8192),
+        })?;
+    }
+
+    // DeadLetter.
+    c.check(&DeadLetter {
+        v,
+        job: ids.job.clone(),
+        shard: 7,
+        payload: vec![0x80],
+        reason: "unknown model".into(),
+        cause: "terminated".into(),
+        deliveries: 1,
+        hosts: vec!["mac-01.local".into()],
+        stream_seq: 0,
+        at_ms: 1_767_225_612_345,
+    })?;
+
+    // JobManifest and ManifestShard.
+    c.check(&manifest_shard(&ids))?;
+    c.check(&JobManifest {
+        v,
+        job: ids.job.clone(),
+        model_hash: ids.hash.clone(),
+        records: 10_000,
+        done: 39,
+        failed: 1,
+        shards: vec![manifest_shard(&ids)],
+        completed_ms: 1_767_225_700_000,
+    })?;
+
+    // WorkerRecord, in every state.
+    for state in every_worker_state() {
+        c.check(&WorkerRecord {
+            v,
+            worker: ids.worker.clone(),
+            host: "mac-01.local".into(),
+            device: "cpu".into(),
+            state,
+            reason: "missed 3 heartbeats".into(),
+            handed_back: 1,
+            changed_ms: 1_767_225_612_345,
+            by: "watchdog-ops".into(),
+        })?;
+    }
+    Ok(())
+}
+
+#[test]
+fn wire_md_documents_every_field_and_tag() -> Res {
+    let mut c = Checker::new()?;
+    check_all(&mut c)?;
+    // Every type WIRE.md §4 describes was sampled (a guard against a sample
+    // being dropped from `check_all`).
+    let expected = [
+        "ShardTask",
+        "ShardEvent",
+        "EventKind",
+        "Heartbeat",
+        "InFlight",
+        "Control",
+        "ControlCommand",
+        "ControlReply",
+        "JobSpec",
+        "InputDescription",
+        "ShardInput",
+        "GenerationRecord",
+        "Prompt",
+        "ChatTurn",
+        "SamplingParams",
+        "ShardOutput",
+        "OutputPayload",
+        "Generation",
+        "FinishReason",
+        "ShardCheckpoint",
+        "ModelManifest",
+        "ModelFile",
+        "ModelRecord",
+        "ModelFamily",
+        "Precision",
+        "DeadLetter",
+        "JobManifest",
+        "ManifestShard",
+        "WorkerRecord",
+        "WorkerState",
+    ];
+    let unsampled: Vec<&str> = expected
+        .iter()
+        .copied()
+        .filter(|t| !c.checked.contains(t))
+        .collect();
+    assert!(unsampled.is_empty(), "types not sampled: {unsampled:?}");
+    assert!(
+        c.problems.is_empty(),
+        "schemas/WIRE.md lacks names the code puts on the wire (write each as `name` \
+         in the section of its type):\n{}",
+        c.problems.join("\n")
+    );
+    Ok(())
+}
+
+/// The check can fail: a field, a tag and a type WIRE.md does not name are
+/// each reported.
+#[test]
+fn walker_reports_what_wire_md_lacks() -> Res {
+    #[derive(Serialize)]
+    struct UndocumentedThing {
+        v: u16,
+        no_such_field_in_wire_md: u32,
+        kind: &'static str,
+        nested: Vec<Inner>,
+    }
+    #[derive(Serialize)]
+    struct Inner {
+        nor_this_one: &'static str,
+    }
+    let documented = documented_names(
+        "A `v` here, `{\"kind\": \"submitted\"}` there,\nand `UndocumentedThing` as a type.\n",
+    );
+    let thing = UndocumentedThing {
+        v: 1,
+        no_such_field_in_wire_md: 3,
+        kind: "no-such-tag",
+        nested: vec![Inner {
+            nor_this_one: "data, not a tag",
+        }],
+    };
+    let m = missing(&documented, &thing)?;
+    assert_eq!(
+        m,
+        Missing {
+            type_name: "UndocumentedThing".into(),
+            type_undocumented: false,
+            keys: vec![
+                "nested".into(),
+                "no_such_field_in_wire_md".into(),
+                "nor_this_one".into()
+            ],
+            tags: vec!["no-such-tag".into()],
+        }
+    );
+    let m = missing(&BTreeSet::new(), &thing)?;
+    assert!(m.type_undocumented, "{m}");
+    assert!(m.to_string().contains("no_such_field_in_wire_md"), "{m}");
+
+    // Fenced code blocks count by their quoted strings only.
+    let documented = documented_names("```json\n{\"a\": 1, \"b\": [\"c\"]}\nbare\n```\n");
+    let want: BTreeSet<String> = ["a", "b", "c"].into_iter().map(String::from).collect();
+    assert_eq!(documented, want);
+    Ok(())
+}
