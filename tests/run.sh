@@ -11,3 +11,4 @@ cargo clippy --workspace --all-targets -- -D warnings
 # builds only the binaries of packages that have integration tests).
 cargo build --workspace --bins
 cargo test --workspace
+bash tests/python/run.sh
