@@ -36,6 +36,19 @@ pub enum ReadError {
     /// A line is malformed (and bad lines are not being skipped).
     #[error(transparent)]
     Line(#[from] LineError),
+    /// One row of a table input (Parquet, or texts in memory; 1-based) is
+    /// malformed (and bad records are not being skipped).
+    #[error("row {row}: {problem}")]
+    Row {
+        /// 1-based row number.
+        row: u64,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The input as a whole cannot be used (a missing or mistyped column,
+    /// a corrupt file); says what and where.
+    #[error("{0}")]
+    Input(String),
     /// The input could not be read.
     #[error("reading input: {0}")]
     Io(#[from] std::io::Error),

@@ -4,7 +4,6 @@
 //! Nothing is published until the whole input has been read and accepted, so
 //! a malformed line at the end of a 5 GB file leaves no half-queued job.
 
-use std::io::BufReader;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -20,10 +19,10 @@ use minions_schemas::time::now_ms;
 use minions_schemas::{JobId, ModelName, SCHEMA_VERSION, encode, keys, subjects};
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions};
-use sha2::{Digest, Sha256};
 
 use crate::cli::{Endpoints, SubmitArgs};
-use crate::jsonl::{JsonlReader, ReadError, Record};
+use crate::input::{Input, ReadOptions};
+use crate::jsonl::{ReadError, Record};
 use crate::prompts::GenDefaults;
 use crate::store_io::{get_doc, model_record};
 
@@ -51,22 +50,31 @@ pub struct SubmitReport {
     pub skipped: u64,
 }
 
-/// A reader that hashes what passes through it.
-struct HashingReader<R> {
-    inner: R,
-    hasher: Sha256,
-}
-
-impl<R: std::io::Read> std::io::Read for HashingReader<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.hasher.update(&buf[..n]);
-        Ok(n)
-    }
-}
-
-/// Runs `minions submit`; prints the job id on stdout.
+/// Runs `minions submit` on the file `--input` names: a local path, or an
+/// `s3://bucket/key` URL, copied first to a temporary file (read with the
+/// same AWS_* settings as the store).
 pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<SubmitReport> {
+    let named = args.input.to_string_lossy().into_owned();
+    if crate::input::is_remote(&named) {
+        let local = crate::input::fetch_remote(&named).await?;
+        let input = Input::Named {
+            path: local.to_path_buf(),
+            source: named,
+        };
+        return submit(endpoints, &args, input).await;
+    }
+    let input = Input::File(args.input.clone());
+    submit(endpoints, &args, input).await
+}
+
+/// Submits a job whose records come from `input` (`args.input` is not
+/// read): reads and cuts it, uploads the shard inputs, writes the spec,
+/// then publishes. Nothing is published unless the whole input is accepted.
+pub async fn submit(
+    endpoints: &Endpoints,
+    args: &SubmitArgs,
+    input: Input,
+) -> anyhow::Result<SubmitReport> {
     let store = minions_schemas::endpoints::store::open(&endpoints.store_url())?;
     let model_name = ModelName::new(&args.model).context("--model")?;
     let record = model_record(store.as_ref(), &model_name).await?;
@@ -80,24 +88,29 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
     let (_, js) = endpoints.connect("minions submit").await?;
     minions_schemas::streams::ensure(&js, &endpoints.replication.work_settings()).await?;
 
-    let file = std::fs::File::open(&args.input)
-        .with_context(|| format!("cannot open input {}", args.input.display()))?;
-    let input_bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let hashing = HashingReader {
-        inner: file,
-        hasher: Sha256::new(),
-    };
-    let mut reader = JsonlReader::new(
-        BufReader::with_capacity(1 << 20, hashing),
-        &args.text_field,
-        args.id_field.as_deref(),
-        args.max_line_bytes,
-    );
     let generates = record.family.generates();
-    if generates {
-        reader = reader.for_generation(gen_defaults(&args, record.context)?);
-    }
-    let source = args.input.display().to_string();
+    let opts = ReadOptions {
+        text_field: args.text_field.clone(),
+        id_field: args.id_field.clone(),
+        max_line_bytes: args.max_line_bytes,
+        generation: if generates {
+            Some(gen_defaults(args, record.context)?)
+        } else {
+            None
+        },
+    };
+    let source = input.source();
+    let input_bytes = input.bytes();
+    let table = input.is_parquet() || matches!(input, Input::Texts { .. });
+    // Texts in memory with ids keep them as a JSON file's id field would.
+    let id_field = match &input {
+        Input::Texts { ids: Some(_), .. } => Some(args.id_field.clone().unwrap_or("id".into())),
+        Input::Texts { ids: None, .. } => None,
+        Input::File(_) | Input::Named { .. } => args.id_field.clone(),
+    };
+    let mut reader = input
+        .open(&opts)
+        .map_err(|e| anyhow::anyhow!("{e}; nothing was published"))?;
     tracing::info!(job = %job, input = %source, bytes = input_bytes, shard_size = args.shard_size, "reading input");
 
     // A job id given again: its inputs are in the store already (its spec
@@ -114,23 +127,25 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
     // Pass: read, cut, upload. Nothing is published yet.
     let started = Instant::now();
     let mut uploads = FuturesUnordered::new();
-    let mut cutter = Cutter::new(&job, args.shard_size, args.id_field.is_some() || generates);
+    let mut cutter = Cutter::new(&job, args.shard_size, id_field.is_some() || generates);
     let mut skipped: u64 = 0;
     let mut last_report = Instant::now();
     loop {
         let rec = match reader.next_record() {
             Ok(Some(r)) => r,
             Ok(None) => break,
-            Err(ReadError::Line(e)) if args.skip_bad => {
-                tracing::warn!(input = %source, line = e.line, problem = %e.problem, "skipping malformed line");
+            Err(e @ (ReadError::Line(_) | ReadError::Row { .. })) if args.skip_bad => {
+                tracing::warn!(input = %source, problem = %e, "skipping malformed record");
                 skipped += 1;
                 continue;
             }
-            Err(ReadError::Line(e)) => {
+            Err(e @ (ReadError::Line(_) | ReadError::Row { .. })) => {
+                let what = if table { "row" } else { "line" };
                 bail!(
-                    "{source}: {e}; nothing was published (fix the line, or pass --skip-bad to skip such lines)"
+                    "{source}: {e}; nothing was published (fix the {what}, or pass --skip-bad to skip such {what}s)"
                 )
             }
+            Err(ReadError::Input(e)) => bail!("{source}: {e}; nothing was published"),
             Err(ReadError::Io(e)) => bail!("{source}: cannot read: {e}"),
         };
         if let Some(input) = cutter.push(rec)? {
@@ -150,7 +165,7 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
             tracing::info!(
                 records = cutter.records,
                 shards = cutter.shard,
-                mb_read = reader.bytes_read / 1_000_000,
+                mb_read = reader.bytes_read() / 1_000_000,
                 "reading input"
             );
         }
@@ -172,7 +187,7 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
         );
     }
     let shards = shard;
-    let sha256 = hex::encode(reader_hash(reader));
+    let sha256 = reader.sha256_hex();
 
     let spec = JobSpec {
         v: SCHEMA_VERSION,
@@ -184,12 +199,12 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
             source,
             sha256,
             bytes: input_bytes,
-            text_field: if generates {
+            text_field: if generates && !table {
                 "prompt|messages".into()
             } else {
                 args.text_field.clone()
             },
-            id_field: args.id_field.clone(),
+            id_field,
         },
         shard_size: args.shard_size,
         max_batch: args.max_batch,
@@ -318,10 +333,6 @@ fn gen_defaults(args: &SubmitArgs, context: Option<u32>) -> anyhow::Result<GenDe
         stop: args.stop.clone(),
         context,
     })
-}
-
-fn reader_hash<R: std::io::Read>(reader: JsonlReader<BufReader<HashingReader<R>>>) -> Vec<u8> {
-    reader.into_inner().into_inner().hasher.finalize().to_vec()
 }
 
 /// A shard task published, with what it takes to publish it again.
