@@ -6,8 +6,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use minions_schemas::messages::{EventKind, ShardEvent};
-use minions_schemas::{JobId, decode, limits, subjects};
+use minions_schemas::messages::{
+    EventKind, InputDescription, JobSpec, ModelFamily, Precision, ShardEvent,
+};
+use minions_schemas::time::now_ms;
+use minions_schemas::{JobId, ModelHash, ModelName, SCHEMA_VERSION, decode, limits, subjects};
 use minions_worker::model::tiny::TinySpec;
 
 use crate::Result;
@@ -69,6 +72,69 @@ pub fn num(name: &str, default: u64) -> crate::Result<u64> {
         Some(v) => v.parse()?,
         None => default,
     })
+}
+
+/// List flag `name` (comma-separated values), or `default` when absent.
+pub fn list<T>(name: &str, default: &str) -> crate::Result<Vec<T>>
+where
+    T: std::str::FromStr,
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    Ok(arg(name)
+        .unwrap_or_else(|| default.into())
+        .split(',')
+        .map(str::parse)
+        .collect::<std::result::Result<_, _>>()?)
+}
+
+/// The watchdog binary a benchmark runs: `--watchdog PATH`, else the
+/// release build when it exists, else the test build.
+pub fn watchdog_bin() -> crate::Result<std::path::PathBuf> {
+    let release = crate::workspace_root().join("target/release/minions-watchdog");
+    Ok(match arg("--watchdog") {
+        Some(p) => p.into(),
+        None if release.is_file() => release,
+        None => crate::bin("minions-watchdog")?,
+    })
+}
+
+/// A benchmark's fresh nats-server with the streams created, a scratch
+/// dir and a local-directory store in it.
+pub struct LocalSite {
+    /// A client of the server.
+    pub client: async_nats::Client,
+    /// JetStream on that client.
+    pub js: async_nats::jetstream::Context,
+    /// The store's URL (`file://...`).
+    pub store_url: String,
+    /// The store's folder (`dir/store`).
+    pub store: std::path::PathBuf,
+    /// The server.
+    pub nats: crate::NatsServer,
+    /// The scratch dir (named `prefix...`).
+    pub dir: tempfile::TempDir,
+}
+
+impl LocalSite {
+    /// Starts a nats-server, creates the streams, and makes the scratch dir
+    /// `prefix...`.
+    pub async fn start(prefix: &str) -> crate::Result<Self> {
+        let dir = crate::scratch(prefix)?;
+        let nats = crate::NatsServer::start()?;
+        let store = dir.path().join("store");
+        let store_url = format!("file://{}", store.display());
+        let client = async_nats::connect(nats.url()).await?;
+        let js = async_nats::jetstream::new(client.clone());
+        minions_schemas::streams::ensure(&js, &Default::default()).await?;
+        Ok(Self {
+            client,
+            js,
+            store_url,
+            store,
+            nats,
+            dir,
+        })
+    }
 }
 
 /// Whether bare flag `name` is on the command line.
@@ -329,5 +395,38 @@ pub fn write_short(path: &Path, n: usize) -> Result<()> {
         writeln!(f, "{{\"id\":\"r{i}\",\"text\":\"a dog runs {i}\"}}")?;
     }
     f.flush()?;
+    Ok(())
+}
+
+/// Writes the spec of a synthetic job `job` of `shards` shards of 256
+/// records, model `bench` (the watchdog benchmarks' jobs), into the
+/// local-directory store at `store`.
+pub fn write_bench_spec(store: &Path, job: &JobId, shards: u32) -> Result<()> {
+    let spec = JobSpec {
+        v: SCHEMA_VERSION,
+        job: job.clone(),
+        model_name: ModelName::new("bench")?,
+        model_hash: ModelHash::new("b".repeat(64))?,
+        family: ModelFamily::BertEmbedding,
+        input: InputDescription {
+            source: "bench".into(),
+            sha256: String::new(),
+            bytes: 0,
+            text_field: "text".into(),
+            id_field: None,
+        },
+        shard_size: 256,
+        max_batch: 0,
+        precision: Precision::F32,
+        shards,
+        records: u64::from(shards) * 256,
+        skipped: 0,
+        created_ms: now_ms(),
+    };
+    let key = store.join(minions_schemas::keys::job_spec(job));
+    if let Some(parent) = key.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(&key, minions_schemas::encode("job spec", &spec)?)?;
     Ok(())
 }

@@ -576,6 +576,118 @@ pub fn minions_ok(args: &[&str], envs: &[(String, String)]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
+/// Writes a [`tiny_model`] folder `tiny` under `dir`, pushes it under that
+/// name with the CLI environment `env`, and returns its folder.
+pub fn push_tiny_model(dir: &Path, env: &[(String, String)]) -> Result<PathBuf> {
+    let model = tiny_model(dir, "tiny")?;
+    minions_ok(
+        &[
+            "model",
+            "push",
+            &model.display().to_string(),
+            "--name",
+            "tiny",
+        ],
+        env,
+    )?;
+    Ok(model)
+}
+
+/// Pushes a [`tiny_model`] as `tiny` with the CLI environment `env`, writes
+/// `records` corpus records to `dir/in.jsonl` and submits them in shards of
+/// `shard_size`; returns the job id.
+pub fn submit_tiny_job(
+    dir: &Path,
+    env: &[(String, String)],
+    records: usize,
+    shard_size: u32,
+) -> Result<String> {
+    push_tiny_model(dir, env)?;
+    let input = dir.join("in.jsonl");
+    write_corpus(&input, records)?;
+    minions_submit(env, "tiny", &input, shard_size, &[])
+}
+
+/// Runs `minions submit` of `input` (a path) to `model` in shards of
+/// `shard_size`, `extra` flags appended, with the CLI environment `env`;
+/// returns the job id it printed.
+pub fn minions_submit(
+    env: &[(String, String)],
+    model: &str,
+    input: &Path,
+    shard_size: u32,
+    extra: &[&str],
+) -> Result<String> {
+    let input = input.display().to_string();
+    let size = shard_size.to_string();
+    let mut args = vec![
+        "submit",
+        "--model",
+        model,
+        "--input",
+        &input,
+        "--shard-size",
+        &size,
+    ];
+    args.extend_from_slice(extra);
+    minions_ok(&args, env)
+}
+
+/// Polls `minions status JOB --json` with the CLI environment `env` every
+/// 200 ms until the job is done and returns that status; a failing status
+/// call fails at once, and a job not done within `within` panics with its
+/// last status and `context()` (a process's log tail).
+#[track_caller]
+pub fn wait_done(
+    env: &[(String, String)],
+    job: &str,
+    within: Duration,
+    context: impl Fn() -> String,
+) -> Result<serde_json::Value> {
+    let until = Instant::now() + within;
+    loop {
+        let s = minions_ok(&["status", job, "--json"], env)?;
+        let v: serde_json::Value = serde_json::from_str(&s)?;
+        if v["state"] == "done" {
+            return Ok(v);
+        }
+        assert!(Instant::now() < until, "job not done: {s}\n{}", context());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Every event of `job` in the events stream of `js` so far, in stream
+/// order.
+pub async fn job_events(
+    js: &async_nats::jetstream::Context,
+    job: &str,
+) -> Result<Vec<minions_schemas::messages::ShardEvent>> {
+    use futures::StreamExt;
+    let stream = js
+        .get_stream(minions_schemas::streams::EVENTS_STREAM)
+        .await?;
+    let consumer = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
+            filter_subject: format!("minions.events.{job}.>"),
+            ..Default::default()
+        })
+        .await?;
+    let mut out = Vec::new();
+    if consumer.cached_info().num_pending == 0 {
+        return Ok(out);
+    }
+    let mut messages = consumer.messages().await?;
+    while let Some(m) = messages.next().await {
+        let m = m?;
+        let pending = m.info().map(|i| i.pending).unwrap_or(0);
+        out.push(minions_schemas::decode("shard event", &m.payload, 1 << 20)?);
+        if pending == 0 {
+            break;
+        }
+    }
+    Ok(out)
+}
+
 /// Writes a JSONL file of `n` generated sentences (`{"id": i, "text": ...}`).
 pub fn write_corpus(path: &Path, n: usize) -> Result<Vec<String>> {
     const SUBJ: [&str; 8] = [
@@ -943,19 +1055,7 @@ impl Fleet {
     /// Submits `input` (a path) as job `job` of `model` in shards of
     /// `shard_size`; returns the job id that `submit` printed.
     pub fn submit(&self, model: &str, input: &Path, shard_size: u32, job: &str) -> Result<String> {
-        let input = input.display().to_string();
-        let size = shard_size.to_string();
-        self.cli(&[
-            "submit",
-            "--model",
-            model,
-            "--input",
-            &input,
-            "--shard-size",
-            &size,
-            "--job",
-            job,
-        ])
+        minions_submit(&self.cli_env(), model, input, shard_size, &["--job", job])
     }
 
     /// Runs the CLI against this fleet and returns the whole output.
@@ -1006,31 +1106,8 @@ impl Fleet {
 
     /// Every event of `job` so far, in stream order.
     pub async fn events(&self, job: &str) -> Result<Vec<minions_schemas::messages::ShardEvent>> {
-        use futures::StreamExt;
         let js = async_nats::jetstream::new(self.client().await?);
-        let stream = js
-            .get_stream(minions_schemas::streams::EVENTS_STREAM)
-            .await?;
-        let consumer = stream
-            .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
-                filter_subject: format!("minions.events.{job}.>"),
-                ..Default::default()
-            })
-            .await?;
-        let mut out = Vec::new();
-        if consumer.cached_info().num_pending == 0 {
-            return Ok(out);
-        }
-        let mut messages = consumer.messages().await?;
-        while let Some(m) = messages.next().await {
-            let m = m?;
-            let pending = m.info().map(|i| i.pending).unwrap_or(0);
-            out.push(minions_schemas::decode("shard event", &m.payload, 1 << 20)?);
-            if pending == 0 {
-                break;
-            }
-        }
-        Ok(out)
+        job_events(&js, job).await
     }
 
     /// Waits until a `started` event of `job`/`shard` satisfies `pred` (given
@@ -1061,6 +1138,79 @@ impl Fleet {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Pushes [`SLOW`] as `slow`, writes 500 records, starts `watchdogs`
+    /// watchdogs and a one-slot worker (`first_flags` appended), submits the
+    /// records as the one shard of job `job`, waits (60 s) until that worker
+    /// starts it, then adds a second one-slot worker beside it.
+    pub async fn slow_shard_on_first_worker(
+        &mut self,
+        job: &str,
+        watchdogs: usize,
+        first_flags: &[&str],
+    ) -> Result<SlowShard> {
+        let model = self.push_model("slow", SLOW)?;
+        let input = self.dir.path().join("in.jsonl");
+        let texts = write_corpus(&input, 500)?;
+        for _ in 0..watchdogs {
+            self.add_watchdog(&[])?;
+        }
+        let mut flags = vec!["--slots", "1"];
+        flags.extend_from_slice(first_flags);
+        self.add_worker(&flags)?;
+        let job = self.submit("slow", &input, 500, job)?;
+        let (first, _) = self
+            .wait_started(&job, 0, Duration::from_secs(60), |_| true)
+            .await?;
+        self.add_worker(&["--slots", "1"])?;
+        Ok(SlowShard {
+            job,
+            model,
+            texts,
+            first,
+        })
+    }
+
+    /// SIGKILLs the first worker and waits (30 s) until shard 0 of `job`
+    /// starts on the second (`w2`); returns that worker's id and the time
+    /// from the kill to that start.
+    pub async fn kill_first_worker(&mut self, job: &str) -> Result<(String, Duration)> {
+        let killed_at = Instant::now();
+        self.workers[0].signal(nix::sys::signal::Signal::SIGKILL)?;
+        let (second, seen) = self
+            .wait_started(job, 0, Duration::from_secs(30), |w| w.starts_with("w2-"))
+            .await?;
+        Ok((second, seen.duration_since(killed_at)))
+    }
+
+    /// The worker-kill scenario: a [`Fleet::slow_shard_on_first_worker`]
+    /// job `job` with `watchdogs` watchdogs whose first worker has a 60 s ack
+    /// wait; 2 s after the second worker joins, the first is SIGKILLed.
+    /// Prints (after `label`) how long until the shard ran on the second
+    /// worker and asserts it took at most 4 s, well inside the ack wait: the
+    /// watchdog handed it back.
+    pub async fn worker_failover(
+        &mut self,
+        job: &str,
+        watchdogs: usize,
+        label: &str,
+    ) -> Result<SlowShard> {
+        let shard = self
+            .slow_shard_on_first_worker(job, watchdogs, &["--ack-wait-secs", "60"])
+            .await?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let (second, failover) = self.kill_first_worker(&shard.job).await?;
+        eprintln!(
+            "{label}SIGKILL of {} -> shard running on {second} after {:.2} s (ack wait 60 s)",
+            shard.first,
+            failover.as_secs_f64()
+        );
+        assert!(
+            failover <= Duration::from_secs(4),
+            "failover took {failover:?}"
+        );
+        Ok(shard)
     }
 
     /// Passes `r` through; on error first prints every process's log tail.
@@ -1142,6 +1292,19 @@ impl Fleet {
         let mut s = js.get_stream(minions_schemas::streams::WORK_STREAM).await?;
         Ok(s.info().await?.state.messages)
     }
+}
+
+/// A one-shard job of the [`SLOW`] model running on a fleet's first worker
+/// (see [`Fleet::slow_shard_on_first_worker`]).
+pub struct SlowShard {
+    /// The job id.
+    pub job: String,
+    /// The model's folder.
+    pub model: PathBuf,
+    /// The job's records.
+    pub texts: Vec<String>,
+    /// The id of the worker that started the shard.
+    pub first: String,
 }
 
 /// A random-weight model of all-MiniLM-L6-v2's size: one shard of a few

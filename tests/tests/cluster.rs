@@ -301,30 +301,8 @@ async fn killed_worker_shard_runs_elsewhere_on_the_cluster() -> Result<()> {
 }
 
 async fn worker_failover(fleet: &mut Fleet) -> Result<()> {
-    let model = fleet.push_model("slow", SLOW)?;
-    let input = fleet.dir.path().join("in.jsonl");
-    let texts = write_corpus(&input, 500)?;
-    fleet.add_watchdog(&[])?;
-    fleet.add_worker(&["--slots", "1", "--ack-wait-secs", "60"])?;
-    let job = fleet.submit("slow", &input, 500, "kill9")?;
-    let (first, _) = fleet
-        .wait_started(&job, 0, Duration::from_secs(60), |_| true)
+    let shard = fleet
+        .worker_failover("kill9", 1, "on the cluster: ")
         .await?;
-    fleet.add_worker(&["--slots", "1"])?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let killed_at = Instant::now();
-    fleet.workers[0].signal(nix::sys::signal::Signal::SIGKILL)?;
-    let (second, seen) = fleet
-        .wait_started(&job, 0, Duration::from_secs(30), |w| w.starts_with("w2-"))
-        .await?;
-    let failover = seen.duration_since(killed_at);
-    eprintln!(
-        "on the cluster: SIGKILL of {first} -> shard running on {second} after {:.2} s (ack wait 60 s)",
-        failover.as_secs_f64()
-    );
-    assert!(
-        failover <= Duration::from_secs(4),
-        "failover took {failover:?}"
-    );
-    check_job(fleet, &job, 1, &model, &texts)
+    check_job(fleet, &shard.job, 1, &shard.model, &shard.texts)
 }

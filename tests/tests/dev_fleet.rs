@@ -2,12 +2,54 @@
 //! dashboard, workers) that takes a job to the end, and SIGTERM (what Ctrl-C's process group
 //! gets, too) stops every process cleanly.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use minions_tests::{
-    Proc, Result, bin, free_port, minions_ok, scratch, tiny_model, tool, wait_for_port,
-    write_corpus,
+    Proc, Result, bin, free_port, scratch, submit_tiny_job, tool, wait_done, wait_for_port,
 };
+
+/// Starts `minions dev` with `args` in `dir` (its store `store`, its
+/// workers' cache in `dir/cache`).
+fn spawn_dev(dir: &Path, store: &str, args: &[String]) -> Result<Proc> {
+    let nats_bin = tool("NATS_SERVER_BIN", "nats-server")?;
+    let env = vec![
+        ("NATS_SERVER_BIN".to_owned(), nats_bin.display().to_string()),
+        ("MINIONS_STORE".to_owned(), store.to_owned()),
+        (
+            "MINIONS_CACHE_DIR".to_owned(),
+            dir.join("cache").display().to_string(),
+        ),
+        ("RUST_LOG".to_owned(), "info".to_owned()),
+    ];
+    let mut all = vec!["dev".to_owned()];
+    all.extend_from_slice(args);
+    Proc::spawn("dev", &bin("minions")?, &all, &env, dir)
+}
+
+/// Sends `dev` SIGTERM, waits (60 s) until it exits, asserts it exited
+/// cleanly, and returns the last `lines` lines of its log.
+#[track_caller]
+fn stop_dev(dev: &mut Proc, lines: usize) -> Result<String> {
+    dev.signal(nix::sys::signal::Signal::SIGTERM)?;
+    let status = dev.wait_timeout(Duration::from_secs(60))?;
+    let log = dev.log_tail(lines);
+    assert!(status.success(), "dev exited with {status}:\n{log}");
+    Ok(log)
+}
+
+/// Asserts that `log` reports each of `names` stopped.
+#[track_caller]
+fn assert_stopped(log: &str, names: &[&str]) {
+    for name in names {
+        let tag = format!("process={name}");
+        assert!(
+            log.lines()
+                .any(|l| l.contains(": stopped") && l.contains(&tag)),
+            "{name} not reported stopped:\n{log}"
+        );
+    }
+}
 
 #[test]
 fn dev_runs_a_fleet_and_stops_cleanly() -> Result<()> {
@@ -15,21 +57,10 @@ fn dev_runs_a_fleet_and_stops_cleanly() -> Result<()> {
     let port = free_port()?;
     let dash = free_port()?;
     let store = format!("file://{}", dir.path().join("store").display());
-    let nats_bin = tool("NATS_SERVER_BIN", "nats-server")?;
-    let env = vec![
-        ("NATS_SERVER_BIN".to_owned(), nats_bin.display().to_string()),
-        ("MINIONS_STORE".to_owned(), store.clone()),
-        (
-            "MINIONS_CACHE_DIR".to_owned(),
-            dir.path().join("cache").display().to_string(),
-        ),
-        ("RUST_LOG".to_owned(), "info".to_owned()),
-    ];
-    let mut dev = Proc::spawn(
-        "dev",
-        &bin("minions")?,
+    let mut dev = spawn_dev(
+        dir.path(),
+        &store,
         &[
-            "dev".into(),
             "--workers".into(),
             "2".into(),
             "--port".into(),
@@ -39,8 +70,6 @@ fn dev_runs_a_fleet_and_stops_cleanly() -> Result<()> {
             "--dashboard".into(),
             format!("127.0.0.1:{dash}"),
         ],
-        &env,
-        dir.path(),
     )?;
     wait_for_port(port, Duration::from_secs(20))?;
     let cli_env = vec![
@@ -50,67 +79,22 @@ fn dev_runs_a_fleet_and_stops_cleanly() -> Result<()> {
         ),
         ("MINIONS_STORE".to_owned(), store),
     ];
-    let model = tiny_model(dir.path(), "tiny")?;
-    minions_ok(
-        &[
-            "model",
-            "push",
-            &model.display().to_string(),
-            "--name",
-            "tiny",
-        ],
-        &cli_env,
-    )?;
-    let input = dir.path().join("in.jsonl");
-    write_corpus(&input, 500)?;
-    let job = minions_ok(
-        &[
-            "submit",
-            "--model",
-            "tiny",
-            "--input",
-            &input.display().to_string(),
-            "--shard-size",
-            "50",
-        ],
-        &cli_env,
-    )?;
-    let until = Instant::now() + Duration::from_secs(120);
-    loop {
-        let s = minions_ok(&["status", &job, "--json"], &cli_env)?;
-        let v: serde_json::Value = serde_json::from_str(&s)?;
-        if v["state"] == "done" {
-            break;
-        }
-        assert!(
-            Instant::now() < until,
-            "job not done: {s}\n{}",
-            dev.log_tail(40)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let job = submit_tiny_job(dir.path(), &cli_env, 500, 50)?;
+    wait_done(&cli_env, &job, Duration::from_secs(120), || {
+        dev.log_tail(40)
+    })?;
 
     // The dev fleet's watchdog serves its dashboard where asked.
     let (code, page) = minions_tests::web::get(&format!("http://127.0.0.1:{dash}/"))?;
     assert_eq!(code, 200, "{page}");
     assert!(page.contains(&job), "the dashboard does not show job {job}");
 
-    dev.signal(nix::sys::signal::Signal::SIGTERM)?;
-    let status = dev.wait_timeout(Duration::from_secs(60))?;
-    let log = dev.log_tail(200);
-    assert!(status.success(), "dev exited with {status}:\n{log}");
+    let log = stop_dev(&mut dev, 200)?;
     assert!(
         std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
         "nats-server still listens"
     );
-    for name in ["worker-1", "worker-2", "watchdog", "nats"] {
-        let tag = format!("process={name}");
-        assert!(
-            log.lines()
-                .any(|l| l.contains(": stopped") && l.contains(&tag)),
-            "{name} not reported stopped:\n{log}"
-        );
-    }
+    assert_stopped(&log, &["worker-1", "worker-2", "watchdog", "nats"]);
     assert!(log.contains("worker stopped"), "{log}");
     assert!(!log.contains("did not stop in time"), "{log}");
     Ok(())
@@ -138,22 +122,11 @@ fn dev_cluster_runs_a_job_on_three_servers() -> Result<()> {
     let dir = scratch("minions-dev-cluster-")?;
     let port = three_free_ports()?;
     let store = format!("file://{}", dir.path().join("store").display());
-    let nats_bin = tool("NATS_SERVER_BIN", "nats-server")?;
-    let env = vec![
-        ("NATS_SERVER_BIN".to_owned(), nats_bin.display().to_string()),
-        ("MINIONS_STORE".to_owned(), store.clone()),
-        (
-            "MINIONS_CACHE_DIR".to_owned(),
-            dir.path().join("cache").display().to_string(),
-        ),
-        ("RUST_LOG".to_owned(), "info".to_owned()),
-    ];
     let data = dir.path().join("dev");
-    let mut dev = Proc::spawn(
-        "dev",
-        &bin("minions")?,
+    let mut dev = spawn_dev(
+        dir.path(),
+        &store,
         &[
-            "dev".into(),
             "--cluster".into(),
             "3".into(),
             "--workers".into(),
@@ -165,8 +138,6 @@ fn dev_cluster_runs_a_job_on_three_servers() -> Result<()> {
             "--dashboard".into(),
             "off".into(),
         ],
-        &env,
-        dir.path(),
     )?;
     let want = format!(
         "export MINIONS_NATS_URL=nats://127.0.0.1:{port},nats://127.0.0.1:{},nats://127.0.0.1:{}",
@@ -197,46 +168,9 @@ fn dev_cluster_runs_a_job_on_three_servers() -> Result<()> {
         ("MINIONS_REPLICAS".to_owned(), "3".to_owned()),
         ("MINIONS_STORE".to_owned(), store),
     ];
-    let model = tiny_model(dir.path(), "tiny")?;
-    minions_ok(
-        &[
-            "model",
-            "push",
-            &model.display().to_string(),
-            "--name",
-            "tiny",
-        ],
-        &cli_env,
-    )?;
-    let input = dir.path().join("in.jsonl");
-    write_corpus(&input, 200)?;
-    let job = minions_ok(
-        &[
-            "submit",
-            "--model",
-            "tiny",
-            "--input",
-            &input.display().to_string(),
-            "--shard-size",
-            "20",
-        ],
-        &cli_env,
-    )?;
-    let until = Instant::now() + Duration::from_secs(60);
-    loop {
-        let s = minions_ok(&["status", &job, "--json"], &cli_env)?;
-        let v: serde_json::Value = serde_json::from_str(&s)?;
-        if v["state"] == "done" {
-            assert_eq!(v["done"], 10, "{s}");
-            break;
-        }
-        assert!(
-            Instant::now() < until,
-            "job not done: {s}\n{}",
-            dev.log_tail(40)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let job = submit_tiny_job(dir.path(), &cli_env, 200, 20)?;
+    let v = wait_done(&cli_env, &job, Duration::from_secs(60), || dev.log_tail(40))?;
+    assert_eq!(v["done"], 10, "{v}");
     // Each server holds its own copy of the work queue.
     for i in 1..=3 {
         let copy = data
@@ -250,23 +184,16 @@ fn dev_cluster_runs_a_job_on_three_servers() -> Result<()> {
         );
     }
 
-    dev.signal(nix::sys::signal::Signal::SIGTERM)?;
-    let status = dev.wait_timeout(Duration::from_secs(60))?;
-    let log = dev.log_tail(300);
-    assert!(status.success(), "dev exited with {status}:\n{log}");
+    let log = stop_dev(&mut dev, 300)?;
     for p in port..=port + 2 {
         assert!(
             std::net::TcpStream::connect(("127.0.0.1", p)).is_err(),
             "a nats-server still listens on {p}"
         );
     }
-    for name in ["worker-1", "watchdog", "nats-1", "nats-2", "nats-3"] {
-        let tag = format!("process={name}");
-        assert!(
-            log.lines()
-                .any(|l| l.contains(": stopped") && l.contains(&tag)),
-            "{name} not reported stopped:\n{log}"
-        );
-    }
+    assert_stopped(
+        &log,
+        &["worker-1", "watchdog", "nats-1", "nats-2", "nats-3"],
+    );
     Ok(())
 }

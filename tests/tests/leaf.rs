@@ -11,8 +11,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use minions_tests::{
-    Proc, Result, bin, free_port, max_abs_diff, minions_ok, read_npy_f32, scratch, tiny_model,
-    tool, wait_for_port, workspace_root, write_corpus,
+    Proc, Result, bin, free_port, job_events, max_abs_diff, minions_ok, minions_submit,
+    push_tiny_model, read_npy_f32, scratch, tool, wait_for_port, workspace_root, write_corpus,
 };
 
 /// The password the hub's `leafnodes` block reads from the environment.
@@ -161,34 +161,15 @@ async fn a_worker_on_a_leaf_node_runs_the_hubs_shards() -> Result<()> {
     let replicas = info.cluster.as_ref().map_or(0, |c| c.replicas.len());
     assert_eq!(replicas, 2, "a leader and two replicas: {:?}", info.cluster);
 
-    let model = tiny_model(dir.path(), "tiny")?;
-    minions_ok(
-        &[
-            "model",
-            "push",
-            &model.display().to_string(),
-            "--name",
-            "tiny",
-        ],
-        &hub_env,
-    )?;
+    let model = push_tiny_model(dir.path(), &hub_env)?;
     let input = dir.path().join("input.jsonl");
     let texts = write_corpus(&input, 300)?;
-    let job = minions_ok(
-        &[
-            "submit",
-            "--model",
-            "tiny",
-            "--input",
-            &input.display().to_string(),
-            "--shard-size",
-            "30",
-            "--job",
-            "leaf1",
-            "--nats",
-            &hub_urls,
-        ],
+    let job = minions_submit(
         &[("MINIONS_STORE".to_owned(), store.clone())],
+        "tiny",
+        &input,
+        30,
+        &["--job", "leaf1", "--nats", &hub_urls],
     )?;
     assert_eq!(job, "leaf1");
 
@@ -265,34 +246,12 @@ async fn a_worker_on_a_leaf_node_runs_the_hubs_shards() -> Result<()> {
 
 /// The worker ids of `job`'s done events.
 async fn done_by(js: &async_nats::jetstream::Context, job: &str) -> Result<Vec<String>> {
-    use futures::StreamExt;
-    let stream = js
-        .get_stream(minions_schemas::streams::EVENTS_STREAM)
-        .await?;
-    let consumer = stream
-        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
-            filter_subject: format!("minions.events.{job}.>"),
-            ..Default::default()
-        })
-        .await?;
-    let mut workers = Vec::new();
-    if consumer.cached_info().num_pending == 0 {
-        return Ok(workers);
-    }
-    let mut messages = consumer.messages().await?;
-    while let Some(m) = messages.next().await {
-        let m = m?;
-        let pending = m.info().map(|i| i.pending).unwrap_or(0);
-        let e: minions_schemas::messages::ShardEvent =
-            minions_schemas::decode("shard event", &m.payload, 1 << 20)?;
-        if matches!(e.kind, minions_schemas::messages::EventKind::Done { .. }) {
-            workers.push(e.worker.to_string());
-        }
-        if pending == 0 {
-            break;
-        }
-    }
-    Ok(workers)
+    Ok(job_events(js, job)
+        .await?
+        .into_iter()
+        .filter(|e| matches!(e.kind, minions_schemas::messages::EventKind::Done { .. }))
+        .map(|e| e.worker.to_string())
+        .collect())
 }
 
 /// The collected vectors in `npy` equal (≤ 1e-5) the in-process ones of

@@ -20,18 +20,7 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
     fleet.push_model("tiny", TinySpec::default())?;
     let input = fleet.dir.path().join("in.jsonl");
     write_corpus(&input, 2000)?;
-    let submit = [
-        "submit",
-        "--model",
-        "tiny",
-        "--input",
-        &input.display().to_string(),
-        "--shard-size",
-        "10",
-        "--job",
-        "poison",
-    ];
-    fleet.cli(&submit)?;
+    fleet.submit("tiny", &input, 10, "poison")?;
     // The cause: two shards' inputs vanish from the store.
     for shard in [37, 151] {
         std::fs::remove_file(
@@ -92,7 +81,7 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
 
     // Fix the cause (submit again puts back the missing inputs; it queues nothing new
     // inside the duplicate window), then retry.
-    fleet.cli(&submit)?;
+    fleet.submit("tiny", &input, 10, "poison")?;
     let said = fleet.cli(&["retry", "poison"])?;
     assert!(said.contains("2 failed shards resubmitted"), "{said}");
     let status = fleet.wait_job("poison", Duration::from_secs(120))?;

@@ -2,9 +2,9 @@
 //! stream and the registry): a worker that dies right after the restart still
 //! has its shard handed back within a few heartbeat intervals.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use minions_tests::{Fleet, Result, SLOW, write_corpus};
+use minions_tests::{Fleet, Result, SlowShard};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn restarted_watchdog_hands_back_a_dead_workers_shard() -> Result<()> {
@@ -14,27 +14,13 @@ async fn restarted_watchdog_hands_back_a_dead_workers_shard() -> Result<()> {
 }
 
 async fn scenario(fleet: &mut Fleet) -> Result<()> {
-    fleet.push_model("slow", SLOW)?;
-    let input = fleet.dir.path().join("in.jsonl");
-    write_corpus(&input, 500)?;
-    fleet.add_watchdog(&[])?;
-    fleet.add_worker(&["--slots", "1"])?;
-    let job = fleet.submit("slow", &input, 500, "wdr")?;
-    fleet
-        .wait_started(&job, 0, Duration::from_secs(60), |w| w.starts_with("w1-"))
-        .await?;
-    fleet.add_worker(&["--slots", "1"])?;
+    let SlowShard { job, .. } = fleet.slow_shard_on_first_worker("wdr", 1, &[]).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     // The watchdog dies and comes back; then the busy worker dies.
     fleet.watchdogs[0].kill();
     fleet.add_watchdog(&[])?;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let killed_at = Instant::now();
-    fleet.workers[0].signal(nix::sys::signal::Signal::SIGKILL)?;
-    let (_, seen) = fleet
-        .wait_started(&job, 0, Duration::from_secs(30), |w| w.starts_with("w2-"))
-        .await?;
-    let took = seen.duration_since(killed_at);
+    let (_, took) = fleet.kill_first_worker(&job).await?;
     eprintln!(
         "after a watchdog restart, SIGKILL -> shard running elsewhere in {:.2} s",
         took.as_secs_f64()

@@ -371,50 +371,25 @@ pub async fn restore_newest(
 mod tests {
     use std::sync::Arc;
 
-    use minions_schemas::messages::{
-        EventKind, InputDescription, JobManifest, JobSpec, ModelFamily, ShardEvent,
-    };
-    use minions_schemas::{JobId, ModelHash, ModelName, WorkerId};
+    use minions_schemas::messages::{EventKind, JobManifest, ShardEvent};
+    use minions_schemas::{JobId, WorkerId};
     use object_store::memory::InMemory;
 
     use super::*;
     use crate::registry::Registry;
     use crate::view::View;
+    use crate::view::jobs::fixtures::spec;
 
     type TestResult = Result<(), Box<dyn std::error::Error>>;
 
     const JOBS: [&str; 3] = ["job-a", "job-b", "job-c"];
     const SHARDS: u32 = 6;
 
-    fn spec(job: &str) -> Result<JobSpec, minions_schemas::IdError> {
-        Ok(JobSpec {
-            v: SCHEMA_VERSION,
-            job: JobId::new(job)?,
-            model_name: ModelName::new("m")?,
-            model_hash: ModelHash::new("a".repeat(64))?,
-            family: ModelFamily::BertEmbedding,
-            input: InputDescription {
-                source: "x".into(),
-                sha256: String::new(),
-                bytes: 0,
-                text_field: "text".into(),
-                id_field: None,
-            },
-            shard_size: 10,
-            max_batch: 0,
-            precision: minions_schemas::messages::Precision::F32,
-            shards: SHARDS,
-            records: u64::from(SHARDS) * 10 - 5,
-            skipped: 0,
-            created_ms: 0,
-        })
-    }
-
     /// A store holding the specs of [`JOBS`].
     async fn store() -> Result<Arc<dyn ObjectStore>, Box<dyn std::error::Error>> {
         let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
         for j in JOBS {
-            let s = spec(j)?;
+            let s = spec(j, SHARDS, u64::from(SHARDS) * 10 - 5)?;
             store
                 .put(
                     &StorePath::from(keys::job_spec(&s.job)),

@@ -20,42 +20,20 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use minions_schemas::messages::{EventKind, InputDescription, JobSpec, ModelFamily, ShardEvent};
+use minions_schemas::messages::{EventKind, ShardEvent};
 use minions_schemas::time::now_ms;
-use minions_schemas::{JobId, ModelHash, ModelName, SCHEMA_VERSION, WorkerId, encode, subjects};
-use minions_tests::bench::{arg, help, machine, num, status_mb, utc_now};
+use minions_schemas::{JobId, SCHEMA_VERSION, WorkerId, encode, subjects};
+use minions_tests::bench::{
+    LocalSite, help, list, machine, num, status_mb, utc_now, watchdog_bin, write_bench_spec,
+};
 use minions_tests::out;
-use minions_tests::{NatsServer, Proc, Result, bin, scratch, workspace_root};
+use minions_tests::{NatsServer, Proc, Result};
 
 const SHARDS_PER_JOB: u32 = 1_000;
 /// Acknowledgements outstanding (below async-nats's default cap of 5,000
 /// unacknowledged publishes per context).
 const IN_FLIGHT: usize = 4_096;
 const WORKERS: u32 = 300;
-
-fn spec(job: &JobId) -> Result<JobSpec> {
-    Ok(JobSpec {
-        v: SCHEMA_VERSION,
-        job: job.clone(),
-        model_name: ModelName::new("bench")?,
-        model_hash: ModelHash::new("b".repeat(64))?,
-        family: ModelFamily::BertEmbedding,
-        input: InputDescription {
-            source: "bench".into(),
-            sha256: String::new(),
-            bytes: 0,
-            text_field: "text".into(),
-            id_field: None,
-        },
-        shard_size: 256,
-        max_batch: 0,
-        precision: minions_schemas::messages::Precision::F32,
-        shards: SHARDS_PER_JOB,
-        records: u64::from(SHARDS_PER_JOB) * 256,
-        skipped: 0,
-        created_ms: now_ms(),
-    })
-}
 
 /// Publishes events and keeps `IN_FLIGHT` acknowledgements outstanding.
 struct Publisher {
@@ -101,11 +79,7 @@ async fn fill(p: &mut Publisher, store: &Path, first: u32, n: u64) -> Result<u32
     let t0 = now_ms();
     while p.sent < until {
         let job = JobId::new(format!("bench-{job_no:06}"))?;
-        let key = store.join(minions_schemas::keys::job_spec(&job));
-        if let Some(parent) = key.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        std::fs::write(&key, encode("job spec", &spec(&job)?)?)?;
+        write_bench_spec(store, &job, SHARDS_PER_JOB)?;
         for shard in 0..SHARDS_PER_JOB {
             if p.sent >= until {
                 break;
@@ -271,30 +245,22 @@ async fn main() -> Result<()> {
     if help(USAGE) {
         return Ok(());
     }
-    let sizes: Vec<u64> = arg("--events")
-        .unwrap_or_else(|| "1000000,10000000".into())
-        .split(',')
-        .map(str::parse)
-        .collect::<std::result::Result<_, _>>()?;
+    let sizes: Vec<u64> = list("--events", "1000000,10000000")?;
     let tail = num("--tail", 10_000)?;
     let rounds = num("--rounds", 2)?;
-    let release = workspace_root().join("target/release/minions-watchdog");
-    let watchdog = match arg("--watchdog") {
-        Some(p) => p.into(),
-        None if release.is_file() => release,
-        None => bin("minions-watchdog")?,
-    };
+    let watchdog = watchdog_bin()?;
     out!("{} · {} · {}", utc_now(), machine(), watchdog.display());
     out!("");
     let mut rows = Vec::new();
     for &n in &sizes {
-        let dir = scratch("minions-bench-ckpt-")?;
-        let nats = NatsServer::start()?;
-        let store = dir.path().join("store");
-        let store_url = format!("file://{}", store.display());
-        let client = async_nats::connect(nats.url()).await?;
-        let js = async_nats::jetstream::new(client.clone());
-        minions_schemas::streams::ensure(&js, &Default::default()).await?;
+        let LocalSite {
+            js,
+            store_url,
+            store,
+            nats,
+            dir,
+            ..
+        } = LocalSite::start("minions-bench-ckpt-").await?;
         let mut p = Publisher {
             js,
             acks: FuturesUnordered::new(),

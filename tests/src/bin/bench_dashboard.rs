@@ -14,41 +14,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use minions_schemas::messages::{
-    EventKind, Heartbeat, InFlight, InputDescription, JobSpec, ModelFamily, ShardEvent,
-};
+use minions_schemas::messages::{EventKind, Heartbeat, InFlight, ShardEvent};
 use minions_schemas::time::now_ms;
-use minions_schemas::{JobId, ModelHash, ModelName, SCHEMA_VERSION, WorkerId, encode, subjects};
-use minions_tests::bench::{arg, cpu_secs, help, status_mb};
+use minions_schemas::{JobId, SCHEMA_VERSION, WorkerId, encode, subjects};
+use minions_tests::bench::{
+    LocalSite, arg, cpu_secs, help, list, status_mb, watchdog_bin, write_bench_spec,
+};
 use minions_tests::out;
 use minions_tests::web::{Browser, get};
-use minions_tests::{NatsServer, Proc, Result, bin, free_port, scratch, workspace_root};
+use minions_tests::{Proc, Result, free_port};
 
 const SHARDS: u32 = 1_000_000;
-
-fn spec(job: &JobId) -> Result<JobSpec> {
-    Ok(JobSpec {
-        v: SCHEMA_VERSION,
-        job: job.clone(),
-        model_name: ModelName::new("bench")?,
-        model_hash: ModelHash::new("b".repeat(64))?,
-        family: ModelFamily::BertEmbedding,
-        input: InputDescription {
-            source: "bench".into(),
-            sha256: String::new(),
-            bytes: 0,
-            text_field: "text".into(),
-            id_field: None,
-        },
-        shard_size: 256,
-        max_batch: 0,
-        precision: minions_schemas::messages::Precision::F32,
-        shards: SHARDS,
-        records: u64::from(SHARDS) * 256,
-        skipped: 0,
-        created_ms: now_ms(),
-    })
-}
 
 /// Plays `n` workers until `stop`: beats spread over each second, and
 /// `n / 10` shards finished (and as many started) per second.
@@ -179,25 +155,10 @@ async fn main() -> Result<()> {
     if help(USAGE) {
         return Ok(());
     }
-    let sizes: Vec<usize> = arg("--workers")
-        .unwrap_or_else(|| "10,1000".into())
-        .split(',')
-        .map(str::parse)
-        .collect::<std::result::Result<_, _>>()?;
+    let sizes: Vec<usize> = list("--workers", "10,1000")?;
     let secs: u64 = arg("--secs").unwrap_or_else(|| "20".into()).parse()?;
-    let release = workspace_root().join("target/release/minions-watchdog");
-    let watchdog_bin = match arg("--watchdog") {
-        Some(p) => p.into(),
-        None if release.is_file() => release,
-        None => bin("minions-watchdog")?,
-    };
-    let dir = scratch("minions-bench-")?;
-    let nats = NatsServer::start()?;
-    let store = dir.path().join("store");
-    let store_url = format!("file://{}", store.display());
-    let client = async_nats::connect(nats.url()).await?;
-    let js = async_nats::jetstream::new(client.clone());
-    minions_schemas::streams::ensure(&js, &Default::default()).await?;
+    let watchdog_bin = watchdog_bin()?;
+    let site = LocalSite::start("minions-bench-").await?;
 
     out!(
         "watchdog binary: {}  ·  {} s per fleet size  ·  {} cores",
@@ -213,13 +174,10 @@ async fn main() -> Result<()> {
     let mut first_shard = 0;
     for (round, &n) in sizes.iter().enumerate() {
         let job = JobId::new(format!("bench{round}"))?;
-        let key = store.join(minions_schemas::keys::job_spec(&job));
-        if let Some(parent) = key.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        std::fs::write(&key, encode("job spec", &spec(&job)?)?)?;
+        write_bench_spec(&site.store, &job, SHARDS)?;
         // A fresh watchdog per size, seeing only this size's workers.
-        js.get_stream(minions_schemas::streams::HEARTBEATS_STREAM)
+        site.js
+            .get_stream(minions_schemas::streams::HEARTBEATS_STREAM)
             .await?
             .purge()
             .await?;
@@ -229,19 +187,19 @@ async fn main() -> Result<()> {
             &watchdog_bin,
             &[
                 "--nats".into(),
-                nats.url(),
+                site.nats.url(),
                 "--store".into(),
-                store_url.clone(),
+                site.store_url.clone(),
                 "--listen".into(),
                 format!("127.0.0.1:{port}"),
             ],
             &[("RUST_LOG".into(), "warn".into())],
-            dir.path(),
+            site.dir.path(),
         )?;
         let base = format!("http://127.0.0.1:{port}");
         let stop = Arc::new(AtomicBool::new(false));
         let sim = tokio::spawn(simulate(
-            client.clone(),
+            site.client.clone(),
             job.clone(),
             n,
             first_shard,
@@ -261,7 +219,7 @@ async fn main() -> Result<()> {
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        let browser = Browser::start(dir.path())?;
+        let browser = Browser::start(site.dir.path())?;
         browser.open(&format!("{base}/"))?;
 
         let pid = u32::try_from(wd.pid())?;

@@ -311,16 +311,18 @@ fn trim_recent(w: &mut VecDeque<(u64, u64)>, now_ms: u64) {
     }
 }
 
+/// Fixtures of the crate's unit tests.
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use minions_schemas::messages::{InputDescription, ModelFamily};
-    use minions_schemas::{IdError, ModelHash, ModelName, SCHEMA_VERSION};
+pub(crate) mod fixtures {
+    use minions_schemas::messages::{InputDescription, JobSpec, ModelFamily, Precision};
+    use minions_schemas::{IdError, JobId, ModelHash, ModelName, SCHEMA_VERSION};
 
-    fn spec() -> Result<JobSpec, IdError> {
+    /// The spec of job `job` of model `m`: `shards` shards of 10 records,
+    /// `records` in all.
+    pub(crate) fn spec(job: &str, shards: u32, records: u64) -> Result<JobSpec, IdError> {
         Ok(JobSpec {
             v: SCHEMA_VERSION,
-            job: JobId::new("j")?,
+            job: JobId::new(job)?,
             model_name: ModelName::new("m")?,
             model_hash: ModelHash::new("a".repeat(64))?,
             family: ModelFamily::BertEmbedding,
@@ -333,13 +335,19 @@ mod tests {
             },
             shard_size: 10,
             max_batch: 0,
-            precision: minions_schemas::messages::Precision::F32,
-            shards: 3,
-            records: 25,
+            precision: Precision::F32,
+            shards,
+            records,
             skipped: 0,
             created_ms: 0,
         })
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use minions_schemas::{IdError, SCHEMA_VERSION};
 
     fn ev(shard: u32, attempt: u64, at_ms: u64, kind: EventKind) -> Result<ShardEvent, IdError> {
         Ok(ShardEvent {
@@ -369,7 +377,7 @@ mod tests {
     #[test]
     fn counts_each_shard_once() -> Result<(), IdError> {
         let mut v = JobsView::default();
-        v.add(spec()?, Some(1), false);
+        v.add(fixtures::spec("j", 3, 25)?, Some(1), false);
         let t = 120_000;
         for e in [
             ev(0, 1, t, EventKind::Started)?,
