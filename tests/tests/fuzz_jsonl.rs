@@ -48,6 +48,9 @@ fn a_million_mutated_jsonl_inputs_never_panic() -> Result<(), Box<dyn std::error
                         bad += 1;
                     }
                     Err(ReadError::Io(e)) => return Err(format!("io error from a slice: {e}")),
+                    Err(e @ (ReadError::Row { .. } | ReadError::Input(_))) => {
+                        return Err(format!("a JSON Lines reader gave a table error: {e}"));
+                    }
                 }
                 if ok + bad > buf.len() as u64 + 1 {
                     return Err("more records than lines".into());
