@@ -79,7 +79,8 @@ impl Endpoints {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Submit a job: cut a JSONL file into shards and queue them. Prints the job id.
+    /// Submit a job: cut a JSON Lines or Parquet file into shards and queue
+    /// them. Prints the job id.
     Submit(SubmitArgs),
     /// Show a job's progress once: pending / running / done / failed, rate, ETA.
     Status(StatusArgs),
@@ -192,11 +193,15 @@ pub struct SubmitArgs {
     /// Model name (as given to `minions model push`).
     #[arg(long)]
     pub model: String,
-    /// Input file: JSON Lines, one object per line. Embedding models: a
-    /// text field (--text-field). Generation models: `{"id", "prompt"}` or
-    /// `{"id", "messages": [{"role", "content"}]}`, optionally with
-    /// `max_tokens`, `temperature`, `top_p`, `top_k`, `seed`, `stop`; or
-    /// OpenAI Batch API lines (`custom_id`, `body`) as they are.
+    /// Input file: JSON Lines, one object per line, or Parquet (a name
+    /// ending in `.parquet` or `.parq`). JSON Lines for embedding models: a
+    /// text field (--text-field). For generation models: `{"id",
+    /// "prompt"}` or `{"id", "messages": [{"role", "content"}]}`,
+    /// optionally with `max_tokens`, `temperature`, `top_p`, `top_k`,
+    /// `seed`, `stop`; or OpenAI Batch API lines (`custom_id`, `body`) as
+    /// they are. Parquet: one record per row, the text (for a generation
+    /// model, the prompt) from the column --text-field names, read a row
+    /// group at a time; only that column and the --id-field column are read.
     #[arg(long)]
     pub input: PathBuf,
     /// Job id (letters, digits, '-', '_'). Re-submitting the same id with the
@@ -208,13 +213,16 @@ pub struct SubmitArgs {
     /// to one worker.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub shard_size: u32,
-    /// JSON field holding the text.
+    /// JSON field, or Parquet column, holding the text (a Parquet column
+    /// of strings: Utf8, LargeUtf8 or Utf8View, dictionary-encoded or not).
     #[arg(long, default_value = "text")]
     pub text_field: String,
-    /// JSON field holding a record id (string or number), kept with the inputs.
+    /// JSON field, or Parquet column, holding a record id (string or
+    /// number; a Parquet column of strings or integers), kept with the inputs.
     #[arg(long)]
     pub id_field: Option<String>,
-    /// Skip malformed lines (counted and reported) instead of refusing the input.
+    /// Skip malformed lines, or Parquet rows with a null text or id
+    /// (counted and reported), instead of refusing the input.
     #[arg(long)]
     pub skip_bad: bool,
     /// Longest accepted input line, in bytes.
@@ -304,9 +312,15 @@ pub struct WatchArgs {
 pub struct CollectArgs {
     /// The job id.
     pub job: String,
-    /// Output file. Embedding jobs: `.npy` (float32 [N, dim], row i = i-th
-    /// input record). Generation jobs: JSON Lines, one line per input record
-    /// in input order.
+    /// Output file. A name ending in `.parquet` (or `.parq`): a Parquet
+    /// file for either kind of job, one row per input record in input
+    /// order: `row`, `id` (when the job has ids), then `vector`
+    /// (FixedSizeList<Float32, dim>) for embedding jobs, or `text`,
+    /// `finish_reason`, `prompt_tokens`, `completion_tokens` and `error`
+    /// for generation jobs; the job id, model name and model hash in its
+    /// key-value metadata. Any other name: for embedding jobs `.npy`
+    /// (float32 [N, dim], row i = i-th input record), for generation jobs
+    /// JSON Lines, one line per input record in input order.
     #[arg(long, short)]
     pub output: PathBuf,
     /// Generation jobs: the lines' shape. `jsonl` writes `{"id", "text",

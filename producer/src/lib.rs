@@ -4,7 +4,10 @@
 //! Layout:
 //! - [`cli`] — flags and subcommands.
 //! - [`commands`] — one file per subcommand.
+//! - [`input`] — where a job's records come from (JSON Lines, Parquet, memory).
 //! - [`jsonl`] — the streaming, bounded JSONL reader.
+//! - [`parquet_input`] — Parquet files read by row groups.
+//! - [`parquet_output`] — a finished job written as one Parquet file.
 //! - [`prompts`] — generation records (prompts, chat messages, OpenAI batch lines).
 //! - [`progress`] — a job's progress folded from its events.
 //! - [`npy`] — the `.npy` writer.
@@ -13,8 +16,11 @@
 
 pub mod cli;
 pub mod commands;
+pub mod input;
 pub mod jsonl;
 pub mod npy;
+pub mod parquet_input;
+pub mod parquet_output;
 pub mod progress;
 pub mod prompts;
 pub mod publish;

@@ -33,9 +33,31 @@ pub struct CollectReport {
     pub errors: u64,
 }
 
-/// Runs `minions collect`.
+/// Runs `minions collect`: a `.parquet` output is written as Parquet for
+/// either family; otherwise embedding jobs write `.npy`, generation jobs
+/// JSON Lines.
 pub async fn run(endpoints: &Endpoints, args: &CollectArgs) -> anyhow::Result<CollectReport> {
-    let job = JobId::new(&args.job).context("job id")?;
+    let parquet = crate::input::is_parquet_path(&args.output);
+    if parquet && args.format == CollectFormat::Openai {
+        bail!("--format openai writes JSON Lines; name a .jsonl output, or drop --format");
+    }
+    let (store, spec) = open_complete(endpoints, &args.job).await?;
+    if parquet {
+        crate::parquet_output::write(store, &spec, &args.output).await
+    } else if spec.family.generates() {
+        write_jsonl(store, &spec, &args.output, args.format).await
+    } else {
+        write_npy(store, &spec, &args.output).await
+    }
+}
+
+/// Opens the store and reads job `job`'s spec, checking that every shard
+/// has its output (else an error saying how many do not).
+pub async fn open_complete(
+    endpoints: &Endpoints,
+    job: &str,
+) -> anyhow::Result<(std::sync::Arc<dyn ObjectStore>, JobSpec)> {
+    let job = JobId::new(job).context("job id")?;
     let store = minions_schemas::endpoints::store::open(&endpoints.store_url())?;
     let spec = job_spec(store.as_ref(), &job).await?;
     let missing = missing_outputs(store.as_ref(), &spec).await?;
@@ -48,11 +70,146 @@ pub async fn run(endpoints: &Endpoints, args: &CollectArgs) -> anyhow::Result<Co
             shown.join(", ")
         );
     }
-    if spec.family.generates() {
-        write_jsonl(store, &spec, &args.output, args.format).await
-    } else {
-        write_npy(store, &spec, &args.output).await
+    Ok((store, spec))
+}
+
+/// One shard's output with its records' ids.
+#[derive(Debug)]
+pub struct CollectedShard {
+    /// The output, checked to belong to the job and shard with the right
+    /// number of rows and a consistent payload.
+    pub output: ShardOutput,
+    /// The records' ids, when the job has them (generation jobs always
+    /// do; embedding jobs when submitted with an id field).
+    pub ids: Option<Vec<String>>,
+}
+
+/// Whether a job's records have ids kept with its inputs.
+pub fn has_ids(spec: &JobSpec) -> bool {
+    spec.family.generates() || spec.input.id_field.is_some()
+}
+
+/// A complete job's shards in input order, each with its ids when
+/// `with_ids` (read from the shard inputs); at most [`FETCH_WINDOW`]
+/// fetched ahead.
+pub fn shards_in_order(
+    store: std::sync::Arc<dyn ObjectStore>,
+    spec: &JobSpec,
+    with_ids: bool,
+) -> impl futures::Stream<Item = anyhow::Result<CollectedShard>> + '_ {
+    let ids = futures::stream::iter(0..spec.shards)
+        .map(move |s| {
+            let store = store.clone();
+            async move {
+                if !with_ids {
+                    return anyhow::Ok((fetch(store.clone(), spec, s).await?, None));
+                }
+                let key = StorePath::from(keys::shard_input(&spec.job, s));
+                let input: Option<ShardInput> = get_doc(
+                    store.as_ref(),
+                    &key,
+                    "shard input",
+                    limits::MAX_SHARD_INPUT_BYTES,
+                )
+                .await?;
+                let ids = input.and_then(|i| i.ids);
+                if let Some(ids) = &ids
+                    && ids.len() as u64 != spec.shard_rows(s)
+                {
+                    bail!(
+                        "{key} holds {} ids for {} rows",
+                        ids.len(),
+                        spec.shard_rows(s)
+                    );
+                }
+                anyhow::Ok((fetch(store.clone(), spec, s).await?, ids))
+            }
+        })
+        .buffered(FETCH_WINDOW);
+    ids.map(|r| r.map(|(output, ids)| CollectedShard { output, ids }))
+}
+
+/// A complete job's results in memory, in input order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Gathered {
+    /// An embedding job's vectors.
+    Vectors {
+        /// The records' ids, when the job has them.
+        ids: Option<Vec<String>>,
+        /// Vector length.
+        dim: u32,
+        /// `rows × dim` floats, row-major.
+        data: Vec<f32>,
+    },
+    /// A generation job's results.
+    Generations {
+        /// The records' ids (their own, else their row number).
+        ids: Vec<String>,
+        /// One result per record.
+        results: Vec<Generation>,
+    },
+}
+
+/// Reads a complete job's results into memory (for the Python client).
+pub async fn gather(endpoints: &Endpoints, job: &str) -> anyhow::Result<Gathered> {
+    let (store, spec) = open_complete(endpoints, job).await?;
+    let rows = usize::try_from(spec.records).context("too many records for this machine")?;
+    let mut ids: Vec<String> = Vec::new();
+    let mut any_ids = false;
+    let (mut dim, mut data, mut results) = (None::<u32>, Vec::new(), Vec::new());
+    let mut shards = std::pin::pin!(shards_in_order(store, &spec, has_ids(&spec)));
+    while let Some(shard) = shards.next().await {
+        let CollectedShard {
+            output,
+            ids: shard_ids,
+        } = shard?;
+        match shard_ids {
+            Some(v) => {
+                any_ids = true;
+                ids.extend(v);
+            }
+            None => ids.extend((0..output.rows).map(|i| (output.first_row + i).to_string())),
+        }
+        match output.payload {
+            OutputPayload::Embeddings {
+                dim: d,
+                data: bytes,
+            } => {
+                match dim {
+                    None => {
+                        dim = Some(d);
+                        data.reserve_exact(rows.saturating_mul(d as usize));
+                    }
+                    Some(prev) if prev != d => bail!(
+                        "shard {} has dimension {d}, earlier shards {prev}",
+                        output.shard
+                    ),
+                    Some(_) => {}
+                }
+                data.extend(
+                    bytes
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+                );
+            }
+            OutputPayload::Generations { records } => results.extend(records),
+        }
     }
+    if ids.len() != rows {
+        bail!(
+            "outputs hold {} rows, the job has {rows} records",
+            ids.len()
+        );
+    }
+    Ok(if spec.family.generates() {
+        Gathered::Generations { ids, results }
+    } else {
+        Gathered::Vectors {
+            ids: any_ids.then_some(ids),
+            dim: dim.unwrap_or(0),
+            data,
+        }
+    })
 }
 
 async fn missing_outputs(store: &dyn ObjectStore, spec: &JobSpec) -> anyhow::Result<Vec<u32>> {
@@ -96,7 +253,7 @@ async fn fetch(
 
 /// A buffered file beside `path` (extension `ext`), renamed into place by
 /// [`settle_file`] once complete: a failed collect leaves no partial output.
-fn part_file(
+pub(crate) fn part_file(
     path: &Path,
     ext: &str,
 ) -> anyhow::Result<(std::path::PathBuf, std::io::BufWriter<std::fs::File>)> {
@@ -107,7 +264,7 @@ fn part_file(
 }
 
 /// Flushes `w`, checks that `rows` covers the job, and moves `tmp` to `path`.
-fn settle_file(
+pub(crate) fn settle_file(
     mut w: std::io::BufWriter<std::fs::File>,
     tmp: &Path,
     path: &Path,
@@ -131,13 +288,11 @@ async fn write_npy(
     path: &Path,
 ) -> anyhow::Result<CollectReport> {
     let (tmp, mut w) = part_file(path, "npy.part")?;
-    let mut outputs = futures::stream::iter(0..spec.shards)
-        .map(|s| fetch(store.clone(), spec, s))
-        .buffered(FETCH_WINDOW);
+    let mut outputs = std::pin::pin!(shards_in_order(store, spec, false));
     let mut dim: Option<u32> = None;
     let mut rows = 0u64;
     while let Some(out) = outputs.next().await {
-        let out = out?;
+        let out = out?.output;
         let OutputPayload::Embeddings { dim: d, data } = &out.payload else {
             bail!("shard {} holds generations, not vectors", out.shard);
         };
@@ -172,30 +327,11 @@ async fn write_jsonl(
     format: CollectFormat,
 ) -> anyhow::Result<CollectReport> {
     let (tmp, mut w) = part_file(path, "jsonl.part")?;
-    let ids = futures::stream::iter(0..spec.shards)
-        .map(|s| {
-            let store = store.clone();
-            async move {
-                let key = StorePath::from(keys::shard_input(&spec.job, s));
-                let input: Option<ShardInput> = get_doc(
-                    store.as_ref(),
-                    &key,
-                    "shard input",
-                    limits::MAX_SHARD_INPUT_BYTES,
-                )
-                .await?;
-                anyhow::Ok(input.and_then(|i| i.ids))
-            }
-        })
-        .buffered(FETCH_WINDOW);
-    let mut outputs = futures::stream::iter(0..spec.shards)
-        .map(|s| fetch(store.clone(), spec, s))
-        .buffered(FETCH_WINDOW)
-        .zip(ids);
+    let mut outputs = std::pin::pin!(shards_in_order(store, spec, true));
     let (mut rows, mut errors) = (0u64, 0u64);
     let created = minions_schemas::time::now_ms() / 1000;
-    while let Some((out, ids)) = outputs.next().await {
-        let (out, ids) = (out?, ids?);
+    while let Some(shard) = outputs.next().await {
+        let CollectedShard { output: out, ids } = shard?;
         let OutputPayload::Generations { records } = &out.payload else {
             bail!("shard {} holds vectors, not generations", out.shard);
         };
