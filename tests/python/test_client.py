@@ -226,3 +226,14 @@ def test_a_parquet_file_in_s3_submits(client, fleet, tmp_path, monkeypatch):
     finally:
         server.terminate()
         server.wait(10)
+
+
+def test_cancel_ends_the_wait(client, fleet):
+    job = client.submit(fleet.model, texts(3000, seed=11), shard_size=10)
+    said = job.cancel()
+    assert job.id in said
+    with pytest.raises(minions.JobFailed, match="ended cancelled") as e:
+        job.wait(timeout=300, interval=0.5)
+    st = e.value.status
+    print(f"cancelled job {job.id}: {st['done']} of {st['shards']} shards ran before the cancel took")
+    assert st["state"] == "cancelled" and st["done"] < st["shards"]
