@@ -217,12 +217,7 @@ impl Fleet {
         let gathered = block(py, async move { commands::collect::gather(ep, &job).await })?;
         match gathered {
             Gathered::Vectors { ids, dim, data } => {
-                let bytes = PyBytes::new_with(py, data.len() * 4, |buf| {
-                    for (out, v) in buf.chunks_exact_mut(4).zip(&data) {
-                        out.copy_from_slice(&v.to_le_bytes());
-                    }
-                    Ok(())
-                })?;
+                let bytes = PyBytes::new(py, &data);
                 Ok(("vectors", ids, dim, bytes).into_pyobject(py)?.into_any())
             }
             Gathered::Generations { ids, results } => {

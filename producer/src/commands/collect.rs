@@ -138,8 +138,9 @@ pub enum Gathered {
         ids: Option<Vec<String>>,
         /// Vector length.
         dim: u32,
-        /// `rows × dim` floats, row-major.
-        data: Vec<f32>,
+        /// `rows × dim` little-endian float32 values, row-major, as the
+        /// shard outputs store them.
+        data: Vec<u8>,
     },
     /// A generation job's results.
     Generations {
@@ -153,22 +154,23 @@ pub enum Gathered {
 /// Reads a complete job's results into memory (for the Python client).
 pub async fn gather(endpoints: &Endpoints, job: &str) -> anyhow::Result<Gathered> {
     let (store, spec) = open_complete(endpoints, job).await?;
-    let rows = usize::try_from(spec.records).context("too many records for this machine")?;
+    let with_ids = has_ids(&spec);
     let mut ids: Vec<String> = Vec::new();
-    let mut any_ids = false;
-    let (mut dim, mut data, mut results) = (None::<u32>, Vec::new(), Vec::new());
-    let mut shards = std::pin::pin!(shards_in_order(store, &spec, has_ids(&spec)));
+    let (mut rows, mut dim, mut data, mut results) = (0u64, None::<u32>, Vec::new(), Vec::new());
+    let mut shards = std::pin::pin!(shards_in_order(store, &spec, with_ids));
     while let Some(shard) = shards.next().await {
         let CollectedShard {
             output,
             ids: shard_ids,
         } = shard?;
-        match shard_ids {
-            Some(v) => {
-                any_ids = true;
-                ids.extend(v);
+        rows += output.rows;
+        if with_ids {
+            // A shard input without ids (written before ids were kept for
+            // every generation record) falls back to row numbers.
+            match shard_ids {
+                Some(v) => ids.extend(v),
+                None => ids.extend((0..output.rows).map(|i| (output.first_row + i).to_string())),
             }
-            None => ids.extend((0..output.rows).map(|i| (output.first_row + i).to_string())),
         }
         match output.payload {
             OutputPayload::Embeddings {
@@ -178,7 +180,9 @@ pub async fn gather(endpoints: &Endpoints, job: &str) -> anyhow::Result<Gathered
                 match dim {
                     None => {
                         dim = Some(d);
-                        data.reserve_exact(rows.saturating_mul(d as usize));
+                        let all = usize::try_from(spec.records.saturating_mul(u64::from(d) * 4))
+                            .context("too many records for this machine")?;
+                        data.reserve_exact(all);
                     }
                     Some(prev) if prev != d => bail!(
                         "shard {} has dimension {d}, earlier shards {prev}",
@@ -186,26 +190,23 @@ pub async fn gather(endpoints: &Endpoints, job: &str) -> anyhow::Result<Gathered
                     ),
                     Some(_) => {}
                 }
-                data.extend(
-                    bytes
-                        .chunks_exact(4)
-                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-                );
+                // Stored as little-endian float32, as the caller wants them.
+                data.extend_from_slice(&bytes);
             }
             OutputPayload::Generations { records } => results.extend(records),
         }
     }
-    if ids.len() != rows {
+    if rows != spec.records {
         bail!(
-            "outputs hold {} rows, the job has {rows} records",
-            ids.len()
+            "outputs hold {rows} rows, the job has {} records",
+            spec.records
         );
     }
     Ok(if spec.family.generates() {
         Gathered::Generations { ids, results }
     } else {
         Gathered::Vectors {
-            ids: any_ids.then_some(ids),
+            ids: with_ids.then_some(ids),
             dim: dim.unwrap_or(0),
             data,
         }
