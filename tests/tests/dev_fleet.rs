@@ -28,25 +28,43 @@ fn spawn_dev(dir: &Path, store: &str, args: &[String]) -> Result<Proc> {
 }
 
 /// Sends `dev` SIGTERM, waits (60 s) until it exits, asserts it exited
-/// cleanly, and returns the last `lines` lines of its log.
+/// cleanly, and returns its whole log (the servers' own shutdown lines can
+/// push the supervisor's "stopped" lines far from the end).
 #[track_caller]
-fn stop_dev(dev: &mut Proc, lines: usize) -> Result<String> {
+fn stop_dev(dev: &mut Proc) -> Result<String> {
     dev.signal(nix::sys::signal::Signal::SIGTERM)?;
     let status = dev.wait_timeout(Duration::from_secs(60))?;
-    let log = dev.log_tail(lines);
-    assert!(status.success(), "dev exited with {status}:\n{log}");
+    let log = dev.log_tail(usize::MAX);
+    assert!(
+        status.success(),
+        "dev exited with {status}:\n{}",
+        tail(&log, 80)
+    );
     Ok(log)
 }
 
-/// Asserts that `log` reports each of `names` stopped.
+/// The last `n` lines of `log`.
+fn tail(log: &str, n: usize) -> String {
+    let all: Vec<&str> = log.lines().collect();
+    all[all.len().saturating_sub(n)..].join("\n")
+}
+
+/// Asserts that `log` reports each of `names` stopped; on failure shows the
+/// supervisor's own lines (not the servers' chatter).
 #[track_caller]
 fn assert_stopped(log: &str, names: &[&str]) {
     for name in names {
         let tag = format!("process={name}");
+        let supervisor: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("commands::dev"))
+            .collect();
         assert!(
-            log.lines()
+            supervisor
+                .iter()
                 .any(|l| l.contains(": stopped") && l.contains(&tag)),
-            "{name} not reported stopped:\n{log}"
+            "{name} not reported stopped; the supervisor logged:\n{}",
+            supervisor.join("\n")
         );
     }
 }
@@ -89,7 +107,7 @@ fn dev_runs_a_fleet_and_stops_cleanly() -> Result<()> {
     assert_eq!(code, 200, "{page}");
     assert!(page.contains(&job), "the dashboard does not show job {job}");
 
-    let log = stop_dev(&mut dev, 200)?;
+    let log = stop_dev(&mut dev)?;
     assert!(
         std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
         "nats-server still listens"
@@ -184,7 +202,7 @@ fn dev_cluster_runs_a_job_on_three_servers() -> Result<()> {
         );
     }
 
-    let log = stop_dev(&mut dev, 300)?;
+    let log = stop_dev(&mut dev)?;
     for p in port..=port + 2 {
         assert!(
             std::net::TcpStream::connect(("127.0.0.1", p)).is_err(),
