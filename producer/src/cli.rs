@@ -103,9 +103,44 @@ pub enum Command {
     Worker(WorkerCommand),
     /// Run a whole local fleet: nats-server, a watchdog and N workers. Ctrl-C stops it.
     Dev(DevArgs),
+    /// Share the fleet between teams: weights, quotas, and what each team
+    /// has queued and running now.
+    #[command(subcommand)]
+    Team(TeamCommand),
     /// Set up a fleet's NATS side (needs credentials that may create streams).
     #[command(subcommand)]
     Admin(AdminCommand),
+}
+
+/// `minions team ...`
+#[derive(Debug, Subcommand)]
+pub enum TeamCommand {
+    /// Set a team's weight and quota (teams never set have weight 1 and no
+    /// quota). When several teams have work queued, each gets slots in
+    /// proportion to its weight, discounted by its recent usage; a team
+    /// alone gets the whole fleet.
+    Set(TeamSetArgs),
+    /// Show every team's policy, and its jobs queued and running now.
+    List {
+        /// Print JSON for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Flags of `minions team set`.
+#[derive(Debug, Args)]
+pub struct TeamSetArgs {
+    /// The team (as `minions submit --team` names it).
+    pub team: String,
+    /// Relative share of the fleet (e.g. 3 for three times a weight-1
+    /// team's share). Unchanged when not given; 1 for a new team.
+    #[arg(long)]
+    pub weight: Option<f64>,
+    /// Most slots the team's jobs may hold at once; 0 removes the cap.
+    /// Unchanged when not given.
+    #[arg(long)]
+    pub quota: Option<u32>,
 }
 
 /// `minions admin ...`
@@ -264,6 +299,77 @@ pub struct SubmitArgs {
     /// record gives `stop`.
     #[arg(long, help_heading = "Generation")]
     pub stop: Vec<String>,
+    /// The team the job counts against: when several teams have work
+    /// queued, each gets a share of the fleet's slots by its weight (`minions
+    /// team set`). Default: the settings file's `team`, else `default`.
+    #[arg(long, env = "MINIONS_TEAM", help_heading = "Sharing the fleet")]
+    pub team: Option<String>,
+    /// Order among the team's own jobs: a high job's shards start before
+    /// any queued normal or low shard of the team; equal priority runs
+    /// oldest first. Default: the settings file's `priority`, else normal.
+    #[arg(
+        long,
+        value_enum,
+        env = "MINIONS_PRIORITY",
+        help_heading = "Sharing the fleet"
+    )]
+    pub priority: Option<PriorityArg>,
+    /// Run only on slots no other job is waiting for, and give them up
+    /// (shards handed back, never lost) within a second or so when other
+    /// work arrives: for big jobs with no deadline.
+    #[arg(long, help_heading = "Sharing the fleet")]
+    pub preemptible: bool,
+    /// Memory a worker must lend to run this job, MB. Default: estimated
+    /// from the model's size (weights × 1.2); 0 = any worker.
+    #[arg(long, help_heading = "Sharing the fleet")]
+    pub memory_mb: Option<u64>,
+    /// Device kinds the job may run on, comma-separated (cpu, cuda, metal).
+    /// Default: any.
+    #[arg(long, value_delimiter = ',', help_heading = "Sharing the fleet")]
+    pub devices: Vec<DeviceKindArg>,
+}
+
+/// `--priority` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PriorityArg {
+    /// After the team's normal jobs.
+    Low,
+    /// The default.
+    Normal,
+    /// Before the team's normal and low jobs.
+    High,
+}
+
+impl From<PriorityArg> for minions_schemas::messages::Priority {
+    fn from(p: PriorityArg) -> Self {
+        match p {
+            PriorityArg::Low => Self::Low,
+            PriorityArg::Normal => Self::Normal,
+            PriorityArg::High => Self::High,
+        }
+    }
+}
+
+/// `--devices` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceKindArg {
+    /// Any CPU.
+    Cpu,
+    /// NVIDIA GPUs.
+    Cuda,
+    /// Apple GPUs.
+    Metal,
+}
+
+impl DeviceKindArg {
+    /// The kind as workers name their device (`cpu`, `cuda`, `metal`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cpu => "cpu",
+            Self::Cuda => "cuda",
+            Self::Metal => "metal",
+        }
+    }
 }
 
 /// `--precision` values.

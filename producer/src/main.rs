@@ -4,7 +4,7 @@
 use std::io::Write;
 
 use clap::Parser;
-use minions::cli::{AdminCommand, Cli, Command, ModelCommand, WorkerCommand};
+use minions::cli::{AdminCommand, Cli, Command, ModelCommand, TeamCommand, WorkerCommand};
 use minions::commands;
 use minions_schemas::messages::ControlCommand;
 use minions_schemas::progress::JobState;
@@ -103,6 +103,8 @@ async fn run() -> anyhow::Result<()> {
         Command::Worker(WorkerCommand::Resume { worker }) => {
             out(&commands::worker::control(ep, &worker, ControlCommand::Resume).await?)
         }
+        Command::Team(TeamCommand::Set(args)) => out(&commands::team::set(ep, &args).await?),
+        Command::Team(TeamCommand::List { json }) => out(&commands::team::list(ep, json).await?),
         Command::Admin(AdminCommand::Init(args)) => out(&commands::admin::init(ep, &args).await?),
         Command::Admin(AdminCommand::AddWorker(args)) => {
             out(&commands::add_worker::add_worker(&args)?.report)

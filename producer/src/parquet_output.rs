@@ -243,6 +243,10 @@ mod tests {
             records,
             skipped: 0,
             created_ms: 0,
+            team: minions_schemas::messages::DEFAULT_TEAM.to_owned(),
+            priority: Default::default(),
+            preemptible: false,
+            needs: Default::default(),
         })
     }
 

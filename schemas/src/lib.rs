@@ -26,6 +26,7 @@ pub mod keys;
 pub mod limits;
 pub mod messages;
 pub mod progress;
+pub mod scheduling;
 pub mod streams;
 pub mod subjects;
 pub mod time;

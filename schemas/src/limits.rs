@@ -9,6 +9,10 @@ pub const MAX_TASK_BYTES: usize = 64 * 1024;
 pub const MAX_EVENT_BYTES: usize = 64 * 1024;
 /// A worker heartbeat.
 pub const MAX_HEARTBEAT_BYTES: usize = 256 * 1024;
+/// A schedule (what is queued, team by team) that workers read.
+pub const MAX_SCHEDULE_BYTES: usize = 4 * 1024 * 1024;
+/// A team policy record.
+pub const MAX_TEAM_POLICY_BYTES: usize = 4 * 1024;
 /// A control message to a worker.
 pub const MAX_CONTROL_BYTES: usize = 16 * 1024;
 /// A job spec document in the store.

@@ -99,6 +99,15 @@ pub struct Progress {
     pub token_rate: f64,
     /// Failed shards with reasons.
     pub failed_shards: Vec<FailedShard>,
+    /// The team the job counts against.
+    #[serde(default)]
+    pub team: String,
+    /// Its priority within the team.
+    #[serde(default)]
+    pub priority: crate::messages::Priority,
+    /// Whether its shards yield to other work.
+    #[serde(default)]
+    pub preemptible: bool,
 }
 
 impl Progress {
@@ -423,6 +432,9 @@ impl JobFold {
             created_ms: spec.created_ms,
             tokens: self.totals.tokens,
             token_rate: 0.0,
+            team: spec.team.clone(),
+            priority: spec.priority,
+            preemptible: spec.preemptible,
             failed_shards: self
                 .failed
                 .iter()
@@ -489,9 +501,16 @@ impl Progress {
             s => s.as_str().to_owned(),
         };
         let mut out = format!(
-            "job {}: {state}\n  model    {}\n  records  {} in {} shards\n  shards   {} done, {} running, {} pending, {} failed ({pct:.1}% done)\n",
+            "job {}: {state}\n  model    {}\n  team     {}, priority {}{}\n  records  {} in {} shards\n  shards   {} done, {} running, {} pending, {} failed ({pct:.1}% done)\n",
             self.job,
             self.model,
+            self.team,
+            self.priority,
+            if self.preemptible {
+                ", preemptible"
+            } else {
+                ""
+            },
             self.records,
             self.shards,
             self.done,
@@ -566,6 +585,10 @@ mod tests {
             records: 35,
             skipped: 0,
             created_ms: 0,
+            team: crate::messages::DEFAULT_TEAM.to_owned(),
+            priority: Default::default(),
+            preemptible: false,
+            needs: Default::default(),
         })
     }
 

@@ -25,8 +25,13 @@ pub const HEARTBEATS_STREAM: &str = "MINIONS_HEARTBEATS";
 pub const DEAD_STREAM: &str = "MINIONS_DEAD";
 /// The worker registry (JetStream KV; key = worker id).
 pub const WORKERS_BUCKET: &str = "MINIONS_WORKERS";
-/// The durable pull consumer every worker shares.
-pub const WORK_CONSUMER: &str = "minions-workers";
+/// The team policies (JetStream KV; one key,
+/// [`crate::scheduling::TEAMS_KEY`]).
+pub const TEAMS_BUCKET: &str = "MINIONS_TEAMS";
+/// The durable pull consumer every worker shared before jobs got consumers
+/// of their own ([`crate::scheduling::job_consumer`]). [`ensure`] removes
+/// it: a work queue allows no consumer that overlaps another.
+pub const LEGACY_WORK_CONSUMER: &str = "minions-workers";
 /// How long events are kept.
 pub const EVENTS_MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
 /// The oldest nats-server release Minions runs against: 2.11 carries the
@@ -34,7 +39,9 @@ pub const EVENTS_MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
 /// redelivery accounting that the shard lifecycle depends on.
 pub const MIN_SERVER_VERSION: (u64, u64) = (2, 11);
 
-/// Settings of the shared work consumer. Each has a way to hurt; read its doc.
+/// Settings of the job consumers, fixed when the work stream is created and
+/// kept in its metadata, so that every producer creates job consumers alike.
+/// Each has a way to hurt; read its doc.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkSettings {
     /// How long the server waits for an ack before redelivering. Workers send
@@ -111,9 +118,43 @@ impl Replication {
     }
 }
 
+const META_ACK_WAIT: &str = "minions.ack_wait_ms";
+const META_MAX_DELIVER: &str = "minions.max_deliver";
+const META_MAX_ACK_PENDING: &str = "minions.max_ack_pending";
+const META_MAX_WAITING: &str = "minions.max_waiting";
+
+impl WorkSettings {
+    /// The settings a work stream was created with (its metadata), falling
+    /// back to `self` for any that are missing; replicas are the stream's.
+    pub fn of_stream(&self, config: &stream::Config) -> WorkSettings {
+        let m = &config.metadata;
+        let num = |k: &str| m.get(k).and_then(|v| v.parse::<i64>().ok());
+        WorkSettings {
+            ack_wait: num(META_ACK_WAIT)
+                .and_then(|ms| u64::try_from(ms).ok())
+                .map_or(self.ack_wait, Duration::from_millis),
+            max_deliver: num(META_MAX_DELIVER).unwrap_or(self.max_deliver),
+            max_ack_pending: num(META_MAX_ACK_PENDING).unwrap_or(self.max_ack_pending),
+            max_waiting: num(META_MAX_WAITING).unwrap_or(self.max_waiting),
+            duplicate_window: self.duplicate_window,
+            replicas: config.num_replicas.max(1),
+        }
+    }
+}
+
 /// The work stream's configuration.
 pub fn work_stream_config(settings: &WorkSettings) -> stream::Config {
+    let metadata = [
+        (META_ACK_WAIT, settings.ack_wait.as_millis().to_string()),
+        (META_MAX_DELIVER, settings.max_deliver.to_string()),
+        (META_MAX_ACK_PENDING, settings.max_ack_pending.to_string()),
+        (META_MAX_WAITING, settings.max_waiting.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
     stream::Config {
+        metadata,
         name: WORK_STREAM.to_owned(),
         description: Some("Minions shard tasks (work queue)".to_owned()),
         subjects: vec![subjects::WORK_SUBJECTS.to_owned()],
@@ -187,18 +228,14 @@ pub fn workers_kv_config(replicas: usize) -> jetstream::kv::Config {
     }
 }
 
-/// The shared work consumer's configuration.
-pub fn work_consumer_config(settings: &WorkSettings) -> consumer::pull::Config {
-    consumer::pull::Config {
-        durable_name: Some(WORK_CONSUMER.to_owned()),
-        description: Some("Minions workers (shared)".to_owned()),
-        ack_policy: consumer::AckPolicy::Explicit,
-        ack_wait: settings.ack_wait,
-        max_deliver: settings.max_deliver,
-        max_ack_pending: settings.max_ack_pending,
-        max_waiting: settings.max_waiting,
-        filter_subject: subjects::WORK_SUBJECTS.to_owned(),
-        num_replicas: settings.replicas,
+/// The team policies' bucket configuration.
+pub fn teams_kv_config(replicas: usize) -> jetstream::kv::Config {
+    jetstream::kv::Config {
+        bucket: TEAMS_BUCKET.to_owned(),
+        description: "Minions team policies (weights, quotas)".to_owned(),
+        history: 5,
+        storage: stream::StorageType::File,
+        num_replicas: replicas,
         ..Default::default()
     }
 }
@@ -217,28 +254,38 @@ pub enum EnsureError {
         #[source]
         source: jetstream::context::CreateStreamError,
     },
-    /// The worker registry could not be created or read.
-    #[error("cannot create or read key-value bucket {WORKERS_BUCKET}: {0}")]
-    Kv(String),
-    /// The consumer could not be created or read.
+    /// A key-value bucket could not be created or read.
+    #[error("cannot create or read key-value bucket {bucket}: {message}")]
+    Kv {
+        /// Which bucket.
+        bucket: &'static str,
+        /// The server's answer.
+        message: String,
+    },
+    /// The work stream could not be read.
+    #[error("cannot read stream {WORK_STREAM} (run `minions admin init` first?): {0}")]
+    WorkStream(String),
+    /// A job's consumer could not be created or read.
     #[error(
-        "cannot create or read consumer {WORK_CONSUMER} (if these credentials may not create consumers, run `minions admin init` with credentials that may)"
+        "cannot create or read consumer {name} on {WORK_STREAM} (if these credentials may not create consumers, ask the operator for ones that may create job consumers)"
     )]
     Consumer {
+        /// The consumer.
+        name: String,
         /// The server's answer.
         #[source]
         source: jetstream::stream::ConsumerError,
     },
 }
 
-/// Creates every stream, the worker registry and the work consumer where
-/// missing (existing ones are used as they are), and returns the work
-/// consumer. Rides out a cluster's leader elections (see
-/// [`crate::endpoints::resilient`]).
+/// Creates every stream and bucket where missing (existing ones are used as
+/// they are), removes the shared consumer of the earlier layout, and returns
+/// the settings job consumers get (the work stream's). Rides out a
+/// cluster's leader elections (see [`crate::endpoints::resilient`]).
 pub async fn ensure(
     js: &jetstream::Context,
     settings: &WorkSettings,
-) -> Result<consumer::PullConsumer, EnsureError> {
+) -> Result<WorkSettings, EnsureError> {
     crate::endpoints::resilient::patiently(
         "setting up the streams",
         crate::endpoints::resilient::PATIENCE,
@@ -250,7 +297,7 @@ pub async fn ensure(
 async fn ensure_once(
     js: &jetstream::Context,
     settings: &WorkSettings,
-) -> Result<consumer::PullConsumer, EnsureError> {
+) -> Result<WorkSettings, EnsureError> {
     let work = js
         .get_or_create_stream(work_stream_config(settings))
         .await
@@ -258,29 +305,22 @@ async fn ensure_once(
             stream: WORK_STREAM,
             source,
         })?;
-    // The work stream decides: whatever is missing gets its replica count,
-    // so a program started with another --replicas than the one that made
-    // the fleet adds nothing that does not match (a work queue's consumer
-    // must have its stream's replicas).
-    let replicas = work.cached_info().config.num_replicas.max(1);
-    if replicas != settings.replicas {
+    // The work stream decides: whatever is missing gets its replica count
+    // and job consumers its settings, so a program started with other flags
+    // than the one that made the fleet adds nothing that does not match (a
+    // work queue's consumers must have its stream's replicas).
+    let actual = settings.of_stream(&work.cached_info().config);
+    if actual.replicas != settings.replicas {
         tracing::debug!(
-            replicas,
+            replicas = actual.replicas,
             asked = settings.replicas,
             "the work stream exists; its replica count is used"
         );
     }
-    let settings = &WorkSettings {
-        replicas,
-        ..settings.clone()
-    };
     for (name, config) in [
-        (EVENTS_STREAM, events_stream_config(settings.replicas)),
-        (
-            HEARTBEATS_STREAM,
-            heartbeats_stream_config(settings.replicas),
-        ),
-        (DEAD_STREAM, dead_stream_config(settings.replicas)),
+        (EVENTS_STREAM, events_stream_config(actual.replicas)),
+        (HEARTBEATS_STREAM, heartbeats_stream_config(actual.replicas)),
+        (DEAD_STREAM, dead_stream_config(actual.replicas)),
     ] {
         js.get_or_create_stream(config)
             .await
@@ -289,10 +329,50 @@ async fn ensure_once(
                 source,
             })?;
     }
-    workers_kv(js, settings.replicas).await?;
-    work.get_or_create_consumer(WORK_CONSUMER, work_consumer_config(settings))
-        .await
-        .map_err(|source| EnsureError::Consumer { source })
+    workers_kv(js, actual.replicas).await?;
+    teams_kv(js, actual.replicas).await?;
+    if work.consumer_info(LEGACY_WORK_CONSUMER).await.is_ok() {
+        // Its unacknowledged shards stay in the stream and are delivered
+        // again through their jobs' consumers.
+        tracing::warn!(
+            consumer = LEGACY_WORK_CONSUMER,
+            "removing the shared work consumer of the earlier layout; jobs now have consumers of their own"
+        );
+        if let Err(e) = work.delete_consumer(LEGACY_WORK_CONSUMER).await {
+            tracing::warn!(error = %e, "could not remove the shared work consumer");
+        }
+    }
+    Ok(actual)
+}
+
+/// Creates `spec`'s consumer where missing (the same spec makes the same
+/// consumer, so a re-submit changes nothing) and returns it.
+pub async fn ensure_job_consumer(
+    js: &jetstream::Context,
+    settings: &WorkSettings,
+    spec: &crate::messages::JobSpec,
+) -> Result<consumer::PullConsumer, EnsureError> {
+    let name = crate::scheduling::job_consumer(&spec.job);
+    crate::endpoints::resilient::patiently(
+        "creating the job's consumer",
+        crate::endpoints::resilient::PATIENCE,
+        || async {
+            let work = js
+                .get_stream(WORK_STREAM)
+                .await
+                .map_err(|e| EnsureError::WorkStream(e.to_string()))?;
+            work.get_or_create_consumer(
+                &name,
+                crate::scheduling::job_consumer_config(settings, spec),
+            )
+            .await
+            .map_err(|source| EnsureError::Consumer {
+                name: name.clone(),
+                source,
+            })
+        },
+    )
+    .await
 }
 
 /// Opens the worker registry, creating it with `replicas` copies where
@@ -301,15 +381,32 @@ pub async fn workers_kv(
     js: &jetstream::Context,
     replicas: usize,
 ) -> Result<jetstream::kv::Store, EnsureError> {
-    match js.get_key_value(WORKERS_BUCKET).await {
+    open_kv(js, WORKERS_BUCKET, || workers_kv_config(replicas)).await
+}
+
+/// Opens the team policies' bucket, creating it with `replicas` copies where
+/// missing.
+pub async fn teams_kv(
+    js: &jetstream::Context,
+    replicas: usize,
+) -> Result<jetstream::kv::Store, EnsureError> {
+    open_kv(js, TEAMS_BUCKET, || teams_kv_config(replicas)).await
+}
+
+async fn open_kv(
+    js: &jetstream::Context,
+    bucket: &'static str,
+    config: impl FnOnce() -> jetstream::kv::Config,
+) -> Result<jetstream::kv::Store, EnsureError> {
+    match js.get_key_value(bucket).await {
         Ok(kv) => Ok(kv),
-        Err(_) => match js.create_key_value(workers_kv_config(replicas)).await {
+        Err(_) => match js.create_key_value(config()).await {
             Ok(kv) => Ok(kv),
             // Another process created it meanwhile.
-            Err(e) => js
-                .get_key_value(WORKERS_BUCKET)
-                .await
-                .map_err(|_| EnsureError::Kv(e.to_string())),
+            Err(e) => js.get_key_value(bucket).await.map_err(|_| EnsureError::Kv {
+                bucket,
+                message: e.to_string(),
+            }),
         },
     }
 }
@@ -361,12 +458,11 @@ mod tests {
             ack_wait: Duration::from_secs(7),
             ..Default::default()
         };
-        let c = work_consumer_config(&s);
-        assert_eq!(c.ack_wait, Duration::from_secs(7));
-        assert_eq!(c.ack_policy, consumer::AckPolicy::Explicit);
-        assert_eq!(
-            work_stream_config(&s).retention,
-            stream::RetentionPolicy::WorkQueue
-        );
+        let stream = work_stream_config(&s);
+        assert_eq!(stream.retention, stream::RetentionPolicy::WorkQueue);
+        // Job consumers get the settings the stream was created with.
+        let back = WorkSettings::default().of_stream(&stream);
+        assert_eq!(back.ack_wait, Duration::from_secs(7));
+        assert_eq!(back.max_deliver, s.max_deliver);
     }
 }

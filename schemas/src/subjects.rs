@@ -16,6 +16,8 @@ pub const EVENT_SUBJECTS: &str = "minions.events.>";
 pub const HEARTBEAT_ALL: &str = "minions.hb.>";
 /// Subjects captured by the dead-letter stream.
 pub const DEAD_SUBJECTS: &str = "minions.dead.>";
+/// The schedule the watchdog publishes (core NATS, every worker listens).
+pub const SCHEDULE: &str = "minions.sched";
 /// Wildcard for job cancellations (core NATS, every worker listens).
 pub const CANCEL_ALL: &str = "minions.cancel.>";
 

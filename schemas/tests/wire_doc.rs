@@ -16,8 +16,9 @@ use minions_schemas::messages::{
     ChatTurn, Control, ControlCommand, ControlReply, DeadLetter, EventKind, FinishReason,
     Generation, GenerationRecord, Heartbeat, InFlight, InputDescription, JobManifest, JobSpec,
     ManifestShard, ModelFamily, ModelFile, ModelManifest, ModelRecord, OutputPayload, Precision,
-    Prompt, SamplingParams, ShardCheckpoint, ShardEvent, ShardInput, ShardOutput, ShardTask,
-    WorkerRecord, WorkerState,
+    Priority, Prompt, QueuedJob, Requirements, SamplingParams, Schedule, ShardCheckpoint,
+    ShardEvent, ShardInput, ShardOutput, ShardTask, TeamPolicy, TeamShare, WorkerRecord,
+    WorkerState,
 };
 use minions_schemas::{JobId, ModelHash, ModelName, SCHEMA_VERSION, WorkerId, codec};
 use serde::Serialize;
@@ -296,6 +297,23 @@ fn every_precision() -> Vec<Precision> {
         }
     }
     all
+}
+
+fn every_priority() -> Vec<Priority> {
+    let all = vec![Priority::Low, Priority::Normal, Priority::High];
+    for p in &all {
+        match p {
+            Priority::Low | Priority::Normal | Priority::High => {}
+        }
+    }
+    all
+}
+
+fn requirements() -> Requirements {
+    Requirements {
+        memory_mb: 16_384,
+        devices: vec!["metal".into(), "cuda".into()],
+    }
 }
 
 fn every_command() -> Vec<ControlCommand> {
@@ -610,9 +628,55 @@ fn check_all(c: &mut Checker) -> Res {
                 records: 10_000,
                 skipped: 2,
                 created_ms: 1_767_225_600_000,
+                team: "search".into(),
+                priority: Priority::High,
+                preemptible: true,
+                needs: requirements(),
             })?;
         }
     }
+
+    // Scheduling: priorities, requirements, team policies, the schedule.
+    for p in every_priority() {
+        c.check(&p)?;
+    }
+    c.check(&requirements())?;
+    let policy = TeamPolicy {
+        v,
+        weight: 3.0,
+        quota: 16,
+    };
+    c.check(&policy)?;
+    c.check(&minions_schemas::scheduling::Teams {
+        v,
+        teams: [("search".to_owned(), policy)].into_iter().collect(),
+    })?;
+    let queued = QueuedJob {
+        job: ids.job.clone(),
+        team: "search".into(),
+        priority: Priority::Normal,
+        preemptible: false,
+        needs: requirements(),
+        model_hash: ids.hash.clone(),
+        created_ms: 1_767_225_600_000,
+        pending: 1_200,
+        running: 8,
+    };
+    c.check(&queued)?;
+    let share = TeamShare {
+        team: "search".into(),
+        weight: 3.0,
+        quota: 16,
+        usage: 7.5,
+    };
+    c.check(&share)?;
+    c.check(&Schedule {
+        v,
+        at_ms: 1_767_225_612_345,
+        jobs: vec![queued],
+        teams: vec![share],
+        preempt: 0.25,
+    })?;
 
     // ShardInput with texts, and with generation records of every prompt kind.
     c.check(&ShardInput {
@@ -772,6 +836,13 @@ fn wire_md_documents_every_field_and_tag() -> Res {
         "ManifestShard",
         "WorkerRecord",
         "WorkerState",
+        "Priority",
+        "Requirements",
+        "TeamPolicy",
+        "Teams",
+        "QueuedJob",
+        "TeamShare",
+        "Schedule",
     ];
     let unsampled: Vec<&str> = expected
         .iter()

@@ -422,6 +422,10 @@ pub fn write_bench_spec(store: &Path, job: &JobId, shards: u32) -> Result<()> {
         records: u64::from(shards) * 256,
         skipped: 0,
         created_ms: now_ms(),
+        team: minions_schemas::messages::DEFAULT_TEAM.to_owned(),
+        priority: Default::default(),
+        preemptible: false,
+        needs: Default::default(),
     };
     let key = store.join(minions_schemas::keys::job_spec(job));
     if let Some(parent) = key.parent() {

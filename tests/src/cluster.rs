@@ -77,6 +77,23 @@ pub async fn wait_ready(url: &str, within: Duration) -> Result<()> {
     }
 }
 
+/// The server leading the work stream (`what` = "work stream") or, for
+/// anything else, job `job`'s consumer.
+pub async fn work_leader(
+    js: &async_nats::jetstream::Context,
+    what: &str,
+    job: &str,
+) -> Result<String> {
+    use minions_schemas::streams::WORK_STREAM;
+    if what == "work stream" {
+        stream_leader(js, WORK_STREAM, Duration::from_secs(10)).await
+    } else {
+        let consumer =
+            minions_schemas::scheduling::job_consumer(&minions_schemas::JobId::new(job)?);
+        consumer_leader(js, WORK_STREAM, &consumer, Duration::from_secs(10)).await
+    }
+}
+
 /// The server name of the leader of `stream`, asked through `js` (retried
 /// while an election is under way, up to `within`).
 pub async fn stream_leader(

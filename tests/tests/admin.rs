@@ -31,7 +31,7 @@ fn admin_init_creates_once_with_the_settings_given() -> Result<()> {
     let again = minions_ok(&["admin", "init"], &env)?;
     assert!(again.contains("ready (already set up)"), "{again}");
     assert!(again.contains("max deliver 7"), "{again}");
-    assert!(again.contains("kept as it is"), "{again}");
+    assert!(again.contains("kept them"), "{again}");
     Ok(())
 }
 

@@ -107,15 +107,17 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
     std::fs::write(&stored, bytes)?;
     fleet.submit("bad", &input, 100, "tampered")?;
 
-    // 4. A shard message that does not decode, beside good work.
+    // 4. Shard messages that do not decode, beside good work: one on a
+    // job's subject (its worker terminates it), one of no job at all (the
+    // watchdog removes it).
     let js = async_nats::jetstream::new(fleet.nats.client().await?);
-    js.publish(
-        "minions.work.garbage.0",
-        bytes::Bytes::from_static(b"\xc1 not msgpack"),
-    )
-    .await?
-    .await?;
+    for subject in ["minions.work.garbage.0", "minions.work.fine.9999"] {
+        js.publish(subject, bytes::Bytes::from_static(b"\xc1 not msgpack"))
+            .await?
+            .await?;
+    }
     fleet.submit("good", &input, 100, "fine")?;
+    fleet.add_watchdog(&[])?;
 
     fleet.add_worker(&[])?;
     let fine = fleet.wait_job("fine", Duration::from_secs(120))?;
@@ -141,8 +143,8 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
         "{status}"
     );
 
-    // The undecodable message was terminated and named in the worker's log.
-    let until = std::time::Instant::now() + Duration::from_secs(10);
+    // The undecodable messages were removed and named in the logs.
+    let until = std::time::Instant::now() + Duration::from_secs(30);
     while fleet.work_stream_messages().await? != 0 && std::time::Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -156,8 +158,15 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
         .lines()
         .find(|l| l.contains("shard message does not decode"))
         .ok_or("worker did not report the undecodable message")?;
-    assert!(line.contains("minions.work.garbage.0"), "{line}");
+    assert!(line.contains("minions.work.fine.9999"), "{line}");
     eprintln!("undecodable message: {line}");
+    let log = std::fs::read_to_string(&fleet.watchdogs[0].log)?;
+    let line = log
+        .lines()
+        .find(|l| l.contains("belongs to no job"))
+        .ok_or("the watchdog did not report the message of no job")?;
+    assert!(line.contains("minions.work.garbage.0"), "{line}");
+    eprintln!("message of no job: {line}");
 
     // collect refuses an incomplete job and says why.
     let out = fleet.cli_raw(&[

@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use minions_schemas::messages::EventKind;
-use minions_schemas::streams::{WORK_CONSUMER, WORK_STREAM};
+use minions_schemas::streams::WORK_STREAM;
 use minions_schemas::time::now_ms;
 use minions_tests::{Fleet, Result, SLOW, cluster, write_corpus};
 
@@ -147,12 +147,7 @@ async fn leaders_killed(fleet: &mut Fleet) -> Result<()> {
     let mut kills = Vec::new();
     for (what, at) in [("work stream", SHARDS / 10), ("work consumer", SHARDS / 2)] {
         wait_done(fleet, &job, at as u64, Duration::from_secs(120)).await?;
-        let leader = if what == "work stream" {
-            cluster::stream_leader(&js, WORK_STREAM, Duration::from_secs(10)).await?
-        } else {
-            cluster::consumer_leader(&js, WORK_STREAM, WORK_CONSUMER, Duration::from_secs(10))
-                .await?
-        };
+        let leader = cluster::work_leader(&js, what, &job).await?;
         let before = done(fleet, &job);
         let killed_ms = now_ms();
         fleet.node(&leader)?.proc.kill();
@@ -249,7 +244,10 @@ async fn step_downs(fleet: &mut Fleet) -> Result<()> {
     let client = fleet.client().await?;
     let subjects = [
         format!("$JS.API.STREAM.LEADER.STEPDOWN.{WORK_STREAM}"),
-        format!("$JS.API.CONSUMER.LEADER.STEPDOWN.{WORK_STREAM}.{WORK_CONSUMER}"),
+        format!(
+            "$JS.API.CONSUMER.LEADER.STEPDOWN.{WORK_STREAM}.{}",
+            job_consumer(&job)?
+        ),
         format!(
             "$JS.API.STREAM.LEADER.STEPDOWN.{}",
             minions_schemas::streams::EVENTS_STREAM
@@ -305,4 +303,11 @@ async fn worker_failover(fleet: &mut Fleet) -> Result<()> {
         .worker_failover("kill9", 1, "on the cluster: ")
         .await?;
     check_job(fleet, &shard.job, 1, &shard.model, &shard.texts)
+}
+
+/// The work-stream consumer of job `job`.
+fn job_consumer(job: &str) -> std::result::Result<String, minions_schemas::IdError> {
+    Ok(minions_schemas::scheduling::job_consumer(
+        &minions_schemas::JobId::new(job)?,
+    ))
 }

@@ -122,6 +122,10 @@ fn spec() -> R<JobSpec> {
         records: 10_000,
         skipped: 2,
         created_ms: 1_764_000_000_000,
+        team: minions_schemas::messages::DEFAULT_TEAM.to_owned(),
+        priority: Default::default(),
+        preemptible: false,
+        needs: Default::default(),
     })
 }
 

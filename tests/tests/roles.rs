@@ -179,14 +179,14 @@ const NO_ONE: &[(&str, &str, &str)] = &[
         "$JS.API.STREAM.DELETE.MINIONS_EVENTS",
     ),
     (
-        "delete the work consumer",
+        "add a consumer over every shard",
         "pub",
-        "$JS.API.CONSUMER.DELETE.MINIONS_WORK.minions-workers",
+        "$JS.API.CONSUMER.CREATE.MINIONS_WORK.thief.minions.work.>",
     ),
     (
-        "change the work consumer",
+        "add a consumer without a filter",
         "pub",
-        "$JS.API.CONSUMER.CREATE.MINIONS_WORK.minions-workers",
+        "$JS.API.CONSUMER.CREATE.MINIONS_WORK.thief",
     ),
     (
         "add a durable consumer to the work stream",
@@ -220,6 +220,17 @@ async fn each_worker_machine_may_do_its_job_and_nothing_else() -> Result<()> {
                     "pub",
                     "$JS.API.STREAM.PURGE.MINIONS_WORK",
                 ),
+                (
+                    "delete a job's consumer",
+                    "pub",
+                    "$JS.API.CONSUMER.DELETE.MINIONS_WORK.job-x",
+                ),
+                (
+                    "create a job's consumer",
+                    "pub",
+                    "$JS.API.CONSUMER.CREATE.MINIONS_WORK.job-x.minions.work.x.>",
+                ),
+                ("publish the schedule", "pub", "minions.sched"),
                 (
                     "read the events stream through a consumer",
                     "pub",
@@ -293,8 +304,28 @@ async fn each_worker_machine_may_do_its_job_and_nothing_else() -> Result<()> {
         arrives(&admin, &w1, "minions.cancel.somejob").await?,
         "cancellations"
     );
-    let consumer: async_nats::jetstream::consumer::PullConsumer =
-        work.get_consumer(streams::WORK_CONSUMER).await?;
+    // A job's consumer, as `minions submit` makes it.
+    let job_id = minions_schemas::JobId::new("roles")?;
+    let name = minions_schemas::scheduling::job_consumer(&job_id);
+    async_nats::jetstream::new(admin.client.clone())
+        .get_stream(streams::WORK_STREAM)
+        .await?
+        .create_consumer(async_nats::jetstream::consumer::pull::Config {
+            durable_name: Some(name.clone()),
+            filter_subject: minions_schemas::subjects::job_work(&job_id),
+            ..Default::default()
+        })
+        .await?;
+    let mut listed = work.consumers();
+    assert!(
+        listed.next().await.is_some(),
+        "a worker lists job consumers"
+    );
+    assert!(
+        arrives(&admin, &w1, minions_schemas::subjects::SCHEDULE).await?,
+        "a worker follows the schedule"
+    );
+    let consumer: async_nats::jetstream::consumer::PullConsumer = work.get_consumer(&name).await?;
     let mut batch = consumer
         .fetch()
         .max_messages(1)
@@ -371,12 +402,12 @@ async fn the_producer_and_watchdog_identities_may_do_their_jobs_and_nothing_else
                 (
                     "pull a shard",
                     "pub",
-                    "$JS.API.CONSUMER.MSG.NEXT.MINIONS_WORK.minions-workers",
+                    "$JS.API.CONSUMER.MSG.NEXT.MINIONS_WORK.job-x",
                 ),
                 (
                     "ack a shard",
                     "pub",
-                    "$JS.ACK.MINIONS_WORK.minions-workers.1.1.1.1.1.1",
+                    "$JS.ACK.MINIONS_WORK.job-x.1.1.1.1.1.1",
                 ),
                 (
                     "send control to a worker",
@@ -421,7 +452,7 @@ async fn the_producer_and_watchdog_identities_may_do_their_jobs_and_nothing_else
                 (
                     "pull a shard",
                     "pub",
-                    "$JS.API.CONSUMER.MSG.NEXT.MINIONS_WORK.minions-workers",
+                    "$JS.API.CONSUMER.MSG.NEXT.MINIONS_WORK.job-x",
                 ),
                 (
                     "purge the work stream",
@@ -467,7 +498,7 @@ async fn the_producer_and_watchdog_identities_may_do_their_jobs_and_nothing_else
     assert!(arrives(&admin, &watchdog, "minions.hb.w1.w1-0a1b2c3d").await?);
     assert!(
         !watchdog
-            .publish_refused("$JS.ACK.MINIONS_WORK.minions-workers.1.1.1.1.1.1")
+            .publish_refused("$JS.ACK.MINIONS_WORK.job-x.1.1.1.1.1.1")
             .await?
     );
     let wjs = async_nats::jetstream::new(watchdog.client.clone());

@@ -60,6 +60,11 @@ pub struct WatchdogArgs {
     /// events stream.
     #[arg(long)]
     pub no_checkpoints: bool,
+    /// Half-life of a team's recent usage, in hours: a team that used many
+    /// slots recently gets fewer while others wait, and this is how fast
+    /// that fades (HTCondor's default is 24 h, Slurm's 7 days).
+    #[arg(long, default_value_t = 24.0)]
+    pub usage_half_life_hours: f64,
 }
 
 /// The dashboard's default address.
@@ -80,6 +85,12 @@ impl WatchdogArgs {
             sweep_every: Duration::from_millis(100),
             listen: (self.listen != "off").then_some(self.listen),
             queue_poll: Duration::from_secs(1),
+            schedule: crate::schedule::ScheduleSettings {
+                usage_half_life: Duration::from_secs_f64(
+                    (self.usage_half_life_hours.max(0.0) * 3600.0).min(1e12),
+                ),
+                ..Default::default()
+            },
             checkpoints: crate::checkpoint::CheckpointPolicy {
                 disabled: self.no_checkpoints,
                 every_events: self.checkpoint_events,

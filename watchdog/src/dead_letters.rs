@@ -84,7 +84,7 @@ pub async fn on_max_deliveries(
     Ok(())
 }
 
-/// The max-deliveries advisory subject of the shared work consumer.
+/// The max-deliveries advisory subject of every job consumer.
 pub fn advisory_subject() -> String {
-    subjects::max_deliveries_advisory(streams::WORK_STREAM, streams::WORK_CONSUMER)
+    subjects::max_deliveries_advisory(streams::WORK_STREAM, "*")
 }

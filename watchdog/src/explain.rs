@@ -14,7 +14,7 @@ pub struct Reason {
     /// Stable key: `ended`, `all_running`, `no_workers`, `all_owners_active`,
     /// `all_draining`, `model_too_large`, `no_free_slot`, `max_ack_pending`,
     /// `not_queued`, `queued_behind`, `retrying`, `queue_unreadable`,
-    /// `starting`.
+    /// `starting`, `sharing`.
     pub key: &'static str,
     /// What a person can act on.
     pub text: String,
@@ -29,6 +29,9 @@ pub struct JobFacts {
     pub last_retry: Option<(u32, String)>,
     /// Its messages in the work stream (None when unreadable).
     pub queued: Option<u64>,
+    /// Why the fleet's sharing holds it back (fair share, priority, quota,
+    /// preemptible, what it needs), from the schedule.
+    pub sharing: Option<String>,
 }
 
 fn r(key: &'static str, text: String) -> Reason {
@@ -113,6 +116,9 @@ pub fn explain(
             ));
         }
         return out;
+    }
+    if let Some(why) = &facts.sharing {
+        out.push(r("sharing", why.clone()));
     }
     let mut fits = lending.clone();
     if let Some(mb) = facts.model_mb {
@@ -229,6 +235,9 @@ mod tests {
             tokens: 0,
             token_rate: 0.0,
             failed_shards: Vec::new(),
+            team: "default".into(),
+            priority: Default::default(),
+            preemptible: false,
         }
     }
 
@@ -269,6 +278,7 @@ mod tests {
             model_mb: Some(90),
             last_retry: None,
             queued: Some(queued),
+            sharing: None,
         }
     }
 

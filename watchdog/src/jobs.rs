@@ -216,7 +216,7 @@ pub struct Tracker {
 /// What reading a job's spec found.
 enum SpecRead {
     /// The spec.
-    Found(JobSpec),
+    Found(Box<JobSpec>),
     /// There is none, or it is unreadable for good (too large, malformed).
     Missing,
     /// The store failed; another read may succeed.
@@ -443,7 +443,7 @@ impl Tracker {
         let known = self.view.jobs().knows(&e.job);
         if !known {
             let spec = match self.spec(&e.job).await {
-                SpecRead::Found(spec) => spec,
+                SpecRead::Found(spec) => *spec,
                 SpecRead::Missing => return,
                 SpecRead::Failed(why) => {
                     self.missed(&e.job, why);
@@ -491,7 +491,7 @@ impl Tracker {
     async fn spec(&mut self, job: &JobId) -> SpecRead {
         let track = self.jobs.entry(job.clone()).or_default();
         if let Some(spec) = &track.spec {
-            return SpecRead::Found(spec.clone());
+            return SpecRead::Found(Box::new(spec.clone()));
         }
         let key = StorePath::from(keys::job_spec(job));
         let got = match self.store.get(&key).await {
@@ -509,7 +509,7 @@ impl Tracker {
         match decode::<JobSpec>("job spec", &bytes, limits::MAX_SPEC_BYTES) {
             Ok(spec) => {
                 track.spec = Some(spec.clone());
-                SpecRead::Found(spec)
+                SpecRead::Found(Box::new(spec))
             }
             Err(_) => SpecRead::Missing,
         }

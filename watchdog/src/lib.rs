@@ -29,9 +29,11 @@ pub mod explain;
 pub mod fleet;
 pub mod http;
 pub mod jobs;
+pub mod orphans;
 pub mod queue;
 pub mod registry;
 pub mod run;
+pub mod schedule;
 pub mod view;
 
 pub use run::{WatchdogConfig, WatchdogError, run};

@@ -26,13 +26,15 @@ pub struct QueueInfo {
     pub pending: u64,
     /// Delivered and not yet acknowledged.
     pub ack_pending: u64,
-    /// The consumer's limit on `ack_pending`; at it, JetStream stops
+    /// A job consumer's limit on `ack_pending` (the largest); at it, JetStream stops
     /// delivering without a word.
     pub max_ack_pending: u64,
     /// Pull requests waiting (idle worker slots asking for work).
     pub waiting: u64,
     /// Messages delivered more than once, now unacked.
     pub redelivered: u64,
+    /// Job consumers (jobs with a consumer: queued, running or just done).
+    pub jobs: u64,
     /// Dead-letter records stored.
     pub dead_letters: u64,
     /// When this was read (ms since the epoch).
@@ -52,15 +54,22 @@ pub async fn read(js: &jetstream::Context) -> QueueInfo {
             .map_err(|e| e.to_string())?;
         let info = stream.get_info().await.map_err(|e| e.to_string())?;
         q.depth = info.state.messages;
-        let c = stream
-            .consumer_info(streams::WORK_CONSUMER)
-            .await
-            .map_err(|e| e.to_string())?;
-        q.pending = c.num_pending;
-        q.ack_pending = c.num_ack_pending as u64;
-        q.max_ack_pending = u64::try_from(c.config.max_ack_pending).unwrap_or(0);
-        q.waiting = c.num_waiting as u64;
-        q.redelivered = c.num_redelivered as u64;
+        // One consumer per job: the queue's figures are their sums.
+        let mut consumers = stream.consumers();
+        while let Some(c) = consumers.next().await {
+            let c = c.map_err(|e| e.to_string())?;
+            if minions_schemas::scheduling::consumer_job(&c.name).is_none() {
+                continue;
+            }
+            q.pending += c.num_pending;
+            q.ack_pending += c.num_ack_pending as u64;
+            q.max_ack_pending = q
+                .max_ack_pending
+                .max(u64::try_from(c.config.max_ack_pending).unwrap_or(0));
+            q.waiting += c.num_waiting as u64;
+            q.redelivered += c.num_redelivered as u64;
+            q.jobs += 1;
+        }
         if let Ok(dead) = js.get_stream(streams::DEAD_STREAM).await
             && let Ok(info) = dead.get_info().await
         {

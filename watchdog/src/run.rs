@@ -68,6 +68,8 @@ pub struct WatchdogConfig {
     pub queue_poll: Duration,
     /// When to checkpoint the folded events (see [`crate::checkpoint`]).
     pub checkpoints: crate::checkpoint::CheckpointPolicy,
+    /// How the schedule is published (see [`crate::schedule`]).
+    pub schedule: crate::schedule::ScheduleSettings,
 }
 
 fn follow_err<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> WatchdogError {
@@ -91,7 +93,7 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
         replicas: config.replicas,
         ..Default::default()
     };
-    streams::ensure(&js, &settings).await?;
+    let work_settings = streams::ensure(&js, &settings).await?;
     let kv = streams::workers_kv(&js, config.replicas).await?;
     let work = js
         .get_stream(streams::WORK_STREAM)
@@ -121,6 +123,17 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
         js.clone(),
         view.clone(),
         config.queue_poll,
+        stop_side.clone(),
+    ));
+    let scheduler = tokio::spawn(crate::schedule::run(
+        js.clone(),
+        client.clone(),
+        store.clone(),
+        view.clone(),
+        crate::schedule::ScheduleSettings {
+            work: work_settings,
+            ..config.schedule.clone()
+        },
         stop_side.clone(),
     ));
     let server = match &config.listen {
@@ -260,6 +273,7 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
     stop_side.cancel();
     let _ = tracker.await;
     let _ = poller.await;
+    let _ = scheduler.await;
     if let Some(server) = server {
         let _ = server.await;
     }

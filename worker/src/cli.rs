@@ -43,6 +43,12 @@ pub struct WorkerArgs {
     /// Shards held at once (one computes, the others move data).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub slots: u16,
+    /// Memory this machine lends to models, MB: jobs that need more (`minions
+    /// submit --memory-mb`, or estimated from the model) are left to other
+    /// workers, never pulled here. Default: the owner policy's memory cap,
+    /// else the GPU's or the machine's memory.
+    #[arg(long, env = "MINIONS_LEND_MEMORY_MB")]
+    pub lend_memory_mb: Option<u64>,
     /// Compute device.
     #[arg(long, global = true, value_enum, default_value_t = DeviceChoice::Auto)]
     pub device: DeviceChoice,
@@ -166,6 +172,7 @@ impl WorkerArgs {
             c.cache_dir = dir;
         }
         c.slots = usize::from(self.slots);
+        c.lend_memory_mb = self.lend_memory_mb;
         c.device = self.device;
         c.max_batch = self.max_batch as usize;
         c.batch_tokens = self.batch_tokens as usize;

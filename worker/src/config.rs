@@ -34,15 +34,18 @@ pub struct WorkerConfig {
     /// On shutdown, how long running shards may take to finish before they
     /// are handed back.
     pub drain_timeout: Duration,
-    /// How long one pull request waits for a shard. Shorter stops faster and
-    /// costs more requests on an idle fleet.
+    /// How long an idle slot waits for a new schedule before it looks at
+    /// the last one again.
     pub pull_expires: Duration,
+    /// Memory lent to models, MB (`None`: the policy's cap, else the GPU's
+    /// or the machine's memory).
+    pub lend_memory_mb: Option<u64>,
     /// Models kept loaded at once.
     pub keep_warm: usize,
     /// Prefix of the worker id (default: the host name).
     pub name: Option<String>,
-    /// Consumer settings used if this worker is the one that creates the
-    /// work consumer (an existing consumer keeps its settings).
+    /// Job consumer settings used if this worker is the one that creates the
+    /// work stream (an existing stream keeps its settings).
     pub work: WorkSettings,
     /// The owner-first policy; `None` lends the machine whenever it runs.
     pub policy: Option<crate::owner::Policy>,
@@ -65,7 +68,8 @@ impl WorkerConfig {
             batch_tokens: crate::model::Batching::DEFAULT_TOKENS,
             heartbeat_interval: Duration::from_secs(1),
             drain_timeout: Duration::from_secs(30),
-            pull_expires: Duration::from_secs(2),
+            pull_expires: Duration::from_secs(1),
+            lend_memory_mb: None,
             keep_warm: 2,
             name: None,
             work: WorkSettings::default(),

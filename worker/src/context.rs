@@ -70,6 +70,10 @@ pub(crate) struct Ctx {
     /// fleet's view should show its slot free), so that the beat of the next
     /// shard's start, usually right behind, carries both.
     pub(crate) beat_soon: Notify,
+    /// What is queued, and which job a free slot pulls from.
+    pub(crate) sched: crate::schedule::Scheduler,
+    /// Running shards told to yield to other work (their hand-back reason).
+    pub(crate) preempted: Mutex<HashSet<(String, u32)>>,
 }
 
 impl Ctx {
@@ -121,9 +125,11 @@ impl Ctx {
         }
     }
 
-    /// Why running shards are being handed back, for their events.
-    pub(crate) fn hand_back_reason(&self) -> String {
-        if let Some(reason) = &*lock(&self.owner_hold) {
+    /// Why running shard `job`/`shard` is being handed back, for its event.
+    pub(crate) fn hand_back_reason(&self, job: &str, shard: u32) -> String {
+        if lock(&self.preempted).remove(&(job.to_owned(), shard)) {
+            "preempted: other work was waiting".to_owned()
+        } else if let Some(reason) = &*lock(&self.owner_hold) {
             format!("owner: {reason}")
         } else if *lock(&self.operator_hold) {
             "evicted by an operator".to_owned()
@@ -192,6 +198,14 @@ impl Ctx {
             .collect();
         v.sort_by(|a, b| (a.job.as_str(), a.shard).cmp(&(b.job.as_str(), b.shard)));
         v
+    }
+
+    /// Hands back one running shard now (preemption).
+    pub(crate) fn preempt_shard(&self, job: &str, shard: u32) {
+        if let Some(r) = lock(&self.running).get(&(job.to_owned(), shard)) {
+            lock(&self.preempted).insert((job.to_owned(), shard));
+            r.hand_back.cancel();
+        }
     }
 
     /// Hands back every running shard now; returns how many.

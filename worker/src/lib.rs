@@ -32,6 +32,7 @@ pub mod model;
 pub mod owner;
 pub mod process_env;
 pub mod run;
+mod schedule;
 pub mod service;
 mod shard;
 

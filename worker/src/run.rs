@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer::PullConsumer};
+use async_nats::jetstream;
 use futures::StreamExt;
 use minions_schemas::endpoints::{host, nats, store};
 use minions_schemas::time::now_ms;
@@ -109,6 +109,20 @@ async fn memory_budget_mb(config: &WorkerConfig, device: &str) -> Option<u64> {
     if pct >= 100.0 {
         return None;
     }
+    let total_mb = Some(device_memory_mb(device).await).filter(|&mb| mb > 0)?;
+    let budget = (total_mb as f64 * pct / 100.0) as u64;
+    tracing::info!(total_mb, pct, budget_mb = budget, "model memory cap");
+    Some(budget)
+}
+
+/// The memory of the device models run on, MB: the GPU's (CUDA, from
+/// nvidia-smi), else the machine's (CPU, and Apple Silicon's unified
+/// memory); 0 when unknown.
+async fn device_memory_mb(device: &str) -> u64 {
+    device_memory(device).await.unwrap_or(0)
+}
+
+async fn device_memory(device: &str) -> Option<u64> {
     let total_mb = if device.starts_with("cuda") {
         let out = tokio::process::Command::new("nvidia-smi")
             .args(["--query-gpu=memory.total", "--format=csv,noheader,nounits"])
@@ -135,9 +149,7 @@ async fn memory_budget_mb(config: &WorkerConfig, device: &str) -> Option<u64> {
     } else {
         crate::heartbeat::memory_mb().0
     };
-    let budget = (total_mb as f64 * pct / 100.0) as u64;
-    tracing::info!(total_mb, pct, budget_mb = budget, "model memory cap");
-    Some(budget)
+    Some(total_mb)
 }
 
 /// Runs a worker until `shutdown` is cancelled, then drains: pulls nothing new,
@@ -160,17 +172,24 @@ pub async fn run(
     )
     .await?;
     let js = jetstream::new(client.clone());
-    let mut consumer: PullConsumer = streams::ensure(&js, &config.work).await?;
-    let (ack_wait, max_deliver) = match consumer.info().await {
-        Ok(info) => (info.config.ack_wait, info.config.max_deliver),
-        Err(_) => (config.work.ack_wait, config.work.max_deliver),
-    };
+    let settings = streams::ensure(&js, &config.work).await?;
+    let (ack_wait, max_deliver) = (settings.ack_wait, settings.max_deliver);
     let cpu_kernels = minions_engine::CpuPath::describe();
     tracing::info!(worker = %worker, host = %host, device = %device_name, cpu_kernels = %cpu_kernels, slots = config.slots,
         nats = %config.nats_url, store = %config.store_url, ack_wait_ms = ack_wait.as_millis() as u64,
         max_deliver, "worker started");
 
-    let mem_budget_mb = memory_budget_mb(&config, &device_name).await;
+    // What this machine lends to models: the operator's word, else the
+    // owner policy's cap; jobs needing more are neither pulled nor loaded.
+    let mem_budget_mb = match config.lend_memory_mb {
+        Some(mb) => Some(mb),
+        None => memory_budget_mb(&config, &device_name).await,
+    };
+    let lend_mb = match mem_budget_mb {
+        Some(mb) => mb,
+        None => device_memory_mb(&device_name).await,
+    };
+    tracing::info!(lend_mb, "memory lent to models");
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         js,
@@ -201,6 +220,8 @@ pub async fn run(
         duty_cycle: config.policy.as_ref().map_or(1.0, |p| p.max_duty_cycle),
         beat_now: tokio::sync::Notify::new(),
         beat_soon: tokio::sync::Notify::new(),
+        sched: crate::schedule::Scheduler::new(lend_mb),
+        preempted: Mutex::new(HashSet::new()),
     });
 
     let started_ms = now_ms();
@@ -232,12 +253,12 @@ pub async fn run(
             stop_control.clone(),
         ))
     });
+    let schedule = tokio::spawn(crate::schedule::run(ctx.clone(), stop_control.clone()));
     let stop_pulling = shutdown.child_token();
     let mut slots = JoinSet::new();
     for slot in 0..config.slots {
         slots.spawn(slot_loop(
             ctx.clone(),
-            consumer.clone(),
             slot,
             config.pull_expires,
             stop_pulling.clone(),
@@ -276,6 +297,7 @@ pub async fn run(
     let _ = beats.await;
     stop_control.cancel();
     let _ = controls.await;
+    let _ = schedule.await;
     if let Some(owner) = owner {
         let _ = owner.await;
     }
@@ -319,21 +341,22 @@ async fn quiet_pause(ctx: &Ctx, busy_ms: u64, stop: &CancellationToken) {
     }
 }
 
-/// One slot: pulls one shard at a time (never more than it can run, so no
-/// ack timer starts for a shard that waits in a local buffer), runs it,
-/// repeats; waits while the worker is drained; ends when told to stop pulling.
-/// A finished shard's settlement (done event stored, ack confirmed) overlaps
-/// the next pull; at most one is outstanding per slot, and the slot ends only
-/// after its last one.
+/// One slot: picks the job to pull from (the schedule's rule), fetches one
+/// shard of it without waiting (never more than it can run, so no ack timer
+/// starts for a shard that waits in a local buffer), runs it, repeats; waits
+/// while the worker is drained or nothing it can run is queued; ends when
+/// told to stop pulling. A finished shard's settlement (done event stored,
+/// ack confirmed) overlaps the next pull; at most one is outstanding per
+/// slot, and the slot ends only after its last one.
 async fn slot_loop(
     ctx: Arc<Ctx>,
-    consumer: PullConsumer,
     slot: usize,
-    expires: std::time::Duration,
+    idle_wait: std::time::Duration,
     stop_pulling: CancellationToken,
 ) {
     let mut pulling = ctx.pulling.subscribe();
     let mut settling: Option<tokio::task::JoinHandle<()>> = None;
+    let mut previous_team: Option<String> = None;
     while !stop_pulling.is_cancelled() {
         if !*pulling.borrow_and_update() {
             tokio::select! {
@@ -341,37 +364,56 @@ async fn slot_loop(
                 _ = pulling.changed() => continue,
             }
         }
-        let batch = consumer
-            .batch()
-            .max_messages(1)
-            .expires(expires)
-            .messages()
-            .await;
+        let Some((job, team)) = ctx.sched.pick(&ctx, previous_team.as_deref()) else {
+            tokio::select! {
+                _ = stop_pulling.cancelled() => break,
+                _ = pulling.changed() => {}
+                _ = ctx.sched.changed(idle_wait) => {}
+            }
+            continue;
+        };
+        let consumer = match ctx.sched.consumer(&ctx.js, &job).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(slot, job = %job, error = %e, "job consumer not found");
+                ctx.sched.mark_empty(&job);
+                continue;
+            }
+        };
+        let batch = consumer.fetch().max_messages(1).messages().await;
         let mut batch = match batch {
             Ok(b) => b,
             Err(e) => {
-                tracing::warn!(slot, error = %e, "pull failed; retrying");
-                tokio::select! {
-                    _ = stop_pulling.cancelled() => break,
-                    _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => continue,
-                }
+                tracing::debug!(slot, job = %job, error = %e, "fetch failed");
+                ctx.sched.forget(&job);
+                ctx.sched.mark_empty(&job);
+                continue;
             }
         };
+        let mut got = false;
         while let Some(item) = batch.next().await {
             match item {
                 Ok(msg) if stop_pulling.is_cancelled() || ctx.draining() => {
                     // Arrived as we stopped or drained: hand it straight back.
+                    got = true;
                     let _ = msg.ack_with(jetstream::AckKind::Nak(None)).await;
                 }
                 Ok(msg) => {
+                    got = true;
+                    previous_team = Some(team.clone());
+                    ctx.sched.count(&job, 1);
                     let handled = shard::handle(&ctx, msg).await;
+                    ctx.sched.count(&job, -1);
                     if let Some(prev) = handled.settling.and_then(|s| settling.replace(s)) {
                         let _ = prev.await;
                     }
                     quiet_pause(&ctx, handled.busy_ms, &stop_pulling).await;
                 }
-                Err(e) => tracing::debug!(slot, error = %e, "pull ended"),
+                Err(e) => tracing::debug!(slot, job = %job, error = %e, "fetch ended"),
             }
+        }
+        if !got {
+            ctx.sched.mark_empty(&job);
         }
     }
     if let Some(last) = settling {

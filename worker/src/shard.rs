@@ -461,7 +461,7 @@ async fn settle(
                     }
                 }
                 Settle::HandBack => {
-                    let why = ctx.hand_back_reason();
+                    let why = ctx.hand_back_reason(task.job.as_str(), task.shard);
                     tracing::info!(job = %task.job, shard = task.shard, why = %why, "shard handed back");
                     if let Err(e) = msg.ack_with(AckKind::Nak(None)).await {
                         tracing::warn!(error = %e, "hand-back not sent; the shard returns after the ack wait");

@@ -70,15 +70,16 @@ pub struct Added {
 /// The config entry of machine `name` with public key `public_key`.
 pub fn entry(name: &str, public_key: &str) -> String {
     let w = streams::WORK_STREAM;
-    let c = streams::WORK_CONSUMER;
     // A key-value bucket is stored in the stream `KV_<bucket>`.
     let registry = format!("KV_{}", streams::WORKERS_BUCKET);
+    let teams = format!("KV_{}", streams::TEAMS_BUCKET);
     let info: Vec<String> = [
         streams::WORK_STREAM,
         streams::EVENTS_STREAM,
         streams::HEARTBEATS_STREAM,
         streams::DEAD_STREAM,
         registry.as_str(),
+        teams.as_str(),
     ]
     .iter()
     .map(|s| format!("\"$JS.API.STREAM.INFO.{s}\""))
@@ -87,9 +88,10 @@ pub fn entry(name: &str, public_key: &str) -> String {
         "      # worker machine {name} (minions admin add-worker)\n      \
          {{ nkey: {public_key}, permissions: {{\n          \
          publish: {{ allow: [ {info},\n            \
-         \"$JS.API.CONSUMER.INFO.{w}.{c}\", \"$JS.API.CONSUMER.MSG.NEXT.{w}.{c}\",\n            \
-         \"$JS.ACK.{w}.{c}.>\", \"minions.hb.{name}.>\", \"minions.events.*.*.{name}\" ] }}\n          \
-         subscribe: {{ allow: [ \"_INBOX.>\", \"minions.ctl.{name}.>\", \"minions.cancel.>\" ] }}\n          \
+         \"$JS.API.CONSUMER.LIST.{w}\", \"$JS.API.CONSUMER.INFO.{w}.*\", \"$JS.API.CONSUMER.MSG.NEXT.{w}.*\",\n            \
+         \"$JS.API.DIRECT.GET.{teams}.>\", \"$JS.API.STREAM.MSG.GET.{teams}\",\n            \
+         \"$JS.ACK.{w}.*.>\", \"minions.hb.{name}.>\", \"minions.events.*.*.{name}\" ] }}\n          \
+         subscribe: {{ allow: [ \"_INBOX.>\", \"minions.ctl.{name}.>\", \"minions.cancel.>\", \"minions.sched\" ] }}\n          \
          allow_responses: true }} }}\n",
         info = info.join(", ")
     )

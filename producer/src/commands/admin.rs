@@ -24,7 +24,7 @@ pub async fn init(endpoints: &Endpoints, args: &AdminInitArgs) -> anyhow::Result
         ..Default::default()
     };
     let existed = js.get_stream(streams::WORK_STREAM).await.is_ok();
-    let mut consumer = streams::ensure(&js, &settings)
+    let actual = streams::ensure(&js, &settings)
         .await
         .context("setting up the streams")?;
     let mut out = String::new();
@@ -56,21 +56,13 @@ pub async fn init(endpoints: &Endpoints, args: &AdminInitArgs) -> anyhow::Result
             kept_replicas.push(format!("{name} ({})", info.config.num_replicas));
         }
     }
-    let c = consumer.info().await.context("reading the work consumer")?;
     writeln!(
         out,
-        "consumer {}: ack wait {} s, max deliver {}, max ack pending {}, {} replica(s){}",
-        streams::WORK_CONSUMER,
-        c.config.ack_wait.as_secs(),
-        c.config.max_deliver,
-        c.config.max_ack_pending,
-        // 0 means "as many as its stream".
-        if c.config.num_replicas == 0 {
-            settings.replicas
-        } else {
-            c.config.num_replicas
-        },
-        leader(c.cluster.as_ref())
+        "job consumers (one per job, made at submit): ack wait {} s, max deliver {}, max ack pending {}, {} replica(s)",
+        actual.ack_wait.as_secs(),
+        actual.max_deliver,
+        actual.max_ack_pending,
+        actual.replicas,
     )?;
     if !kept_replicas.is_empty() {
         writeln!(
@@ -85,15 +77,11 @@ pub async fn init(endpoints: &Endpoints, args: &AdminInitArgs) -> anyhow::Result
         settings.max_deliver,
         settings.max_ack_pending,
     );
-    let found = (
-        c.config.ack_wait,
-        c.config.max_deliver,
-        c.config.max_ack_pending,
-    );
+    let found = (actual.ack_wait, actual.max_deliver, actual.max_ack_pending);
     if existed && wanted != found {
         writeln!(
             out,
-            "note: the consumer existed with other settings and was kept as it is"
+            "note: the work stream existed with other job consumer settings and kept them"
         )?;
     }
     write!(

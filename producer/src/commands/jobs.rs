@@ -26,7 +26,10 @@ async fn open(endpoints: &Endpoints, job: &str, who: &str) -> anyhow::Result<Ctx
     let store = minions_schemas::endpoints::store::open(&endpoints.store_url())?;
     let spec = job_spec(store.as_ref(), &job).await?;
     let (client, js) = endpoints.connect(who).await?;
-    streams::ensure(&js, &endpoints.replication.work_settings()).await?;
+    let settings = streams::ensure(&js, &endpoints.replication.work_settings()).await?;
+    // Retry and reconcile queue shards again: the job's consumer (removed
+    // once a job has nothing queued) must exist first.
+    streams::ensure_job_consumer(&js, &settings, &spec).await?;
     Ok(Ctx {
         js,
         client,

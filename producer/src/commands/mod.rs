@@ -8,5 +8,6 @@ pub mod jobs;
 pub mod model;
 pub mod status;
 pub mod submit;
+pub mod team;
 pub mod watch;
 pub mod worker;

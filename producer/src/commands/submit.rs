@@ -67,6 +67,44 @@ pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<Subm
     submit(endpoints, &args, input).await
 }
 
+/// A job's place in the fleet's sharing: team, priority and needs.
+struct Sharing {
+    team: String,
+    priority: minions_schemas::messages::Priority,
+    needs: minions_schemas::messages::Requirements,
+}
+
+/// Resolves `--team`, `--priority`, `--memory-mb` and `--devices` against
+/// the settings file and the model's size.
+fn sharing(endpoints: &Endpoints, args: &SubmitArgs, model_bytes: u64) -> anyhow::Result<Sharing> {
+    let (file_team, file_priority) = minions_schemas::endpoints::config_file::submit_defaults(
+        endpoints.security.config.as_deref(),
+    )?;
+    let team = args
+        .team
+        .clone()
+        .or(file_team)
+        .unwrap_or_else(|| minions_schemas::messages::DEFAULT_TEAM.to_owned());
+    minions_schemas::ids::validate("team", &team).context("--team")?;
+    let priority = match (args.priority, file_priority) {
+        (Some(p), _) => p.into(),
+        (None, Some(p)) => minions_schemas::messages::Priority::parse(&p).with_context(|| {
+            format!("the settings file's priority is {p:?}; use low, normal or high")
+        })?,
+        (None, None) => Default::default(),
+    };
+    // Weights and a fifth for what a forward pass holds besides them.
+    let estimate = (model_bytes.saturating_mul(6) / 5).div_ceil(1 << 20);
+    Ok(Sharing {
+        team,
+        priority,
+        needs: minions_schemas::messages::Requirements {
+            memory_mb: args.memory_mb.unwrap_or(estimate),
+            devices: args.devices.iter().map(|d| d.as_str().to_owned()).collect(),
+        },
+    })
+}
+
 /// Submits a job whose records come from `input` (`args.input` is not
 /// read): reads and cuts it, uploads the shard inputs, writes the spec,
 /// then publishes. Nothing is published unless the whole input is accepted.
@@ -85,8 +123,10 @@ pub async fn submit(
             ulid::Ulid::new().to_string().to_lowercase()
         ))?,
     };
+    let sharing = sharing(endpoints, args, record.bytes)?;
     let (_, js) = endpoints.connect("minions submit").await?;
-    minions_schemas::streams::ensure(&js, &endpoints.replication.work_settings()).await?;
+    let settings =
+        minions_schemas::streams::ensure(&js, &endpoints.replication.work_settings()).await?;
 
     let generates = record.family.generates();
     let opts = ReadOptions {
@@ -213,8 +253,14 @@ pub async fn submit(
         records,
         skipped,
         created_ms: now_ms(),
+        team: sharing.team,
+        priority: sharing.priority,
+        preemptible: args.preemptible,
+        needs: sharing.needs,
     };
     let resubmit = write_spec(store.as_ref(), &spec).await?;
+    // The job's own consumer, before any of its shards is queued.
+    minions_schemas::streams::ensure_job_consumer(&js, &settings, &spec).await?;
     if !missing.is_empty() {
         tracing::info!(job = %job, shards = missing.len(), "putting back shard inputs missing from the store");
         for input in missing {

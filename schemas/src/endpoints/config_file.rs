@@ -14,6 +14,8 @@
 //! store = "s3://minions-fleet"
 //! nats_nkey = "mac-01.nk"
 //! nats_ca = "ca.pem"
+//! team = "search"          # minions submit's --team default
+//! priority = "normal"      # and its --priority default
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -49,6 +51,25 @@ pub struct ConnectionFile {
     pub nats_key: Option<PathBuf>,
     /// Require TLS (`--nats-tls`).
     pub nats_tls: Option<bool>,
+    /// The team `minions submit` uses without `--team`.
+    pub team: Option<String>,
+    /// The priority `minions submit` uses without `--priority`
+    /// (`low`, `normal`, `high`).
+    pub priority: Option<String>,
+}
+
+/// The submit defaults of the settings file in use (`--config`,
+/// `MINIONS_CONFIG` or the user's), if any: team and priority.
+pub fn submit_defaults(
+    explicit: Option<&Path>,
+) -> Result<(Option<String>, Option<String>), ConfigFileError> {
+    match chosen(explicit) {
+        Some(path) => {
+            let f = read(&path)?;
+            Ok((f.team, f.priority))
+        }
+        None => Ok((None, None)),
+    }
 }
 
 /// Why the settings file could not be used.

@@ -1,7 +1,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{JobId, ModelHash, ModelName};
-use crate::messages::{ModelFamily, Precision};
+use crate::messages::{ModelFamily, Precision, Priority, Requirements};
 
 /// Where a job's records came from, for people and for refusing a re-submit
 /// of the same job id with different input.
@@ -52,6 +52,27 @@ pub struct JobSpec {
     pub skipped: u64,
     /// When the job was submitted (ms since the epoch).
     pub created_ms: u64,
+    /// The team that submitted it (fair share is kept between teams;
+    /// absent in older specs: [`DEFAULT_TEAM`]).
+    #[serde(default = "default_team")]
+    pub team: String,
+    /// Its priority within the team (absent in older specs: normal).
+    #[serde(default)]
+    pub priority: Priority,
+    /// Whether its running shards yield their slots to other work (handed
+    /// back, never lost).
+    #[serde(default)]
+    pub preemptible: bool,
+    /// What a worker must lend to run it (absent in older specs: nothing).
+    #[serde(default)]
+    pub needs: Requirements,
+}
+
+/// The team of a job submitted without one.
+pub const DEFAULT_TEAM: &str = "default";
+
+fn default_team() -> String {
+    DEFAULT_TEAM.to_owned()
 }
 
 impl JobSpec {

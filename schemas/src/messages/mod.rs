@@ -9,6 +9,7 @@ mod heartbeat;
 mod job_manifest;
 mod job_spec;
 mod model;
+mod schedule;
 mod shard_event;
 mod shard_io;
 mod shard_task;
@@ -21,8 +22,9 @@ pub use generation::{
 };
 pub use heartbeat::{Heartbeat, InFlight};
 pub use job_manifest::{JobManifest, ManifestShard};
-pub use job_spec::{InputDescription, JobSpec};
+pub use job_spec::{DEFAULT_TEAM, InputDescription, JobSpec};
 pub use model::{ModelFamily, ModelFile, ModelManifest, ModelRecord, Precision};
+pub use schedule::{Priority, QueuedJob, Requirements, Schedule, TeamPolicy, TeamShare};
 pub use shard_event::{EventKind, ShardEvent};
 pub use shard_io::{OutputPayload, ShardCheckpoint, ShardInput, ShardOutput};
 pub use shard_task::ShardTask;

@@ -19,7 +19,7 @@
 
 use std::time::{Duration, Instant};
 
-use minions_schemas::streams::{WORK_CONSUMER, WORK_STREAM};
+use minions_schemas::streams::WORK_STREAM;
 use minions_schemas::time::now_ms;
 use minions_tests::bench::{
     JobWatch, NOOP, command_line, flag, help, machine, num, utc_now, write_section, write_short,
@@ -127,12 +127,7 @@ async fn resume(kills: usize, shards: usize) -> Result<String> {
         while w.done.len() < shards / 4 {
             w.next(until).await?;
         }
-        let leader = if what == "work stream" {
-            cluster::stream_leader(&js, WORK_STREAM, Duration::from_secs(10)).await?
-        } else {
-            cluster::consumer_leader(&js, WORK_STREAM, WORK_CONSUMER, Duration::from_secs(10))
-                .await?
-        };
+        let leader = cluster::work_leader(&js, what, &job).await?;
         let before = w.done.len();
         drop(w);
         let killed = Instant::now();

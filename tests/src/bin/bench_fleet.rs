@@ -629,7 +629,7 @@ async fn scale(n: usize, secs: u64) -> Result<String> {
     fleet.add_watchdog(&[])?;
     let client = fleet.nats.client().await?;
     let js = async_nats::jetstream::new(client.clone());
-    let consumer = streams::ensure(&js, &streams::WorkSettings::default()).await?;
+    let settings = streams::ensure(&js, &streams::WorkSettings::default()).await?;
     let job = JobId::new("scale")?;
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(AtomicU64::new(0));
@@ -700,8 +700,13 @@ async fn scale(n: usize, secs: u64) -> Result<String> {
         records: 1_000_000,
         skipped: 0,
         created_ms: now_ms(),
+        team: minions_schemas::messages::DEFAULT_TEAM.to_owned(),
+        priority: Default::default(),
+        preemptible: false,
+        needs: Default::default(),
     };
     std::fs::write(&key, encode("job spec", &spec)?)?;
+    streams::ensure_job_consumer(&js, &settings, &spec).await?;
     let submitted = event(
         &job,
         0,
@@ -722,11 +727,10 @@ async fn scale(n: usize, secs: u64) -> Result<String> {
         let cons: async_nats::jetstream::consumer::PullConsumer = cjs
             .get_stream(streams::WORK_STREAM)
             .await?
-            .get_consumer(streams::WORK_CONSUMER)
+            .get_consumer(&minions_schemas::scheduling::job_consumer(&job))
             .await?;
         conns.push((cjs, cons));
     }
-    let _ = consumer;
     let mut tasks = Vec::new();
     for (i, (id, holding)) in ids.iter().zip(&holdings).enumerate() {
         let (js, consumer) = &conns[i % conns.len()];

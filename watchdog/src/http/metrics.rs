@@ -197,6 +197,29 @@ pub fn render(s: &Snapshot) -> String {
             j.fraction_done(),
         );
     }
+    for (name, help) in [
+        ("minions_team_pending_shards", "Shards queued, by team."),
+        (
+            "minions_team_running_shards",
+            "Shards delivered and not yet acknowledged, by team.",
+        ),
+        (
+            "minions_team_usage_slots",
+            "A team's recent usage: slots in use averaged over the usage half-life.",
+        ),
+        ("minions_team_weight", "A team's fair-share weight."),
+    ] {
+        o.family(name, "gauge", help);
+        for t in &s.teams {
+            let v = match name {
+                "minions_team_pending_shards" => t.pending as f64,
+                "minions_team_running_shards" => t.running as f64,
+                "minions_team_usage_slots" => t.usage,
+                _ => t.weight,
+            };
+            o.sample(name, &[("team", &t.team)], v);
+        }
+    }
     o.one(
         "minions_heartbeats_total",
         "counter",

@@ -100,6 +100,19 @@ pub fn chart(history: &[u64]) -> String {
     s
 }
 
+/// ", high priority" / ", preemptible" where the job is not a plain
+/// normal one.
+fn priority_note(p: &Progress) -> String {
+    let mut s = String::new();
+    if p.priority != minions_schemas::messages::Priority::Normal {
+        let _ = write!(s, ", {} priority", p.priority);
+    }
+    if p.preemptible {
+        s.push_str(", preemptible");
+    }
+    s
+}
+
 fn jobs_table(jobs: &[Progress]) -> String {
     if jobs.is_empty() {
         return "<p class=\"muted\">No jobs yet. Submit one with <code>minions submit --model NAME --input FILE.jsonl</code>.</p>".to_owned();
@@ -111,7 +124,7 @@ fn jobs_table(jobs: &[Progress]) -> String {
     for p in jobs {
         let _ = write!(
             s,
-            "<tr class=\"job\" data-job=\"{id}\" data-state=\"{st}\" data-pct=\"{pct:.1}\"><td><a href=\"/jobs/{id}\">{id}</a><br><span class=\"muted\">{model}, {records} records</span></td>\
+            "<tr class=\"job\" data-job=\"{id}\" data-state=\"{st}\" data-pct=\"{pct:.1}\"><td><a href=\"/jobs/{id}\">{id}</a><br><span class=\"muted\">{model}, {records} records, team {team}{prio}</span></td>\
 <td>{state}</td><td>{bar}</td><td class=\"num\">{done}/{shards}</td><td class=\"num\">{running}</td><td class=\"num\">{pending}</td>\
 <td class=\"num\">{failed}</td><td class=\"num\">{redel}</td><td class=\"num\">{rate:.1}{tokens}</td><td class=\"num\">{eta}</td></tr>",
             id = esc(&p.job),
@@ -120,6 +133,8 @@ fn jobs_table(jobs: &[Progress]) -> String {
             pct = 100.0 * p.fraction_done(),
             model = esc(&p.model),
             records = p.records,
+            team = esc(&p.team),
+            prio = priority_note(p),
             state = state(p.state.as_str()),
             bar = bar(p),
             done = p.done,
@@ -262,8 +277,11 @@ pub fn job(p: &Progress, reasons: &[Reason]) -> String {
     let mut out = String::new();
     let _ = write!(
         out,
-        "<section><h2>Job {id} {state}</h2><p>{bar}</p><div class=\"cards\">{c1}{c2}{c3}{c4}{c5}{c6}{c7}{c8}</div></section>",
+        "<section><h2>Job {id} {state}</h2><p class=\"muted\">model {model}, team {team}{prio}</p><p>{bar}</p><div class=\"cards\">{c1}{c2}{c3}{c4}{c5}{c6}{c7}{c8}</div></section>",
         id = esc(&p.job),
+        model = esc(&p.model),
+        team = esc(&p.team),
+        prio = priority_note(p),
         state = state(p.state.as_str()),
         bar = bar(p),
         c1 = card(&format!("{}/{}", p.done, p.shards), "shards done"),

@@ -100,6 +100,7 @@ async fn job_view(
                     model_mb: j.model_mb,
                     last_retry: j.last_retry.clone(),
                     queued: None,
+                    sharing: None,
                 },
             )
         })
@@ -115,6 +116,23 @@ async fn job_view(
         facts.queued = queue::queued_for(&h.js, &id).await;
     }
     let workers = h.view.workers(std::time::Instant::now());
+    if !p.state.is_final()
+        && let Some(schedule) = h.view.schedule()
+    {
+        let lenders: Vec<(u64, String)> = workers
+            .iter()
+            .filter(|w| w.alive())
+            .map(|w| {
+                let mb = if w.mem_budget_mb > 0 {
+                    w.mem_budget_mb
+                } else {
+                    w.mem_total_mb
+                };
+                (mb, w.device.clone())
+            })
+            .collect();
+        facts.sharing = crate::schedule::why_waiting(&schedule, &id, &lenders);
+    }
     let reasons = explain::explain(&p, &facts, &workers, &h.view.queue());
     Ok((p, reasons))
 }

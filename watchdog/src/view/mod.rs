@@ -37,6 +37,7 @@ pub struct View {
     registry: Mutex<Registry>,
     jobs: Mutex<JobsView>,
     queue: Mutex<QueueInfo>,
+    schedule: Mutex<Option<std::sync::Arc<minions_schemas::messages::Schedule>>>,
     heartbeats: AtomicU64,
 }
 
@@ -108,6 +109,8 @@ pub struct Snapshot {
     pub history: Vec<u64>,
     /// Heartbeats received.
     pub heartbeats: u64,
+    /// Teams with work or a policy, from the last schedule.
+    pub teams: Vec<TeamRow>,
 }
 
 impl View {
@@ -119,6 +122,7 @@ impl View {
             registry: Mutex::new(registry),
             jobs: Mutex::new(JobsView::default()),
             queue: Mutex::new(QueueInfo::default()),
+            schedule: Mutex::new(None),
             heartbeats: AtomicU64::new(0),
         }
     }
@@ -141,6 +145,16 @@ impl View {
     /// The last queue reading.
     pub fn queue(&self) -> QueueInfo {
         lock(&self.queue).clone()
+    }
+
+    /// Replaces the schedule last published.
+    pub fn set_schedule(&self, s: minions_schemas::messages::Schedule) {
+        *lock(&self.schedule) = Some(std::sync::Arc::new(s));
+    }
+
+    /// The schedule last published, if any.
+    pub fn schedule(&self) -> Option<std::sync::Arc<minions_schemas::messages::Schedule>> {
+        lock(&self.schedule).clone()
     }
 
     /// Counts a heartbeat received.
@@ -234,6 +248,50 @@ impl View {
             counters,
             history,
             heartbeats: self.heartbeats.load(Ordering::Relaxed),
+            teams: self.teams(),
         }
     }
+
+    /// Each team in the last schedule: queued and running shards, usage.
+    pub fn teams(&self) -> Vec<TeamRow> {
+        let Some(s) = self.schedule() else {
+            return Vec::new();
+        };
+        s.teams
+            .iter()
+            .map(|t| {
+                let jobs = s.jobs.iter().filter(|j| j.team == t.team);
+                let (mut pending, mut running) = (0, 0);
+                for j in jobs {
+                    pending += j.pending;
+                    running += j.running;
+                }
+                TeamRow {
+                    team: t.team.clone(),
+                    weight: t.weight,
+                    quota: t.quota,
+                    usage: t.usage,
+                    pending,
+                    running,
+                }
+            })
+            .collect()
+    }
+}
+
+/// One team as the dashboard and metrics show it.
+#[derive(Debug, Clone, Serialize)]
+pub struct TeamRow {
+    /// The team.
+    pub team: String,
+    /// Its weight.
+    pub weight: f64,
+    /// Its slot cap (0 = none).
+    pub quota: u32,
+    /// Its recent usage (slots, averaged over the usage half-life).
+    pub usage: f64,
+    /// Shards queued.
+    pub pending: u64,
+    /// Shards running (delivered, not yet acknowledged).
+    pub running: u64,
 }

@@ -153,6 +153,17 @@ impl ModelCache {
         Ok(model.clone())
     }
 
+    /// The models loaded now (any precision): a worker prefers jobs that
+    /// run one of them.
+    pub fn held(&self) -> std::collections::HashSet<ModelHash> {
+        let loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
+        loaded
+            .iter()
+            .filter(|(_, slot)| slot.initialized())
+            .map(|((hash, _), _)| hash.clone())
+            .collect()
+    }
+
     /// Drops every loaded model (their memory is freed once running shards
     /// let go of them); files stay cached on disk.
     pub fn release(&self) {
