@@ -119,6 +119,11 @@ class Fleet:
         top_k: Optional[int] = None,
         seed: Optional[int] = None,
         stop: Optional[Sequence[str]] = None,
+        team: Optional[str] = None,
+        priority: Optional[str] = None,
+        preemptible: bool = False,
+        memory_mb: Optional[int] = None,
+        devices: Optional[Sequence[str]] = None,
     ) -> "Job":
         """Submits a job and returns it (queued; see :meth:`Job.wait`).
 
@@ -128,7 +133,10 @@ class Fleet:
         id per record — or a file: a path or ``s3://bucket/key`` URL of a JSON
         Lines or Parquet (``.parquet``) file, read as ``minions submit --input``
         reads it, with ``text_field`` / ``id_field`` naming the field or
-        column. The other options are ``minions submit``'s, with its defaults.
+        column. ``team``, ``priority`` (``"low"``, ``"normal"``, ``"high"``),
+        ``preemptible``, ``memory_mb`` and ``devices`` place the job in the
+        fleet's sharing (fair share between teams, priority within one). The
+        other options are ``minions submit``'s, with its defaults.
         """
         flags = ["--model", model]
         for flag, value in (
@@ -141,6 +149,9 @@ class Fleet:
             ("--top-p", top_p),
             ("--top-k", top_k),
             ("--seed", seed),
+            ("--team", team),
+            ("--priority", priority),
+            ("--memory-mb", memory_mb),
         ):
             if value is not None:
                 flags += [flag, str(value)]
@@ -148,6 +159,10 @@ class Fleet:
             flags += ["--stop", s]
         if skip_bad:
             flags.append("--skip-bad")
+        if preemptible:
+            flags.append("--preemptible")
+        if devices:
+            flags += ["--devices", ",".join(devices)]
         if isinstance(data, (str, os.PathLike)):
             if ids is not None:
                 raise ValueError("ids= goes with records in memory; a file names its id column with id_field=")

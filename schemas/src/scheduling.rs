@@ -200,6 +200,7 @@ pub fn build(
         jobs,
         teams: shares,
         preempt: 0.0,
+        idle: 0,
     }
 }
 
@@ -235,6 +236,10 @@ pub struct Turn {
     pub spread: f64,
     /// A uniform random number in [0, 1).
     pub dice: f64,
+    /// Another, for quotas: a team with `h` slots of headroom under its
+    /// quota is eligible with probability `h / spread`, so that the slots
+    /// freeing before the next schedule do not all take it past its cap.
+    pub quota_dice: f64,
 }
 
 impl Turn {
@@ -298,7 +303,8 @@ pub fn pick(
         .filter(|j| j.needs.met_by(lender.memory_mb, &lender.device))
         .filter(|j| {
             let q = share(&j.team).quota;
-            q == 0 || running_all.get(j.team.as_str()).copied().unwrap_or(0.0) < f64::from(q)
+            let headroom = f64::from(q) - running_all.get(j.team.as_str()).copied().unwrap_or(0.0);
+            q == 0 || (headroom > 0.0 && turn.quota_dice * turn.spread.max(1.0) < headroom)
         })
         .collect();
     // Jobs with undelivered shards first; then jobs whose shards are all
@@ -598,6 +604,7 @@ mod tests {
                     previous_team: Some("a".into()),
                     spread: 4.0,
                     dice: f64::from(*i) / 1000.0,
+                    quota_dice: 0.0,
                 };
                 pick(&s, &Lender::default(), &Since::default(), Tiers::All, &turn)
                     .is_some_and(|j| j.as_str() == "b1")
@@ -610,9 +617,32 @@ mod tests {
             previous_team: None,
             spread: 4.0,
             dice: 0.99,
+            quota_dice: 0.0,
         };
         let j = pick(&s, &Lender::default(), &Since::default(), Tiers::All, &turn);
         assert_eq!(j.map(|j| j.to_string()).as_deref(), Some("b1"));
+    }
+
+    #[test]
+    fn a_quota_admits_about_as_many_as_its_headroom() {
+        // Team a may hold 2 and holds 1; 4 slots free before the next
+        // schedule: each takes a with probability 1/4.
+        let s = sched(
+            vec![job("a1", "a", Priority::Normal, 1, 100, 1)],
+            &[("a", 1.0, 2)],
+        );
+        let took = (0..1000)
+            .filter(|i| {
+                let turn = Turn {
+                    previous_team: None,
+                    spread: 4.0,
+                    dice: 0.5,
+                    quota_dice: f64::from(*i) / 1000.0,
+                };
+                pick(&s, &Lender::default(), &Since::default(), Tiers::All, &turn).is_some()
+            })
+            .count();
+        assert!((240..=260).contains(&took), "{took}");
     }
 
     #[test]

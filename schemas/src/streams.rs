@@ -353,6 +353,24 @@ pub async fn ensure_job_consumer(
     spec: &crate::messages::JobSpec,
 ) -> Result<consumer::PullConsumer, EnsureError> {
     let name = crate::scheduling::job_consumer(&spec.job);
+    // A team's quota caps each of its jobs exactly (the server counts the
+    // job's unacknowledged deliveries); across several jobs of the team the
+    // schedule keeps it. Unreadable policies cap nothing.
+    let quota = match crate::scheduling::read_teams(js).await {
+        Ok((teams, _)) => teams.teams.get(&spec.team).map_or(0, |p| p.quota),
+        Err(e) => {
+            tracing::debug!(error = %e, "team policies unreadable; the job's consumer is not capped");
+            0
+        }
+    };
+    let settings = &WorkSettings {
+        max_ack_pending: if quota > 0 {
+            settings.max_ack_pending.min(i64::from(quota))
+        } else {
+            settings.max_ack_pending
+        },
+        ..settings.clone()
+    };
     crate::endpoints::resilient::patiently(
         "creating the job's consumer",
         crate::endpoints::resilient::PATIENCE,

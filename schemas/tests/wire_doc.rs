@@ -676,6 +676,7 @@ fn check_all(c: &mut Checker) -> Res {
         jobs: vec![queued],
         teams: vec![share],
         preempt: 0.25,
+        idle: 3,
     })?;
 
     // ShardInput with texts, and with generation records of every prompt kind.

@@ -237,3 +237,15 @@ def test_cancel_ends_the_wait(client, fleet):
     st = e.value.status
     print(f"cancelled job {job.id}: {st['done']} of {st['shards']} shards ran before the cancel took")
     assert st["state"] == "cancelled" and st["done"] < st["shards"]
+
+
+def test_team_and_priority_reach_the_job(client, fleet):
+    job = client.submit(fleet.model, texts(20, seed=3), team="research", priority="high", shard_size=5)
+    st = job.status()
+    assert st["team"] == "research" and st["priority"] == "high", st
+    job.wait(timeout=300, interval=0.5)
+    assert len(job.collect()) == 20
+    with pytest.raises(ValueError, match="urgent"):
+        client.submit(fleet.model, ["a"], priority="urgent")
+    with pytest.raises(minions.MinionsError, match="team"):
+        client.submit(fleet.model, ["a"], team="no spaces")

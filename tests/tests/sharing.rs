@@ -7,7 +7,10 @@
 //! - weights 3:1 give 75% / 25% within 10%;
 //! - a high-priority job behind 2,000 queued shards of its own team starts
 //!   within 1 s of a slot freeing;
-//! - a job needing 1,000 MB runs only on the two workers that lend it;
+//! - a job needing 1,000 MB runs only on the two workers that lend it, and
+//!   one needing 100,000 MB says on its job page that no worker lends it;
+//! - a team with a quota of one slot holds one (over it less than a tenth
+//!   of the time: a quota is kept on average, see WIRE.md §3.4.1);
 //! - a preemptible job yields its slots within 1 s to other work, and every
 //!   output of both jobs is there exactly once.
 //!
@@ -179,6 +182,7 @@ async fn scenarios(s: &Setup) -> Result<()> {
     weights(s).await?;
     priority(s).await?;
     memory(s).await?;
+    quota(s).await?;
     preemption(s).await?;
     Ok(())
 }
@@ -326,6 +330,64 @@ async fn memory(s: &Setup) -> Result<()> {
     assert_eq!(by.len(), 2, "the big job should run on both large workers");
     s.fleet
         .check_outputs("big", &s.model, &texts_of(s, "big")?)?;
+
+    // A job no worker can take says why it waits.
+    s.submit("huge", 4, SHORT, &["--memory-mb", "100000"])?;
+    let base = s.fleet.dashboards[0].clone();
+    let until = Instant::now() + Duration::from_secs(30);
+    let why = loop {
+        let (code, body) = minions_tests::web::get(&format!("{base}/api/jobs/huge"))?;
+        if code == 200 && body.contains("no live worker lends 100000 MB") {
+            break body;
+        }
+        if Instant::now() > until {
+            return Err(format!("the job page never said why huge waits: {body}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    let v: serde_json::Value = serde_json::from_str(&why)?;
+    eprintln!("memory: why huge waits: {}", v["waiting_because"]);
+    s.cancel("huge")?;
+    Ok(())
+}
+
+/// A team capped at one slot.
+async fn quota(s: &Setup) -> Result<()> {
+    s.fleet.cli(&["team", "set", "capped", "--quota", "1"])?;
+    s.submit("cap", 60, SHORT, &["--team", "capped"])?;
+    wait_done(&s.fleet, "cap", Duration::from_secs(120)).await?;
+    // Most shards of the team running at once, from start and end events.
+    let ev = events(&s.fleet, "cap").await?;
+    let mut edges: Vec<(u64, i32)> = Vec::new();
+    for e in &ev {
+        match e.kind {
+            EventKind::Started => edges.push((e.at_ms, 1)),
+            EventKind::Done { .. } | EventKind::HandedBack { .. } | EventKind::Failed { .. } => {
+                edges.push((e.at_ms, -1))
+            }
+            _ => {}
+        }
+    }
+    edges.sort();
+    let (mut now, mut most, mut over_ms, mut since) = (0i32, 0i32, 0u64, 0u64);
+    for (t, d) in edges {
+        if now > 1 {
+            over_ms += t - since;
+        }
+        now += d;
+        most = most.max(now);
+        since = t;
+    }
+    let first = ev.iter().map(|e| e.at_ms).min().unwrap_or(0);
+    let last = ev.iter().map(|e| e.at_ms).max().unwrap_or(0);
+    eprintln!(
+        "quota: team capped (quota 1) ran at most {most} at once, over its quota {over_ms} ms of {} ms",
+        last - first
+    );
+    assert!(
+        over_ms * 10 <= last - first,
+        "team capped was over its quota more than a tenth of the time"
+    );
     Ok(())
 }
 

@@ -151,6 +151,16 @@ pub async fn run(
         }
         last = Some(now);
         schedule.preempt = preempt_fraction(&schedule, regular_waited);
+        schedule.idle = view
+            .workers(Instant::now())
+            .iter()
+            .filter(|w| {
+                w.alive()
+                    && w.lending()
+                    && w.state != minions_schemas::messages::WorkerState::Draining
+            })
+            .map(|w| u64::from(w.slots).saturating_sub(w.running.len() as u64))
+            .sum();
         regular_waited = schedule
             .jobs
             .iter()

@@ -81,12 +81,16 @@ impl Scheduler {
         let period_ms = self.period_ms.load(std::sync::atomic::Ordering::Relaxed);
         let turn = Turn {
             previous_team: previous_team.map(str::to_owned),
-            spread: if mean_ms == 0 {
-                1.0
-            } else {
-                running as f64 * period_ms as f64 / mean_ms as f64
-            },
+            // Slots that free before the next schedule, and idle ones, which
+            // pick as soon as it arrives.
+            spread: schedule.idle as f64
+                + if mean_ms == 0 {
+                    1.0
+                } else {
+                    running as f64 * period_ms as f64 / mean_ms as f64
+                },
             dice: fastrand::f64(),
+            quota_dice: fastrand::f64(),
         };
         let job = scheduling::pick(&schedule, &self.lender(ctx), &since, Tiers::All, &turn)?;
         let team = schedule

@@ -163,4 +163,8 @@ pub struct Schedule {
     /// with this probability.
     #[serde(default)]
     pub preempt: f64,
+    /// Free slots of live, lending workers fleet-wide (0 when unknown):
+    /// they pick as soon as this schedule arrives.
+    #[serde(default)]
+    pub idle: u64,
 }
