@@ -256,7 +256,7 @@ async fn weights(s: &Setup) -> Result<()> {
     s.submit("wa", 2_000, SHORT, &["--team", "a"])?;
     s.submit("wb", 2_000, SHORT, &["--team", "b"])?;
     wait_started(&s.fleet, "wb", 1, Duration::from_secs(30)).await?;
-    tokio::time::sleep(Duration::from_secs(25)).await;
+    tokio::time::sleep(Duration::from_secs(28)).await;
     s.cancel("wa")?;
     s.cancel("wb")?;
     s.fleet.cli(&["team", "set", "a", "--weight", "1"])?;
@@ -266,7 +266,10 @@ async fn weights(s: &Setup) -> Result<()> {
         .iter()
         .map(|r| r.end_ms)
         .min()
-        .ok_or("wb never finished a shard")?;
+        .ok_or("wb never finished a shard")?
+        // Windows start once the teams have settled (team a held every
+        // slot until b's first shard ended).
+        + 3_000;
     let to = b.iter().map(|r| r.end_ms).max().unwrap_or(from);
     both.extend(b);
     let windows = shares("weights 3:1", &both, from, to);
