@@ -192,7 +192,7 @@ async fn fair_share(s: &Setup) -> Result<()> {
     s.submit("fa", 2_000, SHORT, &["--team", "a"])?;
     wait_started(&s.fleet, "fa", 4, Duration::from_secs(60)).await?;
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let (_, b_submitted) = s.submit("fb", 300, SHORT, &["--team", "b"])?;
+    let (_, b_submitted) = s.submit("fb", 200, SHORT, &["--team", "b"])?;
     wait_done(&s.fleet, "fb", Duration::from_secs(240)).await?;
     tokio::time::sleep(Duration::from_secs(4)).await;
     s.cancel("fa")?;
