@@ -401,6 +401,12 @@ async fn slot_loop(
                 Ok(msg) => {
                     got = true;
                     previous_team = Some(team.clone());
+                    // The delivery says how many of the job's shards are
+                    // still undelivered: none, and the slots here stop
+                    // asking until the next schedule.
+                    if msg.info().is_ok_and(|i| i.pending == 0) {
+                        ctx.sched.mark_empty(&job);
+                    }
                     ctx.sched.count(&job, 1);
                     let handled = shard::handle(&ctx, msg).await;
                     ctx.sched.count(&job, -1);
