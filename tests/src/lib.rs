@@ -1283,7 +1283,15 @@ impl Fleet {
         let out = self.cli(&["status", job, "--json"])?;
         let _: serde_json::Value = serde_json::from_str(&out)?;
         let dir = self.dir.path().join("store/jobs").join(job).join("outputs");
-        Ok(std::fs::read_dir(dir)?.count())
+        // Outputs only: a worker killed in the middle of a write leaves the
+        // local store's staging file (`NAME#N`), which is not an output.
+        let mut n = 0;
+        for e in std::fs::read_dir(dir)? {
+            if e?.file_name().to_string_lossy().ends_with(".msgpack") {
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 
     /// Messages left in the work stream.
