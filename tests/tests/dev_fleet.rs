@@ -69,8 +69,13 @@ fn assert_stopped(log: &str, names: &[&str]) {
     }
 }
 
+/// The two fleets run one after the other: each picks free ports, and
+/// side by side one could take a port the other picked before it binds.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn dev_runs_a_fleet_and_stops_cleanly() -> Result<()> {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let dir = scratch("minions-dev-")?;
     let port = free_port()?;
     let dash = free_port()?;
@@ -137,6 +142,7 @@ fn three_free_ports() -> Result<u16> {
 /// stops all three servers.
 #[test]
 fn dev_cluster_runs_a_job_on_three_servers() -> Result<()> {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let dir = scratch("minions-dev-cluster-")?;
     let port = three_free_ports()?;
     let store = format!("file://{}", dir.path().join("store").display());
@@ -167,7 +173,7 @@ fn dev_cluster_runs_a_job_on_three_servers() -> Result<()> {
         assert!(
             Instant::now() < until,
             "no `{want}` line:\n{}",
-            dev.log_tail(60)
+            dev.log_tail(200)
         );
         std::thread::sleep(Duration::from_millis(100));
     }
