@@ -75,7 +75,6 @@ impl Scheduler {
     /// `previous_team` is the team of the slot's last shard.
     pub(crate) fn pick(&self, ctx: &Ctx, previous_team: Option<&str>) -> Option<(JobId, String)> {
         let schedule = self.current.borrow().clone();
-        let since = lock(&self.since).clone();
         let running: u64 = schedule.jobs.iter().map(|j| j.running).sum();
         let mean_ms = ctx.mean_shard_ms.load(std::sync::atomic::Ordering::Relaxed);
         let period_ms = self.period_ms.load(std::sync::atomic::Ordering::Relaxed);
@@ -92,7 +91,12 @@ impl Scheduler {
             dice: fastrand::f64(),
             quota_dice: fastrand::f64(),
         };
-        let job = scheduling::pick(&schedule, &self.lender(ctx), &since, Tiers::All, &turn)?;
+        // Read under the lock (the rule is pure and quick) rather than a
+        // copy of the maps made for every pick.
+        let job = {
+            let since = lock(&self.since);
+            scheduling::pick(&schedule, &self.lender(ctx), &since, Tiers::All, &turn)?
+        };
         let team = schedule
             .jobs
             .iter()
