@@ -224,6 +224,7 @@ mod tests {
         ids: bool,
     ) -> anyhow::Result<JobSpec> {
         Ok(JobSpec {
+            submitter: String::new(),
             v: SCHEMA_VERSION,
             job: JobId::new("pq")?,
             model_name: ModelName::new("tiny")?,

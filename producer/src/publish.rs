@@ -38,6 +38,7 @@ pub async fn event(
     kind: EventKind,
 ) -> anyhow::Result<()> {
     let e = ShardEvent {
+        energy: None,
         v: SCHEMA_VERSION,
         job: job.clone(),
         shard,

@@ -566,6 +566,7 @@ mod tests {
 
     fn spec() -> Result<JobSpec, IdError> {
         Ok(JobSpec {
+            submitter: String::new(),
             v: SCHEMA_VERSION,
             job: JobId::new("j")?,
             model_name: ModelName::new("m")?,
@@ -594,6 +595,7 @@ mod tests {
 
     fn ev(shard: u32, attempt: u64, at_ms: u64, kind: EventKind) -> Result<ShardEvent, IdError> {
         Ok(ShardEvent {
+            energy: None,
             v: SCHEMA_VERSION,
             job: JobId::new("j")?,
             shard,

@@ -562,6 +562,11 @@ fn check_all(c: &mut Checker) -> Res {
     for kind in every_event_kind() {
         c.check(&kind)?;
         c.check(&ShardEvent {
+            energy: Some(minions_schemas::messages::Energy {
+                joules: 41.5,
+                measured: true,
+                source: "rapl".into(),
+            }),
             v,
             job: ids.job.clone(),
             shard: 7,
@@ -576,6 +581,12 @@ fn check_all(c: &mut Checker) -> Res {
     // Heartbeat and InFlight.
     c.check(&in_flight(&ids))?;
     c.check(&Heartbeat {
+        power: Some(minions_schemas::messages::PowerReading {
+            watts: 18.2,
+            joules: 5120.0,
+            measured: false,
+            source: "estimate".into(),
+        }),
         v,
         worker: ids.worker.clone(),
         host: "mac-01.local".into(),
@@ -615,6 +626,7 @@ fn check_all(c: &mut Checker) -> Res {
     for family in every_family() {
         for precision in every_precision() {
             c.check(&JobSpec {
+                submitter: "ana@mac-07".into(),
                 v,
                 job: ids.job.clone(),
                 model_name: ids.name.clone(),

@@ -403,6 +403,7 @@ pub fn write_short(path: &Path, n: usize) -> Result<()> {
 /// local-directory store at `store`.
 pub fn write_bench_spec(store: &Path, job: &JobId, shards: u32) -> Result<()> {
     let spec = JobSpec {
+        submitter: String::new(),
         v: SCHEMA_VERSION,
         job: job.clone(),
         model_name: ModelName::new("bench")?,

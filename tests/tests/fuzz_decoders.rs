@@ -103,6 +103,7 @@ fn hash() -> R<ModelHash> {
 
 fn spec() -> R<JobSpec> {
     Ok(JobSpec {
+        submitter: String::new(),
         v: SCHEMA_VERSION,
         job: job()?,
         model_name: ModelName::new("minilm")?,
@@ -131,6 +132,7 @@ fn spec() -> R<JobSpec> {
 
 fn event(kind: EventKind) -> R<ShardEvent> {
     Ok(ShardEvent {
+        energy: None,
         v: SCHEMA_VERSION,
         job: job()?,
         shard: 7,
@@ -144,6 +146,7 @@ fn event(kind: EventKind) -> R<ShardEvent> {
 
 fn heartbeat(in_flight: usize) -> R<Heartbeat> {
     Ok(Heartbeat {
+        power: None,
         v: SCHEMA_VERSION,
         worker: worker()?,
         host: "mac-17".into(),

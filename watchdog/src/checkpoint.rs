@@ -407,6 +407,7 @@ mod tests {
 
     fn event(job: &str, shard: u32, attempt: u64, at_ms: u64, kind: EventKind) -> ShardEvent {
         ShardEvent {
+            energy: None,
             v: SCHEMA_VERSION,
             job: JobId::new(job).unwrap_or_else(|_| unreachable!()),
             shard,

@@ -41,6 +41,7 @@ pub async fn on_max_deliveries(
     let task: Option<ShardTask> = decode("shard task", &msg.payload, limits::MAX_TASK_BYTES).ok();
     if let Some(task) = task {
         let event = ShardEvent {
+            energy: None,
             v: SCHEMA_VERSION,
             job: task.job.clone(),
             shard: task.shard,

@@ -699,6 +699,7 @@ mod tests {
 
     fn event(shard: u32, kind: EventKind) -> Result<ShardEvent, IdError> {
         Ok(ShardEvent {
+            energy: None,
             v: SCHEMA_VERSION,
             job: JobId::new("j")?,
             shard,

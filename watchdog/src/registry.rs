@@ -188,6 +188,7 @@ mod tests {
 
     fn hb(id: &str, busy: bool) -> Result<Heartbeat, minions_schemas::IdError> {
         Ok(Heartbeat {
+            power: None,
             v: minions_schemas::SCHEMA_VERSION,
             worker: WorkerId::new(id)?,
             host: "h".into(),

@@ -505,6 +505,7 @@ pub(crate) async fn publish_event(
     confirm: bool,
 ) -> bool {
     let event = ShardEvent {
+        energy: None,
         v: SCHEMA_VERSION,
         job: task.job.clone(),
         shard: task.shard,

@@ -230,6 +230,7 @@ pub async fn submit(
     let sha256 = reader.sha256_hex();
 
     let spec = JobSpec {
+        submitter: String::new(),
         v: SCHEMA_VERSION,
         job: job.clone(),
         model_name: model_name.clone(),

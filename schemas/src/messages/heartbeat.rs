@@ -58,6 +58,24 @@ pub struct Heartbeat {
     pub started_ms: u64,
     /// When this beat was sent (ms since the epoch).
     pub at_ms: u64,
+    /// The machine's power and energy as the worker reads or estimates it
+    /// (absent in older beats).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power: Option<PowerReading>,
+}
+
+/// A machine's power draw and energy since the worker started.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PowerReading {
+    /// Mean power over the last sampling interval, watts.
+    pub watts: f64,
+    /// Energy since the worker started, joules.
+    pub joules: f64,
+    /// True when read from a meter; false when estimated.
+    pub measured: bool,
+    /// Where it comes from: `rapl`, `nvidia-smi`, `powermetrics`,
+    /// `estimate`.
+    pub source: String,
 }
 
 impl Heartbeat {

@@ -66,6 +66,10 @@ pub struct JobSpec {
     /// What a worker must lend to run it (absent in older specs: nothing).
     #[serde(default)]
     pub needs: Requirements,
+    /// Who submitted it: the NATS identity when one was given, else the
+    /// submitting OS user at the host (absent in older specs: empty).
+    #[serde(default)]
+    pub submitter: String,
 }
 
 /// The team of a job submitted without one.

@@ -20,12 +20,12 @@ pub use dead_letter::DeadLetter;
 pub use generation::{
     ChatTurn, FinishReason, Generation, GenerationRecord, Prompt, SamplingParams,
 };
-pub use heartbeat::{Heartbeat, InFlight};
+pub use heartbeat::{Heartbeat, InFlight, PowerReading};
 pub use job_manifest::{JobManifest, ManifestShard};
 pub use job_spec::{DEFAULT_TEAM, InputDescription, JobSpec};
 pub use model::{ModelFamily, ModelFile, ModelManifest, ModelRecord, Precision};
 pub use schedule::{Priority, QueuedJob, Requirements, Schedule, TeamPolicy, TeamShare};
-pub use shard_event::{EventKind, ShardEvent};
+pub use shard_event::{Energy, EventKind, ShardEvent};
 pub use shard_io::{OutputPayload, ShardCheckpoint, ShardInput, ShardOutput};
 pub use shard_task::ShardTask;
 pub use worker_record::{WorkerRecord, WorkerState};

@@ -79,6 +79,24 @@ pub struct ShardEvent {
     /// What happened.
     #[serde(flatten)]
     pub kind: EventKind,
+    /// The energy this delivery used, on the events that end a delivery
+    /// (done, failed, handed back) from workers that know it; absent
+    /// otherwise and in older events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub energy: Option<Energy>,
+}
+
+/// Energy a delivery used: its share of the machine's meter while it ran
+/// (split evenly between the deliveries running at once), or an estimate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Energy {
+    /// Joules.
+    pub joules: f64,
+    /// True when read from a meter; false when estimated.
+    pub measured: bool,
+    /// Where it comes from: `rapl`, `nvidia-smi`, `powermetrics`,
+    /// `estimate`.
+    pub source: String,
 }
 
 impl EventKind {

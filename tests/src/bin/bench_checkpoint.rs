@@ -89,6 +89,7 @@ async fn fill(p: &mut Publisher, store: &Path, first: u32, n: u64) -> Result<u32
             let host = format!("mac-{w:04}");
             let at = t0 + p.sent;
             let ev = |attempt: u64, kind: EventKind| ShardEvent {
+                energy: None,
                 v: SCHEMA_VERSION,
                 job: job.clone(),
                 shard,

@@ -54,6 +54,7 @@ async fn simulate(
                 continue;
             }
             let hb = Heartbeat {
+                power: None,
                 v: SCHEMA_VERSION,
                 worker: id.clone(),
                 host: format!("mac-{i:04}"),
@@ -111,6 +112,7 @@ async fn simulate(
                 (shard, EventKind::Started),
             ] {
                 let e = ShardEvent {
+                    energy: None,
                     v: SCHEMA_VERSION,
                     job: job.clone(),
                     shard: s,

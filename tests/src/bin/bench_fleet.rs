@@ -548,6 +548,7 @@ fn task(job: &JobId, shard: u32) -> Result<ShardTask> {
 
 fn event(job: &JobId, shard: u32, worker: &WorkerId, kind: EventKind) -> ShardEvent {
     ShardEvent {
+        energy: None,
         v: SCHEMA_VERSION,
         job: job.clone(),
         shard,
@@ -681,6 +682,7 @@ async fn scale(n: usize, secs: u64) -> Result<String> {
         .join(minions_schemas::keys::job_spec(&job));
     std::fs::create_dir_all(key.parent().ok_or("no parent")?)?;
     let spec = minions_schemas::messages::JobSpec {
+        submitter: String::new(),
         v: SCHEMA_VERSION,
         job: job.clone(),
         model_name: minions_schemas::ModelName::new("noop")?,
@@ -766,6 +768,7 @@ async fn scale(n: usize, secs: u64) -> Result<String> {
                     }
                     let held = holdings[i].lock().ok().and_then(|h| h.clone());
                     let hb = Heartbeat {
+                        power: None,
                         v: SCHEMA_VERSION,
                         worker: id.clone(),
                         host: format!("sim-{i:05}"),

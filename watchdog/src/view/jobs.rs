@@ -321,6 +321,7 @@ pub(crate) mod fixtures {
     /// `records` in all.
     pub(crate) fn spec(job: &str, shards: u32, records: u64) -> Result<JobSpec, IdError> {
         Ok(JobSpec {
+            submitter: String::new(),
             v: SCHEMA_VERSION,
             job: JobId::new(job)?,
             model_name: ModelName::new("m")?,
@@ -355,6 +356,7 @@ mod tests {
 
     fn ev(shard: u32, attempt: u64, at_ms: u64, kind: EventKind) -> Result<ShardEvent, IdError> {
         Ok(ShardEvent {
+            energy: None,
             v: SCHEMA_VERSION,
             job: JobId::new("j")?,
             shard,
