@@ -101,6 +101,11 @@ pub struct WorkerArgs {
     /// Worker id prefix (default: the host name).
     #[arg(long)]
     pub name: Option<String>,
+    /// Watts this machine draws while it runs shards, for the energy
+    /// estimate used when no meter can be read (RAPL, nvidia-smi, or
+    /// powermetrics as root). Default: a figure for the device kind.
+    #[arg(long, global = true, env = "MINIONS_POWER_WATTS")]
+    pub power_watts: Option<f64>,
 }
 
 /// What `minions-worker` does besides running.
@@ -187,6 +192,12 @@ impl WorkerArgs {
         c.work.max_deliver = self.max_deliver;
         c.work.replicas = usize::from(self.replication.replicas);
         c.name = self.name;
+        if let Some(w) = self.power_watts {
+            if !(w.is_finite() && w >= 0.0) {
+                anyhow::bail!("--power-watts must be a number of watts ≥ 0, got {w}");
+            }
+            c.power_watts = Some(w);
+        }
         if self.policy.is_some() || !self.owner_signals.is_empty() {
             let mut p = match &self.policy {
                 Some(path) => {
@@ -206,5 +217,26 @@ impl WorkerArgs {
             c.policy = Some(p);
         }
         Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(args: &[&str]) -> anyhow::Result<WorkerConfig> {
+        let mut argv = vec!["minions-worker", "--store", "file:///tmp/minions-cli-test"];
+        argv.extend_from_slice(args);
+        WorkerArgs::try_parse_from(argv)?.into_config()
+    }
+
+    #[test]
+    fn power_watts_sets_the_estimate_figure() -> anyhow::Result<()> {
+        assert_eq!(config(&["--power-watts", "35.5"])?.power_watts, Some(35.5));
+        assert_eq!(config(&["--power-watts", "0"])?.power_watts, Some(0.0));
+        assert!(config(&["--power-watts=-1"]).is_err());
+        assert!(config(&["--power-watts", "NaN"]).is_err());
+        assert!(config(&["--power-watts", "lots"]).is_err());
+        Ok(())
     }
 }

@@ -52,6 +52,10 @@ pub struct WorkerConfig {
     /// How generation shards run: sequences at once, KV-cache memory,
     /// checkpoint interval.
     pub generation: crate::generation::GenSettings,
+    /// Watts the energy estimate uses while shards run, when no meter can
+    /// be read (`None`: a figure for the device kind; see
+    /// [`crate::energy::estimate`]). Finite and ≥ 0.
+    pub power_watts: Option<f64>,
 }
 
 impl WorkerConfig {
@@ -75,6 +79,7 @@ impl WorkerConfig {
             work: WorkSettings::default(),
             policy: None,
             generation: Default::default(),
+            power_watts: None,
         }
     }
 }

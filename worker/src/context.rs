@@ -74,6 +74,8 @@ pub(crate) struct Ctx {
     pub(crate) sched: crate::schedule::Scheduler,
     /// Running shards told to yield to other work (their hand-back reason).
     pub(crate) preempted: Mutex<HashSet<(String, u32)>>,
+    /// The energy meter: each delivery's share, the heartbeat's power.
+    pub(crate) energy: Arc<crate::energy::EnergyMeter>,
 }
 
 impl Ctx {

@@ -1,6 +1,6 @@
 //! `minions-worker doctor`: what this machine would bring to the fleet and
-//! what stands in the way — device, memory, every owner signal (read, or why
-//! not), NATS and the store.
+//! what stands in the way — device, memory, the energy meter (and why),
+//! every owner signal (read, or why not), NATS and the store.
 
 use std::fmt::Write;
 use std::time::Duration;
@@ -37,18 +37,53 @@ fn all_sources(config: &WorkerConfig) -> Vec<Source> {
     v
 }
 
+/// The energy line: the meter a worker here would read and why; for the
+/// estimate, why each meter was passed over, and a hint where the operator
+/// can give it access to one (RAPL's counters).
+async fn energy(out: &mut String, device: &str, power_watts: Option<f64>) {
+    let choice = crate::energy::describe(device, power_watts).await;
+    if choice.source.measured() {
+        let _ = writeln!(
+            out,
+            "energy       ok: {} (measured): {}",
+            choice.source, choice.reason
+        );
+    } else {
+        let why: Vec<String> = choice
+            .passed_over
+            .iter()
+            .filter(|p| !p.needs_permission)
+            .map(|p| format!("{}: {}", p.source, p.reason))
+            .collect();
+        let _ = writeln!(
+            out,
+            "energy       {} (not measured): {}; no meter: {}",
+            choice.source,
+            choice.model.basis,
+            why.join("; ")
+        );
+    }
+    for p in choice.passed_over.iter().filter(|p| p.needs_permission) {
+        let _ = writeln!(out, "energy       cannot read {}: {}", p.source, p.reason);
+    }
+}
+
 /// Runs every check and returns the report; never fails (each problem is a line).
 pub async fn report(config: &WorkerConfig) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "minions-worker {} doctor", env!("CARGO_PKG_VERSION"));
-    match select_device(config.device) {
+    // The energy meter is chosen for the device opened (the CPU when none is).
+    let device_name = match select_device(config.device) {
         Ok(d) => {
-            let _ = writeln!(out, "device       ok: {}", describe_device(&d));
+            let name = describe_device(&d);
+            let _ = writeln!(out, "device       ok: {name}");
+            name
         }
         Err(e) => {
             let _ = writeln!(out, "device       cannot open {:?}: {e}", config.device);
+            "cpu".to_owned()
         }
-    }
+    };
     let _ = writeln!(
         out,
         "cpu kernels  ok: {}",
@@ -104,6 +139,7 @@ pub async fn report(config: &WorkerConfig) -> String {
             }
         }
     }
+    energy(&mut out, &device_name, config.power_watts).await;
     match &config.policy {
         Some(p) => {
             let _ = writeln!(

@@ -36,7 +36,7 @@ pub(crate) fn beat(
     (mem_total_mb, mem_avail_mb): (u64, u64),
 ) -> Heartbeat {
     Heartbeat {
-        power: None,
+        power: ctx.energy.reading(),
         v: SCHEMA_VERSION,
         worker: ctx.worker_id(),
         host: ctx.host.clone(),

@@ -19,12 +19,15 @@
 //! - [`model`] — the model cache; the `Model` trait and the families
 //!   themselves live in the `minions-engine` crate (`worker/engine/`).
 //! - [`owner`] — owner signals, the lending policy, yield and resume.
+//! - [`energy`] — the energy meters, each delivery's share, the
+//!   heartbeat's power.
 
 pub mod cli;
 pub mod config;
 mod context;
 mod control;
 pub mod doctor;
+pub mod energy;
 pub mod error;
 pub mod generation;
 mod heartbeat;

@@ -190,6 +190,10 @@ pub async fn run(
         None => device_memory_mb(&device_name).await,
     };
     tracing::info!(lend_mb, "memory lent to models");
+    let stop_energy = CancellationToken::new();
+    let energy =
+        crate::energy::EnergyMeter::start(&device_name, config.power_watts, stop_energy.clone())
+            .await;
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         js,
@@ -222,6 +226,7 @@ pub async fn run(
         beat_soon: tokio::sync::Notify::new(),
         sched: crate::schedule::Scheduler::new(lend_mb),
         preempted: Mutex::new(HashSet::new()),
+        energy,
     });
 
     let started_ms = now_ms();
@@ -232,6 +237,8 @@ pub async fn run(
     if let Err(e) = check_identity(&ctx, config.heartbeat_interval, started_ms).await {
         stop_control.cancel();
         let _ = controls.await;
+        stop_energy.cancel();
+        ctx.energy.join().await;
         return Err(e);
     }
     let stop_beats = CancellationToken::new();
@@ -301,6 +308,9 @@ pub async fn run(
     if let Some(owner) = owner {
         let _ = owner.await;
     }
+    // The sampler's last read goes into the leaving beat.
+    stop_energy.cancel();
+    ctx.energy.join().await;
     heartbeat::send(
         &ctx,
         config.heartbeat_interval,

@@ -14,7 +14,7 @@ use async_nats::jetstream::{AckKind, Message};
 use bytes::Bytes;
 use minions_schemas::endpoints::resilient;
 use minions_schemas::messages::{
-    EventKind, InFlight, ShardEvent, ShardInput, ShardOutput, ShardTask,
+    Energy, EventKind, InFlight, ShardEvent, ShardInput, ShardOutput, ShardTask,
 };
 use minions_schemas::time::now_ms;
 use minions_schemas::{SCHEMA_VERSION, decode, encode, keys, limits, subjects};
@@ -93,6 +93,9 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) -> Handled {
         reply: reply.clone(),
         started_ms: now_ms(),
     });
+    // From here the delivery shares the machine's energy.
+    let energy_key = crate::energy::DeliveryKey::new(task.job.as_str(), task.shard, attempt);
+    ctx.energy.begin(energy_key.clone());
     tracing::debug!(job = %task.job, shard = task.shard, attempt, "shard started");
     publish_event(ctx, &task, attempt, EventKind::Started, false).await;
 
@@ -113,11 +116,13 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) -> Handled {
     progress.cancel();
     let _ = keepalive.await;
     let duration_ms = started.elapsed().as_millis() as u64;
+    // Its share up to the result; settling (event, ack) is not counted.
+    let energy = ctx.energy.end(&energy_key);
     let busy_ms = result.as_ref().map_or(0, |d| d.compute_ms);
     if result.is_ok() {
         let ctx = ctx.clone();
         let settling = tokio::spawn(async move {
-            settle(&ctx, &msg, &task, attempt, duration_ms, result).await;
+            settle(&ctx, &msg, &task, attempt, duration_ms, result, energy).await;
             ctx.untrack(task.job.as_str(), task.shard);
         });
         return Handled {
@@ -125,7 +130,7 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) -> Handled {
             settling: Some(settling),
         };
     }
-    settle(ctx, &msg, &task, attempt, duration_ms, result).await;
+    settle(ctx, &msg, &task, attempt, duration_ms, result, energy).await;
     ctx.untrack(task.job.as_str(), task.shard);
     Handled {
         busy_ms,
@@ -357,6 +362,8 @@ async fn verify_existing(ctx: &Ctx, task: &ShardTask, key: &StorePath) -> Result
     })
 }
 
+/// Settles a delivery and publishes the event that ends it, carrying the
+/// delivery's `energy`.
 async fn settle(
     ctx: &Ctx,
     msg: &Message,
@@ -364,6 +371,7 @@ async fn settle(
     attempt: u64,
     duration_ms: u64,
     result: Result<Done, ShardError>,
+    energy: Option<Energy>,
 ) {
     match result {
         Ok(done) => {
@@ -382,7 +390,7 @@ async fn settle(
             // Ack only once the done event is stored: an acked shard whose
             // event was lost would leave its job short of done for ever. A
             // redelivery finds the output, verifies it and reports it again.
-            if !publish_event(ctx, task, attempt, kind, true).await {
+            if !publish(ctx, task, attempt, kind, true, energy).await {
                 tracing::warn!(job = %task.job, shard = task.shard,
                     "done event not stored; handing the shard back so a redelivery reports it");
                 if let Err(e) = msg.ack_with(AckKind::Nak(Some(backoff(attempt)))).await {
@@ -415,7 +423,7 @@ async fn settle(
                         } else {
                             reason
                         };
-                    let stored = publish_event(
+                    let stored = publish(
                         ctx,
                         task,
                         attempt,
@@ -424,6 +432,7 @@ async fn settle(
                             permanent: true,
                         },
                         true,
+                        energy,
                     )
                     .await;
                     if stored {
@@ -439,7 +448,7 @@ async fn settle(
                 Settle::Nak(delay) => {
                     tracing::warn!(job = %task.job, shard = task.shard, attempt, reason = %reason,
                         retry_in_ms = delay.as_millis() as u64, "shard failed; will retry");
-                    publish_event(
+                    publish(
                         ctx,
                         task,
                         attempt,
@@ -448,6 +457,7 @@ async fn settle(
                             permanent: false,
                         },
                         true,
+                        energy,
                     )
                     .await;
                     if let Err(e) = msg.ack_with(AckKind::Nak(Some(delay))).await {
@@ -467,12 +477,13 @@ async fn settle(
                         tracing::warn!(error = %e, "hand-back not sent; the shard returns after the ack wait");
                     }
                     // After the nak: the next worker must not wait on this.
-                    publish_event(
+                    publish(
                         ctx,
                         task,
                         attempt,
                         EventKind::HandedBack { reason: why },
                         false,
+                        energy,
                     )
                     .await;
                 }
@@ -504,8 +515,21 @@ pub(crate) async fn publish_event(
     kind: EventKind,
     confirm: bool,
 ) -> bool {
+    publish(ctx, task, attempt, kind, confirm, None).await
+}
+
+/// [`publish_event`] with the delivery's energy, for the events that end a
+/// delivery (done, failed, handed back).
+async fn publish(
+    ctx: &Ctx,
+    task: &ShardTask,
+    attempt: u64,
+    kind: EventKind,
+    confirm: bool,
+    energy: Option<Energy>,
+) -> bool {
     let event = ShardEvent {
-        energy: None,
+        energy,
         v: SCHEMA_VERSION,
         job: task.job.clone(),
         shard: task.shard,
