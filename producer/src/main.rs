@@ -109,6 +109,7 @@ async fn run() -> anyhow::Result<()> {
         Command::Admin(AdminCommand::AddWorker(args)) => {
             out(&commands::add_worker::add_worker(&args)?.report)
         }
+        Command::Usage(args) => out(&commands::usage::run(ep, &args).await?),
         Command::Dev(args) => {
             let shutdown = CancellationToken::new();
             tokio::spawn(minions_schemas::endpoints::signals::cancel_on_signal(

@@ -1,6 +1,7 @@
 //! The integration-test harness: real `nats-server` processes on free ports
 //! with their own store dirs (killable, pausable, restartable), a real
-//! S3-compatible server (moto) on loopback, and the real Minions binaries.
+//! S3-compatible server (moto) on loopback, a real PostgreSQL for the
+//! ledger ([`PgServer`]), and the real Minions binaries.
 //!
 //! External tools are found through environment variables that
 //! `tests/run.sh` sets (`NATS_SERVER_BIN`, `MINIONS_MOTO_BIN`,
@@ -10,7 +11,10 @@
 pub mod bench;
 pub mod cluster;
 pub mod fuzz;
+pub mod postgres;
 pub mod web;
+
+pub use postgres::PgServer;
 
 use std::io::Write;
 use std::net::TcpListener;

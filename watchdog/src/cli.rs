@@ -65,6 +65,16 @@ pub struct WatchdogArgs {
     /// that fades (HTCondor's default is 24 h, Slurm's 7 days).
     #[arg(long, default_value_t = 24.0)]
     pub usage_half_life_hours: f64,
+    /// Keep a usage ledger in PostgreSQL: jobs, every delivery of every
+    /// shard, workers, and device time, records, tokens and energy per
+    /// worker per hour, for `minions usage` and Grafana. A URL like
+    /// postgres://minions:PASSWORD@db.example:5432/minions; the tables are
+    /// created (and migrated) at start. The events stream stays the source
+    /// of truth: a database that is down stops nothing, and the ledger
+    /// catches up from where it stood when it returns. Several watchdogs
+    /// may write one ledger. Also the settings file's `ledger` key.
+    #[arg(long, env = "MINIONS_LEDGER")]
+    pub ledger: Option<String>,
 }
 
 /// The dashboard's default address.
@@ -91,6 +101,7 @@ impl WatchdogArgs {
                 ),
                 ..Default::default()
             },
+            ledger: self.ledger.map(crate::ledger::LedgerSettings::new),
             checkpoints: crate::checkpoint::CheckpointPolicy {
                 disabled: self.no_checkpoints,
                 every_events: self.checkpoint_events,

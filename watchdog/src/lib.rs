@@ -19,6 +19,7 @@
 //! - [`queue`] — the work queue as JetStream reports it.
 //! - [`explain`] — why a job's shards wait.
 //! - [`http`] — dashboard, JSON, `/metrics`, `/healthz`.
+//! - [`ledger`] — jobs, deliveries and usage in PostgreSQL (`--ledger`).
 //! - [`run`] — the loop.
 
 pub mod checkpoint;
@@ -29,6 +30,7 @@ pub mod explain;
 pub mod fleet;
 pub mod http;
 pub mod jobs;
+pub mod ledger;
 pub mod orphans;
 pub mod queue;
 pub mod registry;

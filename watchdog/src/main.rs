@@ -17,6 +17,12 @@ async fn run() -> anyhow::Result<()> {
         &mut args.store,
         &mut args.security,
     )?;
+    if args.ledger.is_none() {
+        args.ledger = minions_schemas::endpoints::config_file::usage_defaults(
+            args.security.config.as_deref(),
+        )?
+        .ledger;
+    }
     let config = args.into_config();
     let shutdown = CancellationToken::new();
     tokio::spawn(minions_schemas::endpoints::signals::cancel_on_signal(

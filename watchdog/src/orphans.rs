@@ -118,7 +118,8 @@ impl OrphanSweep {
     }
 }
 
-async fn read_spec(store: &dyn ObjectStore, job: &JobId) -> Option<JobSpec> {
+/// A job's spec from the store; `None` when it cannot be read or decoded.
+pub(crate) async fn read_spec(store: &dyn ObjectStore, job: &JobId) -> Option<JobSpec> {
     let got = store
         .get(&StorePath::from(keys::job_spec(job)))
         .await

@@ -70,6 +70,8 @@ pub struct WatchdogConfig {
     pub checkpoints: crate::checkpoint::CheckpointPolicy,
     /// How the schedule is published (see [`crate::schedule`]).
     pub schedule: crate::schedule::ScheduleSettings,
+    /// Where to keep the usage ledger (PostgreSQL), if anywhere.
+    pub ledger: Option<crate::ledger::LedgerSettings>,
 }
 
 fn follow_err<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> WatchdogError {
@@ -179,6 +181,20 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
     )
     .await?;
 
+    // The ledger reads the events stream on its own, from its own cursor:
+    // a database that is slow or down delays nothing else.
+    let ledger_status = Arc::new(crate::ledger::LedgerStatus::default());
+    let ledger = config.ledger.clone().map(|settings| {
+        crate::ledger::start(
+            js.clone(),
+            store.clone(),
+            view.clone(),
+            settings,
+            ledger_status.clone(),
+            stop_events.clone(),
+        )
+    });
+
     // State changes are recorded (registry writes, hand-backs) by a task of
     // their own, in order: awaiting a registry round trip in this loop would
     // stall heartbeat intake when a thousand workers change state at once.
@@ -272,6 +288,9 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
     stop_events.cancel();
     stop_side.cancel();
     let _ = tracker.await;
+    if let Some(ledger) = ledger {
+        let _ = ledger.await;
+    }
     let _ = poller.await;
     let _ = scheduler.await;
     if let Some(server) = server {

@@ -1,8 +1,10 @@
 //! `minions dev`: a whole local fleet in one command — nats-server with
 //! JetStream in a data dir (or, with `--cluster 3`, a cluster of three as in
 //! deploy/nats/cluster/), a watchdog and N workers, their logs interleaved
-//! with a name in front of each line. Ctrl-C (or SIGTERM) stops the workers
-//! first (they drain and hand back), then the watchdog, then nats-server.
+//! with a name in front of each line; with `--ledger`, a local PostgreSQL
+//! that the watchdog keeps the usage ledger in. Ctrl-C (or SIGTERM) stops
+//! the workers first (they drain and hand back), then the watchdog, then
+//! nats-server, then PostgreSQL.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -181,6 +183,13 @@ pub async fn run(
     });
     std::fs::create_dir_all(&data_dir)
         .with_context(|| format!("cannot create {}", data_dir.display()))?;
+    // The ledger's database first: the watchdog needs its URL; it stops last.
+    let (ledger, ledger_url) = if args.ledger {
+        let (db, url) = start_ledger(&data_dir).await?;
+        (Some(db), Some(url))
+    } else {
+        (None, None)
+    };
     let store = endpoints.store_url();
     let servers = usize::from(args.cluster);
     let nats = if servers == 1 {
@@ -215,6 +224,9 @@ pub async fn run(
         "--listen".to_owned(),
         args.dashboard.clone(),
     ]);
+    if let Some(url) = &ledger_url {
+        wd_args.extend(["--ledger".to_owned(), url.clone()]);
+    }
     let watchdog = spawn(
         "watchdog",
         &watchdog_bin,
@@ -249,12 +261,16 @@ pub async fn run(
     };
     tracing::info!(nats = %nats_url, servers, store = %store, workers = args.workers,
         threads_per_worker = ?threads, data = %data_dir.display(),
-        dashboard = %dashboard,
+        dashboard = %dashboard, ledger = ledger_url.as_deref().unwrap_or("off"),
         "local fleet running; in another terminal: MINIONS_NATS_URL={nats_url} minions submit ... (Ctrl-C stops the fleet)");
     // What another terminal needs, on stdout where a script can take it.
     let mut exports = format!("export MINIONS_NATS_URL={nats_url}\n");
     if servers > 1 {
         exports.push_str(&format!("export MINIONS_REPLICAS={servers}\n"));
+    }
+    if let Some(url) = &ledger_url {
+        // What `minions usage` reads (as --ledger does).
+        exports.push_str(&format!("export MINIONS_LEDGER={url}\n"));
     }
     {
         use std::io::Write;
@@ -278,10 +294,61 @@ pub async fn run(
     }
     stop(watchdog, Duration::from_secs(5)).await;
     stop_all(nats, Duration::from_secs(10)).await;
+    if let Some(db) = ledger {
+        stop_ledger(db).await;
+    }
     match died {
         Some(name) => bail!("{name} exited unexpectedly"),
         None => Ok(()),
     }
+}
+
+/// The ledger's PostgreSQL (`--ledger`).
+#[cfg(unix)]
+type LedgerDb = crate::local_postgres::LocalPostgres;
+/// The ledger's PostgreSQL (`--ledger`): Unix only.
+#[cfg(not(unix))]
+type LedgerDb = std::convert::Infallible;
+
+/// Starts the ledger's PostgreSQL with its data in `data_dir/postgres`
+/// (kept between runs) on a free port of 127.0.0.1; returns it and its URL.
+async fn start_ledger(data_dir: &Path) -> anyhow::Result<(LedgerDb, String)> {
+    #[cfg(unix)]
+    {
+        let dir = data_dir.join("postgres");
+        let port = free_port()?;
+        let db = tokio::task::spawn_blocking({
+            let dir = dir.clone();
+            move || LedgerDb::start(&dir, port)
+        })
+        .await
+        .context("starting PostgreSQL")?
+        .with_context(|| format!("--ledger: cannot start PostgreSQL in {}", dir.display()))?;
+        let url = db.url();
+        tracing::info!(process = "postgres", pid = db.pid(), url = %url,
+            log = %db.log_path().display(), "started");
+        Ok((db, url))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = data_dir;
+        bail!("--ledger runs PostgreSQL, which `minions dev` supports on Unix only")
+    }
+}
+
+/// Stops the ledger's PostgreSQL (a fast shutdown, then a kill after 10 s).
+async fn stop_ledger(db: LedgerDb) {
+    #[cfg(unix)]
+    {
+        let mut db = db;
+        match tokio::task::spawn_blocking(move || db.stop()).await {
+            Ok(Ok(())) => tracing::info!(process = "postgres", "stopped"),
+            Ok(Err(e)) => tracing::warn!(process = "postgres", "{e}"),
+            Err(e) => tracing::warn!(process = "postgres", "cannot stop: {e}"),
+        }
+    }
+    #[cfg(not(unix))]
+    match db {}
 }
 
 /// Starts one nats-server with JetStream on `port`, its store under
@@ -322,8 +389,8 @@ async fn free_monitor_port(port: u16) -> Option<u16> {
 
 /// A port on 127.0.0.1 that nothing listens on now.
 fn free_port() -> anyhow::Result<u16> {
-    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))
-        .context("cannot find a free port for the cluster's routes")?;
+    let listener =
+        std::net::TcpListener::bind(("127.0.0.1", 0)).context("cannot find a free port")?;
     Ok(listener.local_addr()?.port())
 }
 

@@ -9,5 +9,6 @@ pub mod model;
 pub mod status;
 pub mod submit;
 pub mod team;
+pub mod usage;
 pub mod watch;
 pub mod worker;

@@ -230,7 +230,7 @@ pub async fn submit(
     let sha256 = reader.sha256_hex();
 
     let spec = JobSpec {
-        submitter: String::new(),
+        submitter: endpoints.security.identity_name(),
         v: SCHEMA_VERSION,
         job: job.clone(),
         model_name: model_name.clone(),

@@ -16,6 +16,11 @@
 //! nats_ca = "ca.pem"
 //! team = "search"          # minions submit's --team default
 //! priority = "normal"      # and its --priority default
+//! # The usage ledger (PostgreSQL): where minions-watchdog writes it
+//! # (its --ledger) and where `minions usage` reads it. A password here
+//! # means: keep the file readable by its owner only.
+//! ledger = "postgres://minions@db.office.example/minions"
+//! price_per_kwh = 0.30     # minions usage's --price-per-kwh default
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -56,6 +61,12 @@ pub struct ConnectionFile {
     /// The priority `minions submit` uses without `--priority`
     /// (`low`, `normal`, `high`).
     pub priority: Option<String>,
+    /// The usage ledger's PostgreSQL URL: where `minions-watchdog` writes
+    /// it (`--ledger`) and `minions usage` reads it.
+    pub ledger: Option<String>,
+    /// The energy price `minions usage` costs kWh at without
+    /// `--price-per-kwh` (in whatever currency the reader thinks in).
+    pub price_per_kwh: Option<f64>,
 }
 
 /// The submit defaults of the settings file in use (`--config`,
@@ -69,6 +80,30 @@ pub fn submit_defaults(
             Ok((f.team, f.priority))
         }
         None => Ok((None, None)),
+    }
+}
+
+/// What the settings file says about `minions usage`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct UsageDefaults {
+    /// The ledger's PostgreSQL URL (`ledger`).
+    pub ledger: Option<String>,
+    /// The energy price per kWh (`price_per_kwh`).
+    pub price_per_kwh: Option<f64>,
+}
+
+/// The usage defaults of the settings file in use (`--config`,
+/// `MINIONS_CONFIG` or the user's), if any: ledger URL and price per kWh.
+pub fn usage_defaults(explicit: Option<&Path>) -> Result<UsageDefaults, ConfigFileError> {
+    match chosen(explicit) {
+        Some(path) => {
+            let f = read(&path)?;
+            Ok(UsageDefaults {
+                ledger: f.ledger,
+                price_per_kwh: f.price_per_kwh,
+            })
+        }
+        None => Ok(UsageDefaults::default()),
     }
 }
 

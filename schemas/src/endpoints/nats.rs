@@ -140,6 +140,27 @@ pub fn init_tls() {
 }
 
 impl NatsSecurity {
+    /// Who this program is, for the record (a job's `submitter`): the NATS
+    /// user, else the nkey or credentials file's name, else the OS user at
+    /// this host. At most 128 characters.
+    pub fn identity_name(&self) -> String {
+        let file_stem =
+            |p: &std::path::Path| p.file_stem().map(|s| s.to_string_lossy().into_owned());
+        let name = self
+            .nats_user
+            .clone()
+            .or_else(|| self.nats_nkey.as_deref().and_then(file_stem))
+            .or_else(|| self.nats_creds.as_deref().and_then(file_stem))
+            .unwrap_or_else(|| {
+                let user = std::env::var("USER")
+                    .or_else(|_| std::env::var("LOGNAME"))
+                    .or_else(|_| std::env::var("USERNAME"))
+                    .unwrap_or_else(|_| "unknown".to_owned());
+                format!("{user}@{}", super::host::host_name())
+            });
+        name.chars().take(128).collect()
+    }
+
     /// Whether TLS is required of the connection.
     pub fn tls(&self, url: &str) -> bool {
         self.nats_tls
@@ -364,5 +385,17 @@ mod tests {
         let s = NatsSecurity::default();
         assert!(s.tls("nats://a:4222,tls://b:4222"));
         assert!(!s.tls("nats://a:4222,nats://b:4222"));
+    }
+
+    #[test]
+    fn the_identity_is_the_user_then_the_key_file() {
+        let mut s = NatsSecurity {
+            nats_nkey: Some("keys/search-team.nk".into()),
+            ..Default::default()
+        };
+        assert_eq!(s.identity_name(), "search-team");
+        s.nats_user = Some("producer".into());
+        assert_eq!(s.identity_name(), "producer");
+        assert!(NatsSecurity::default().identity_name().contains('@'));
     }
 }
