@@ -581,6 +581,8 @@ fn check_all(c: &mut Checker) -> Res {
     // Heartbeat and InFlight.
     c.check(&in_flight(&ids))?;
     c.check(&Heartbeat {
+        chip: "Apple M2 Pro".into(),
+        lend_mb: 12_288,
         power: Some(minions_schemas::messages::PowerReading {
             watts: 18.2,
             joules: 5120.0,

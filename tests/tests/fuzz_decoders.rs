@@ -147,6 +147,8 @@ fn event(kind: EventKind) -> R<ShardEvent> {
 fn heartbeat(in_flight: usize) -> R<Heartbeat> {
     Ok(Heartbeat {
         power: None,
+        chip: String::new(),
+        lend_mb: 0,
         v: SCHEMA_VERSION,
         worker: worker()?,
         host: "mac-17".into(),

@@ -282,5 +282,65 @@ async fn scenario(fleet: &mut Fleet, pg: &mut PgServer) -> Result<()> {
         assert_eq!(estimated, attempts_done);
         assert!(sources.iter().any(|s| s == "estimate"), "{sources:?}");
     }
+    let chips: Vec<(String, String, i64)> = client
+        .query(
+            "SELECT worker, chip, memory_lent_mb FROM workers ORDER BY worker",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    eprintln!("workers in the ledger (worker, chip, memory lent MB): {chips:?}");
+    let live: Vec<_> = chips.iter().filter(|c| !c.0.starts_with(killed)).collect();
+    assert!(
+        !live.is_empty() && live.iter().all(|c| !c.1.is_empty() && c.2 > 0),
+        "{chips:?}"
+    );
+
+    // A live watchdog's dashboard shows the usage by team and worker, and
+    // its /metrics a ledger cursor at the events stream's end.
+    let base = fleet.dashboards.last().ok_or("no dashboard")?.clone();
+    let (code, page) = minions_tests::web::get(&format!("{base}/usage"))?;
+    assert_eq!(code, 200, "{page}");
+    let workers = client
+        .query("SELECT DISTINCT worker FROM usage_hourly", &[])
+        .await?;
+    assert!(!workers.is_empty(), "no worker in usage_hourly");
+    for name in std::iter::once("default".to_owned()).chain(workers.iter().map(|r| r.get(0))) {
+        assert!(
+            page.contains(&format!("<td>{name}</td>")),
+            "{name} not on /usage:\n{page}"
+        );
+    }
+    let js = async_nats::jetstream::new(fleet.client().await?);
+    let last = js
+        .get_stream(minions_schemas::streams::EVENTS_STREAM)
+        .await?
+        .info()
+        .await?
+        .state
+        .last_sequence;
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, metrics) = minions_tests::web::get(&format!("{base}/metrics"))?;
+        let cursor = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("minions_ledger_cursor "))
+            .and_then(|v| v.parse::<f64>().ok());
+        if cursor.is_some_and(|c| c >= last as f64) {
+            eprintln!(
+                "dashboard: /usage lists {} workers; ledger cursor {cursor:?}, stream's last {last}",
+                workers.len()
+            );
+            break;
+        }
+        if Instant::now() > until {
+            return Err(
+                format!("minions_ledger_cursor {cursor:?} below {last}:\n{metrics}").into(),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     Ok(())
 }

@@ -38,7 +38,8 @@ CREATE TABLE jobs (
     -- failed for good (null until then).
     started       timestamptz,
     finished      timestamptz,
-    -- queued, running, done, failed (some shards failed for good).
+    -- queued, running, done, failed (some shards failed for good),
+    -- cancelled (`minions cancel`; its running shards may still finish).
     state         text NOT NULL,
     shards_done   bigint NOT NULL DEFAULT 0,
     shards_failed bigint NOT NULL DEFAULT 0,

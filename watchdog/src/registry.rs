@@ -189,6 +189,8 @@ mod tests {
     fn hb(id: &str, busy: bool) -> Result<Heartbeat, minions_schemas::IdError> {
         Ok(Heartbeat {
             power: None,
+            chip: String::new(),
+            lend_mb: 0,
             v: minions_schemas::SCHEMA_VERSION,
             worker: WorkerId::new(id)?,
             host: "h".into(),

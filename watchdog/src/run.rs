@@ -138,6 +138,8 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
         },
         stop_side.clone(),
     ));
+    // Shared by the ledger writer (below) and the dashboard's /metrics.
+    let ledger_status = Arc::new(crate::ledger::LedgerStatus::default());
     let server = match &config.listen {
         Some(addr) => {
             let (local, task) = crate::http::serve(
@@ -145,6 +147,8 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
                 view.clone(),
                 js.clone(),
                 client.clone(),
+                ledger_status.clone(),
+                config.ledger.as_ref().map(|l| l.url.clone()),
                 stop_side.clone(),
             )
             .await?;
@@ -183,7 +187,6 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
 
     // The ledger reads the events stream on its own, from its own cursor:
     // a database that is slow or down delays nothing else.
-    let ledger_status = Arc::new(crate::ledger::LedgerStatus::default());
     let ledger = config.ledger.clone().map(|settings| {
         crate::ledger::start(
             js.clone(),

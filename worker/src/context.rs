@@ -59,6 +59,8 @@ pub(crate) struct Ctx {
     pub(crate) owner_hold: Mutex<Option<String>>,
     /// Mean shard wall time so far, ms (0 before the first).
     pub(crate) mean_shard_ms: AtomicU64,
+    /// The chip that runs shards, for the record (empty when unknown).
+    pub(crate) chip: String,
     /// The most memory models may use here, MB (0 = no cap).
     pub(crate) mem_budget_mb: u64,
     /// Quiet mode: the largest share of time the device may work, (0, 1].

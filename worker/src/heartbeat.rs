@@ -37,6 +37,8 @@ pub(crate) fn beat(
 ) -> Heartbeat {
     Heartbeat {
         power: ctx.energy.reading(),
+        chip: ctx.chip.clone(),
+        lend_mb: ctx.sched.lend_mb,
         v: SCHEMA_VERSION,
         worker: ctx.worker_id(),
         host: ctx.host.clone(),

@@ -22,6 +22,7 @@
 //! - [`energy`] — the energy meters, each delivery's share, the
 //!   heartbeat's power.
 
+mod chip;
 pub mod cli;
 pub mod config;
 mod context;

@@ -194,7 +194,9 @@ pub async fn run(
     let energy =
         crate::energy::EnergyMeter::start(&device_name, config.power_watts, stop_energy.clone())
             .await;
+    let chip = crate::chip::detect(&device_name).await;
     let ctx = Arc::new(Ctx {
+        chip,
         client: client.clone(),
         js,
         store: store.clone(),

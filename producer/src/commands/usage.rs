@@ -81,6 +81,17 @@ pub fn sql_for(by: UsageBy) -> String {
     )
 }
 
+/// `v` with `decimals` decimals, or with the decimals that show its first
+/// two significant digits when it is smaller than that would show (a short
+/// job's device time is a few thousandths of an hour).
+fn amount(v: f64, decimals: usize) -> String {
+    let mut d = decimals;
+    while d < 9 && v != 0.0 && v.abs() < 10f64.powi(1 - i32::try_from(d).unwrap_or(9)) {
+        d += 1;
+    }
+    format!("{v:.d$}")
+}
+
 /// Why `minions usage` could not answer.
 #[derive(Debug, thiserror::Error)]
 pub enum UsageError {
@@ -128,6 +139,9 @@ pub enum UsageError {
         /// Why, as the driver and server say.
         cause: String,
     },
+    /// The authorities to trust for the ledger's certificate are not usable.
+    #[error("{0}")]
+    Tls(String),
     /// The database has no ledger tables: no watchdog has written to it.
     #[error("no ledger tables at {url}: start a watchdog with --ledger {url} once")]
     NotMigrated {
@@ -442,11 +456,11 @@ pub fn render_table(report: &Report) -> String {
         };
         let mut line = names;
         line.extend([
-            format!("{:.2}", r.device_hours()),
+            amount(r.device_hours(), 2),
             r.records.to_string(),
             r.tokens.to_string(),
-            format!("{:.3}", r.kwh_measured()),
-            format!("{:.3}", r.kwh_estimated()),
+            amount(r.kwh_measured(), 3),
+            amount(r.kwh_estimated(), 3),
             format!("{:.2}", r.cost(report.price_per_kwh)),
         ]);
         lines.push(line);
@@ -593,105 +607,7 @@ pub fn render_json(report: &Report) -> Result<String, serde_json::Error> {
     serde_json::to_string_pretty(&rows)
 }
 
-/// `url` with its password replaced by `***`, for messages: the
-/// `USER:PASSWORD@` of a URL and a `password=` query parameter, or the
-/// `password=` of a `key=value` connection string.
-pub fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        return redact_key_value(url);
-    };
-    let (head, rest) = url.split_at(scheme_end + 3);
-    // The last `@` ends the user info (a password with a raw `@`, `/` or
-    // `?` in it is then still hidden).
-    let (userinfo, after) = match rest.rfind('@') {
-        Some(at) => {
-            let info = &rest[..at];
-            let info = match info.split_once(':') {
-                Some((user, _)) => format!("{user}:***@"),
-                None => format!("{info}@"),
-            };
-            (info, &rest[at + 1..])
-        }
-        None => (String::new(), rest),
-    };
-    let after = match after.split_once('?') {
-        Some((path, query)) => {
-            let pairs: Vec<String> = query
-                .split('&')
-                .map(|p| match p.split_once('=') {
-                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
-                    _ => p.to_owned(),
-                })
-                .collect();
-            format!("{path}?{}", pairs.join("&"))
-        }
-        None => after.to_owned(),
-    };
-    format!("{head}{userinfo}{after}")
-}
-
-/// [`redact`] for `host=... password=...` connection strings (values may
-/// be single-quoted with backslash escapes).
-fn redact_key_value(s: &str) -> String {
-    const KEY: &str = "password";
-    let mut out = String::with_capacity(s.len());
-    let mut rest = s;
-    loop {
-        // ASCII lowercasing keeps byte offsets.
-        let Some(i) = rest.to_ascii_lowercase().find(KEY) else {
-            out.push_str(rest);
-            return out;
-        };
-        let after_key = &rest[i + KEY.len()..];
-        let at_start = i == 0 || rest[..i].ends_with(char::is_whitespace);
-        let Some(value) = after_key
-            .trim_start()
-            .strip_prefix('=')
-            .filter(|_| at_start)
-        else {
-            out.push_str(&rest[..i + KEY.len()]);
-            rest = after_key;
-            continue;
-        };
-        let value = value.trim_start();
-        let len = match value.strip_prefix('\'') {
-            Some(quoted) => {
-                let mut escaped = false;
-                let mut end = quoted.len();
-                for (j, c) in quoted.char_indices() {
-                    match c {
-                        _ if escaped => escaped = false,
-                        '\\' => escaped = true,
-                        '\'' => {
-                            end = j + 1;
-                            break;
-                        }
-                        _ => {}
-                    }
-                }
-                end + 1
-            }
-            None => value.find(char::is_whitespace).unwrap_or(value.len()),
-        };
-        out.push_str(&rest[..i]);
-        out.push_str("password=***");
-        rest = &value[len.min(value.len())..];
-    }
-}
-
-/// The driver's error with its causes, or the server's message and code.
-fn describe(e: &tokio_postgres::Error) -> String {
-    if let Some(db) = e.as_db_error() {
-        return format!("{} (SQLSTATE {})", db.message(), db.code().code());
-    }
-    let mut text = e.to_string();
-    let mut cause = std::error::Error::source(e);
-    while let Some(c) = cause {
-        let _ = write!(text, ": {c}");
-        cause = c.source();
-    }
-    text
-}
+pub use minions_schemas::endpoints::ledger::{describe, redact};
 
 /// Reads one grouping's usage in `[since, until)` from the ledger at
 /// `url`.
@@ -702,30 +618,15 @@ pub async fn read_usage(
     until: DateTime<Utc>,
 ) -> Result<Vec<UsageRow>, UsageError> {
     let shown = redact(url);
-    let mut config: tokio_postgres::Config = url.parse().map_err(|e| UsageError::BadUrl {
-        url: shown.clone(),
-        cause: describe(&e),
-    })?;
-    if config.get_connect_timeout().is_none() {
-        config.connect_timeout(CONNECT_TIMEOUT);
-    }
-    if config.get_application_name().is_none() {
-        config.application_name("minions usage");
-    }
     tracing::debug!(ledger = %shown, by = by_word(by), %since, %until, "reading usage from the ledger");
-    let (client, connection) =
-        config
-            .connect(tokio_postgres::NoTls)
-            .await
-            .map_err(|e| UsageError::Connect {
-                url: shown.clone(),
-                cause: describe(&e),
-            })?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %describe(&e), "ledger connection ended");
-        }
-    });
+    use minions_schemas::endpoints::ledger::{self, LedgerConnectError};
+    let client = ledger::connect(url, "minions usage")
+        .await
+        .map_err(|e| match e {
+            LedgerConnectError::Url { url, cause } => UsageError::BadUrl { url, cause },
+            LedgerConnectError::Connect { url, cause } => UsageError::Connect { url, cause },
+            e @ LedgerConnectError::Ca { .. } => UsageError::Tls(e.to_string()),
+        })?;
     let seconds = |t: DateTime<Utc>| t.timestamp_micros() as f64 / 1e6;
     let rows = client
         .query(&sql_for(by), &[&seconds(since), &seconds(until)])
@@ -813,6 +714,15 @@ mod tests {
         DateTime::parse_from_rfc3339(s)
             .map(|t| t.with_timezone(&Utc))
             .unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    #[test]
+    fn small_amounts_keep_two_significant_digits() {
+        assert_eq!(amount(3.5, 2), "3.50");
+        assert_eq!(amount(0.0, 2), "0.00");
+        assert_eq!(amount(0.0012, 2), "0.0012");
+        assert_eq!(amount(0.012, 3), "0.012");
+        assert_eq!(amount(0.00012, 3), "0.00012");
     }
 
     #[test]
@@ -951,7 +861,7 @@ total          3.50    12600  126000         3.000          1.300  2.15"
         r.host = Some("mac-01".into());
         let text = render_table(&report(UsageBy::Worker, vec![r]));
         assert!(text.contains("WORKER  HOST    DEVICE-H"), "{text}");
-        assert!(text.contains("w-1     mac-01      0.02"), "{text}");
+        assert!(text.contains("w-1     mac-01     0.017"), "{text}");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 pub mod config_file;
 pub mod exit;
 pub mod host;
+pub mod ledger;
 pub mod logging;
 pub mod nats;
 pub mod resilient;

@@ -62,6 +62,18 @@ pub struct Heartbeat {
     /// (absent in older beats).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub power: Option<PowerReading>,
+    /// The chip that runs shards: the GPU's name on CUDA, else the CPU's
+    /// (e.g. `Apple M2 Pro`); empty when unknown (and in older beats).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub chip: String,
+    /// The memory the worker lends to models, MB: what it schedules by
+    /// (0 when unknown, and in older beats).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lend_mb: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A machine's power draw and energy since the worker started.

@@ -55,6 +55,8 @@ async fn simulate(
             }
             let hb = Heartbeat {
                 power: None,
+                chip: String::new(),
+                lend_mb: 0,
                 v: SCHEMA_VERSION,
                 worker: id.clone(),
                 host: format!("mac-{i:04}"),

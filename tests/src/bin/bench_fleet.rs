@@ -769,6 +769,8 @@ async fn scale(n: usize, secs: u64) -> Result<String> {
                     let held = holdings[i].lock().ok().and_then(|h| h.clone());
                     let hb = Heartbeat {
                         power: None,
+                        chip: String::new(),
+                        lend_mb: 0,
                         v: SCHEMA_VERSION,
                         worker: id.clone(),
                         host: format!("sim-{i:05}"),

@@ -3,7 +3,9 @@
 //! as the format requires.
 
 use std::fmt::Write;
+use std::sync::atomic::Ordering;
 
+use crate::ledger::LedgerStatus;
 use crate::view::Snapshot;
 
 /// The content type of the Prometheus text format.
@@ -54,8 +56,9 @@ impl Out {
     }
 }
 
-/// Renders every metric of `s`.
-pub fn render(s: &Snapshot) -> String {
+/// Renders every metric of `s`, and the ledger writer's when the watchdog
+/// keeps a ledger.
+pub fn render(s: &Snapshot, ledger: Option<&LedgerStatus>) -> String {
     let mut o = Out(String::with_capacity(4096));
     let c = &s.counters;
     let q = &s.queue;
@@ -226,7 +229,48 @@ pub fn render(s: &Snapshot) -> String {
         "Worker heartbeats received.",
         s.heartbeats as f64,
     );
+    if let Some(l) = ledger {
+        render_ledger(&mut o, l);
+    }
     o.0
+}
+
+/// The usage ledger writer's metrics.
+fn render_ledger(o: &mut Out, l: &LedgerStatus) {
+    let connected = l.connected.load(Ordering::Relaxed);
+    let cursor = l.cursor.load(Ordering::Relaxed);
+    o.one(
+        "minions_ledger_connected",
+        "gauge",
+        "1 when the watchdog is connected to its usage ledger (PostgreSQL).",
+        if connected { 1.0 } else { 0.0 },
+    );
+    o.one(
+        "minions_ledger_cursor",
+        "gauge",
+        "The last events-stream sequence the ledger holds.",
+        cursor as f64,
+    );
+    if connected {
+        o.one(
+            "minions_ledger_lag_events",
+            "gauge",
+            "Events read from the stream and not yet in the ledger.",
+            l.read.load(Ordering::Relaxed).saturating_sub(cursor) as f64,
+        );
+    }
+    o.one(
+        "minions_ledger_events_applied_total",
+        "counter",
+        "Events this watchdog applied to the ledger.",
+        l.applied.load(Ordering::Relaxed) as f64,
+    );
+    o.one(
+        "minions_ledger_events_skipped_total",
+        "counter",
+        "Events found in the ledger already (applied by another watchdog or before a restart).",
+        l.skipped.load(Ordering::Relaxed) as f64,
+    );
 }
 
 #[cfg(test)]
@@ -239,5 +283,34 @@ mod tests {
         assert_eq!(number(f64::INFINITY), "+Inf");
         assert_eq!(number(2.5), "2.5");
         assert_eq!(number(3.0), "3");
+    }
+
+    #[test]
+    fn ledger_metrics_only_with_a_ledger_and_lag_only_when_connected() {
+        let mut o = Out(String::new());
+        let l = LedgerStatus::default();
+        l.cursor.store(40, Ordering::Relaxed);
+        l.read.store(45, Ordering::Relaxed);
+        l.applied.store(30, Ordering::Relaxed);
+        l.skipped.store(10, Ordering::Relaxed);
+        render_ledger(&mut o, &l);
+        assert!(o.0.contains("\nminions_ledger_connected 0\n"), "{}", o.0);
+        assert!(o.0.contains("\nminions_ledger_cursor 40\n"), "{}", o.0);
+        assert!(!o.0.contains("lag"), "{}", o.0);
+        assert!(
+            o.0.contains("\nminions_ledger_events_applied_total 30\n"),
+            "{}",
+            o.0
+        );
+        assert!(
+            o.0.contains("\nminions_ledger_events_skipped_total 10\n"),
+            "{}",
+            o.0
+        );
+        l.connected.store(true, Ordering::Relaxed);
+        let mut o = Out(String::new());
+        render_ledger(&mut o, &l);
+        assert!(o.0.contains("\nminions_ledger_connected 1\n"), "{}", o.0);
+        assert!(o.0.contains("\nminions_ledger_lag_events 5\n"), "{}", o.0);
     }
 }

@@ -6,6 +6,7 @@ use std::fmt::Write;
 
 use minions_schemas::progress::{Progress, human_secs};
 
+use super::usage::{LedgerState, Sums, UsageReport};
 use crate::explain::Reason;
 use crate::view::{Snapshot, WorkerRow};
 
@@ -28,19 +29,68 @@ pub fn esc(s: &str) -> String {
     out
 }
 
-/// A whole page around a live fragment served at `fragment_url`.
-pub fn page(title: &str, watchdog: &str, fragment_url: &str, fragment: &str) -> String {
+/// What a page shows around its fragment.
+#[derive(Debug, Clone, Copy)]
+pub struct Shell<'a> {
+    /// The page's title.
+    pub title: &'a str,
+    /// The watchdog's name.
+    pub watchdog: &'a str,
+    /// Where the page's fragment is fetched again from (None: a page that
+    /// does not refresh).
+    pub fragment_url: Option<&'a str>,
+    /// Seconds between refreshes.
+    pub every_secs: u32,
+    /// The JSON the page shows, linked from the header.
+    pub json_url: &'a str,
+    /// The watchdog keeps a usage ledger: the header links to `/usage`.
+    pub ledger: bool,
+}
+
+impl<'a> Shell<'a> {
+    /// A live page refreshed every second, its JSON at `/api/fleet`.
+    pub fn live(title: &'a str, watchdog: &'a str, fragment_url: &'a str, ledger: bool) -> Self {
+        Self {
+            title,
+            watchdog,
+            fragment_url: Some(fragment_url),
+            every_secs: 1,
+            json_url: "/api/fleet",
+            ledger,
+        }
+    }
+}
+
+/// A whole page around a fragment, live where `shell` has a fragment URL.
+pub fn page(shell: &Shell<'_>, fragment: &str) -> String {
+    let refresh = match (shell.fragment_url, shell.every_secs) {
+        (None, _) => String::new(),
+        (Some(_), 0 | 1) => "live, updated every second · ".to_owned(),
+        (Some(_), n) => format!("live, updated every {n} seconds · "),
+    };
+    let live = shell.fragment_url.map_or(String::new(), |u| {
+        format!(
+            " data-fragment=\"{}\" data-every=\"{}\"",
+            esc(u),
+            1000 * shell.every_secs.max(1)
+        )
+    });
+    let usage = if shell.ledger {
+        "<a href=\"/usage\">usage</a> · "
+    } else {
+        ""
+    };
     format!(
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
 <meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">\
 <title>{title}</title><style>{CSS}</style></head><body>\
-<header><h1><a href=\"/\">Minions</a></h1><span class=\"meta\">watchdog {w} · live, updated every second · \
-<a href=\"/metrics\">metrics</a> · <a href=\"/api/fleet\">json</a></span></header>\
+<header><h1><a href=\"/\">Minions</a></h1><span class=\"meta\">watchdog {w} · {refresh}\
+{usage}<a href=\"/metrics\">metrics</a> · <a href=\"{json}\">json</a></span></header>\
 <div id=\"offline\">The watchdog does not answer; showing the last view.</div>\
-<main id=\"live\" data-fragment=\"{u}\">{fragment}</main><script>{JS}</script></body></html>\n",
-        title = esc(title),
-        w = esc(watchdog),
-        u = esc(fragment_url),
+<main id=\"live\"{live}>{fragment}</main><script>{JS}</script></body></html>\n",
+        title = esc(shell.title),
+        w = esc(shell.watchdog),
+        json = esc(shell.json_url),
     )
 }
 
@@ -331,9 +381,164 @@ pub fn job(p: &Progress, reasons: &[Reason]) -> String {
     out
 }
 
+/// The text of the page shown when the watchdog keeps no ledger.
+pub const NO_LEDGER: &str = "no ledger: start the watchdog with --ledger URL";
+
+/// The usage page's body on a watchdog without a ledger.
+pub fn no_ledger() -> String {
+    format!(
+        "<section><h2>Usage</h2><p>{NO_LEDGER} (<code>minions-watchdog --ledger postgres://USER@HOST/DB</code>) \
+to keep device time, records, tokens and energy per team and per worker.</p></section>"
+    )
+}
+
+/// `v` with `decimals` decimals, or with two significant digits where that
+/// would show a small value as 0.
+fn amount(v: f64, decimals: usize) -> String {
+    if v <= 0.0 || !v.is_finite() || v >= 10f64.powi(-(decimals as i32)) {
+        return format!("{v:.decimals$}");
+    }
+    let d = (-v.log10()).ceil() as usize + 1;
+    format!("{v:.d$}")
+}
+
+fn sums_cells(s: &Sums) -> String {
+    format!(
+        "<td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
+<td class=\"num\">{}</td><td class=\"num\">{}</td>",
+        amount(s.device_hours, 2),
+        s.records,
+        s.tokens,
+        amount(s.kwh_measured, 3),
+        amount(s.kwh_estimated, 3)
+    )
+}
+
+const SUMS_HEADS: &str = "<th class=\"num\">device-hours</th><th class=\"num\">records</th>\
+<th class=\"num\">tokens</th><th class=\"num\">kWh measured</th><th class=\"num\">kWh estimated</th>";
+
+fn ledger_state(l: &LedgerState) -> String {
+    let mut out = format!(
+        "<section id=\"ledger\"><h2>Ledger</h2><p class=\"muted\">PostgreSQL at <code>{}</code>, \
+folded from the events stream</p><div class=\"cards\">",
+        esc(&l.url)
+    );
+    out.push_str(&card(
+        &state(if l.connected {
+            "connected"
+        } else {
+            "disconnected"
+        }),
+        "writer",
+    ));
+    out.push_str(&card(
+        &l.cursor.to_string(),
+        "cursor (events in the ledger)",
+    ));
+    out.push_str(&card(
+        &l.lag.map_or("–".to_owned(), |n| n.to_string()),
+        "events read, not yet written",
+    ));
+    out.push_str(&card(&l.applied.to_string(), "events applied here"));
+    out.push_str(&card(&l.skipped.to_string(), "found applied already"));
+    out.push_str("</div></section>");
+    out
+}
+
+/// The usage page's live part: the window's totals, usage by team and by
+/// worker (largest first), and the ledger's state; or why the ledger
+/// cannot be read.
+pub fn usage(r: &UsageReport) -> String {
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "<section id=\"usage\"><h2>Usage, last {} day{}</h2><p class=\"muted\">",
+        r.days,
+        if r.days == 1 { "" } else { "s" }
+    );
+    for (i, d) in [1u32, 7, 30, 90, 366].into_iter().enumerate() {
+        if i > 0 {
+            out.push_str(" · ");
+        }
+        let label = if d == 1 {
+            "1 day".to_owned()
+        } else {
+            format!("{d} days")
+        };
+        if d == r.days {
+            let _ = write!(out, "<b>{label}</b>");
+        } else {
+            let _ = write!(out, "<a href=\"/usage?days={d}\">{label}</a>");
+        }
+    }
+    out.push_str("</p>");
+    match (&r.usage, &r.error) {
+        (Some(u), _) => {
+            let t = &u.total;
+            out.push_str("<div class=\"cards\">");
+            out.push_str(&card(&amount(t.device_hours, 2), "device-hours"));
+            out.push_str(&card(&t.records.to_string(), "records"));
+            out.push_str(&card(&t.tokens.to_string(), "tokens"));
+            out.push_str(&card(&amount(t.kwh_measured, 3), "kWh measured"));
+            out.push_str(&card(&amount(t.kwh_estimated, 3), "kWh estimated"));
+            out.push_str("</div></section>");
+
+            let _ = write!(
+                out,
+                "<section><h2>By team</h2><table id=\"teams\"><tr><th>team</th>{SUMS_HEADS}</tr>"
+            );
+            for row in &u.teams {
+                let team = row
+                    .team
+                    .as_deref()
+                    .map_or("<span class=\"muted\">(unknown)</span>".to_owned(), esc);
+                let _ = write!(
+                    out,
+                    "<tr class=\"team\"><td>{team}</td>{}</tr>",
+                    sums_cells(&row.sums)
+                );
+            }
+            out.push_str("</table>");
+            if u.teams.is_empty() {
+                out.push_str("<p class=\"muted\">No usage in this window.</p>");
+            }
+            out.push_str("</section>");
+
+            let _ = write!(
+                out,
+                "<section><h2>By worker</h2><table id=\"usage-workers\"><tr><th>worker</th><th>host</th>{SUMS_HEADS}</tr>"
+            );
+            for row in &u.workers {
+                let _ = write!(
+                    out,
+                    "<tr class=\"worker\"><td>{}</td><td>{}</td>{}</tr>",
+                    esc(&row.worker),
+                    row.host.as_deref().map_or("–".to_owned(), esc),
+                    sums_cells(&row.sums)
+                );
+            }
+            out.push_str("</table>");
+            if u.workers.is_empty() {
+                out.push_str("<p class=\"muted\">No usage in this window.</p>");
+            }
+            out.push_str("</section>");
+        }
+        (None, e) => {
+            let _ = write!(
+                out,
+                "<p class=\"owner-away\">{}</p></section>",
+                esc(e.as_deref().unwrap_or("the ledger was not read"))
+            );
+        }
+    }
+    out.push_str(&ledger_state(&r.ledger));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::usage::{TeamUsage, Usage, WorkerUsage};
 
     #[test]
     fn escapes_markup() {
@@ -341,6 +546,126 @@ mod tests {
             esc("<a href=\"x\">&'"),
             "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
         );
+    }
+
+    fn report(usage: Option<Usage>, error: Option<&str>) -> UsageReport {
+        UsageReport {
+            days: 7,
+            ledger: LedgerState {
+                url: "postgres://u:***@db/<ledger>".into(),
+                connected: true,
+                cursor: 120,
+                read: 125,
+                lag: Some(5),
+                applied: 100,
+                skipped: 20,
+            },
+            usage,
+            error: error.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn usage_shows_teams_and_workers_escaped() {
+        let sums = |h: f64| Sums {
+            device_hours: h,
+            records: 1200,
+            tokens: 3400,
+            kwh_measured: 0.25,
+            kwh_estimated: 0.0125,
+        };
+        let u = Usage {
+            total: sums(3.5),
+            teams: vec![
+                TeamUsage {
+                    team: Some("<script>".into()),
+                    sums: sums(2.0),
+                },
+                TeamUsage {
+                    team: None,
+                    sums: sums(1.5),
+                },
+            ],
+            workers: vec![WorkerUsage {
+                worker: "w1-\"x\"".into(),
+                host: Some("mac&01".into()),
+                sums: sums(3.5),
+            }],
+        };
+        let html = usage(&report(Some(u), None));
+        assert!(html.contains("Usage, last 7 days"), "{html}");
+        assert!(html.contains("<b>7 days</b>"), "{html}");
+        assert!(html.contains("<a href=\"/usage?days=30\">"), "{html}");
+        assert!(!html.contains("<script>"), "{html}");
+        assert!(html.contains("<td>&lt;script&gt;</td><td class=\"num\">2.00</td><td class=\"num\">1200</td><td class=\"num\">3400</td><td class=\"num\">0.250</td><td class=\"num\">0.013</td>"), "{html}");
+        assert!(html.contains("(unknown)"), "{html}");
+        assert!(
+            html.contains("<td>w1-&quot;x&quot;</td><td>mac&amp;01</td>"),
+            "{html}"
+        );
+        assert_eq!(html.matches("<tr class=\"team\">").count(), 2, "{html}");
+        assert!(
+            html.contains("postgres://u:***@db/&lt;ledger&gt;"),
+            "{html}"
+        );
+        assert!(html.contains("<b>120</b><span>cursor"), "{html}");
+        assert!(html.contains("<b>5</b><span>events read"), "{html}");
+        assert!(html.contains("state connected"), "{html}");
+    }
+
+    #[test]
+    fn an_unreadable_ledger_is_said_and_its_state_still_shown() {
+        let html = usage(&report(None, Some("cannot connect to <db>")));
+        assert!(html.contains("cannot connect to &lt;db&gt;"), "{html}");
+        assert!(!html.contains("By team"), "{html}");
+        assert!(html.contains("id=\"ledger\""), "{html}");
+        let html = usage(&report(Some(Usage::default()), None));
+        assert_eq!(html.matches("No usage in this window").count(), 2, "{html}");
+    }
+
+    #[test]
+    fn the_shell_links_usage_only_with_a_ledger_and_refreshes_as_asked() {
+        let with = page(&Shell::live("t", "wd", "/?fragment=1", true), "x");
+        assert!(with.contains("<a href=\"/usage\">usage</a>"), "{with}");
+        assert!(with.contains("data-every=\"1000\""), "{with}");
+        let without = page(&Shell::live("t", "wd", "/?fragment=1", false), "x");
+        assert!(!without.contains("/usage"), "{without}");
+        let slow = page(
+            &Shell {
+                every_secs: 30,
+                json_url: "/api/usage?days=7",
+                ..Shell::live("t", "<wd>", "/usage?days=7&fragment=1", true)
+            },
+            "x",
+        );
+        assert!(slow.contains("updated every 30 seconds"), "{slow}");
+        assert!(
+            slow.contains("data-fragment=\"/usage?days=7&amp;fragment=1\" data-every=\"30000\""),
+            "{slow}"
+        );
+        assert!(slow.contains("watchdog &lt;wd&gt;"), "{slow}");
+        let still = page(
+            &Shell {
+                fragment_url: None,
+                ..Shell::live("t", "wd", "", false)
+            },
+            &no_ledger(),
+        );
+        assert!(
+            !still.contains("data-fragment=") && !still.contains("live, updated"),
+            "{still}"
+        );
+        assert!(still.contains(NO_LEDGER), "{still}");
+    }
+
+    #[test]
+    fn small_amounts_keep_two_significant_digits() {
+        assert_eq!(amount(0.0, 2), "0.00");
+        assert_eq!(amount(3.456, 2), "3.46");
+        assert_eq!(amount(0.01, 2), "0.01");
+        assert_eq!(amount(0.00087, 2), "0.00087");
+        assert_eq!(amount(0.0000033, 3), "0.0000033");
+        assert_eq!(amount(0.25, 3), "0.250");
     }
 
     #[test]

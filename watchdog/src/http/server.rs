@@ -1,5 +1,7 @@
 //! Routes and serving. Every handler copies a snapshot of the view and
-//! renders it; nothing here writes to NATS or the store.
+//! renders it; nothing here writes to NATS or the store. `/usage` reads
+//! the usage ledger (PostgreSQL) on request, through [`usage::LedgerReader`]:
+//! no other route waits on the database.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,8 +15,11 @@ use axum::routing::get;
 use minions_schemas::JobId;
 use tokio_util::sync::CancellationToken;
 
+use super::pages::Shell;
+use super::usage::{self, LedgerReader};
 use super::{metrics, pages};
 use crate::explain::{self, JobFacts};
+use crate::ledger::LedgerStatus;
 use crate::queue;
 use crate::view::View;
 
@@ -38,7 +43,14 @@ struct Http {
     view: Arc<View>,
     js: jetstream::Context,
     client: async_nats::Client,
+    /// The ledger writer's status, when the watchdog keeps a ledger.
+    ledger_status: Option<Arc<LedgerStatus>>,
+    /// The ledger's reader, when the watchdog keeps a ledger.
+    ledger: Option<Arc<LedgerReader>>,
 }
+
+/// Seconds between refreshes of the usage page (each reads the ledger).
+const USAGE_EVERY_SECS: u32 = 30;
 
 fn fragment_only(uri: &Uri) -> bool {
     uri.query()
@@ -70,9 +82,12 @@ async fn fleet(State(h): State<Http>, uri: Uri) -> Response {
         html(body)
     } else {
         html(pages::page(
-            "Minions fleet",
-            &s.watchdog,
-            "/?fragment=1",
+            &Shell::live(
+                "Minions fleet",
+                &s.watchdog,
+                "/?fragment=1",
+                h.ledger.is_some(),
+            ),
             &body,
         ))
     }
@@ -145,10 +160,13 @@ async fn job_page(State(h): State<Http>, Path(job): Path<String>, uri: Uri) -> R
                 html(body)
             } else {
                 let url = format!("/jobs/{}?fragment=1", p.job);
+                let title = format!("Minions job {}", p.job);
+                let json_url = format!("/api/jobs/{}", p.job);
                 html(pages::page(
-                    &format!("Minions job {}", p.job),
-                    &h.view.name,
-                    &url,
+                    &Shell {
+                        json_url: &json_url,
+                        ..Shell::live(&title, &h.view.name, &url, h.ledger.is_some())
+                    },
                     &body,
                 ))
             }
@@ -172,10 +190,68 @@ async fn job_json(State(h): State<Http>, Path(job): Path<String>) -> Response {
     }
 }
 
+async fn usage_page(State(h): State<Http>, uri: Uri) -> Response {
+    let Some(reader) = &h.ledger else {
+        let body = pages::no_ledger();
+        let page = if fragment_only(&uri) {
+            body
+        } else {
+            pages::page(
+                &Shell {
+                    fragment_url: None,
+                    json_url: "/api/usage",
+                    ..Shell::live("Minions usage", &h.view.name, "", false)
+                },
+                &body,
+            )
+        };
+        return (StatusCode::NOT_FOUND, html(page)).into_response();
+    };
+    let days = match usage::parse_days(uri.query()) {
+        Ok(d) => d,
+        Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+    };
+    let body = pages::usage(&reader.report(days).await);
+    if fragment_only(&uri) {
+        return html(body);
+    }
+    let fragment_url = format!("/usage?days={days}&fragment=1");
+    let json_url = format!("/api/usage?days={days}");
+    html(pages::page(
+        &Shell {
+            every_secs: USAGE_EVERY_SECS,
+            json_url: &json_url,
+            ..Shell::live("Minions usage", &h.view.name, &fragment_url, true)
+        },
+        &body,
+    ))
+}
+
+async fn usage_json(State(h): State<Http>, uri: Uri) -> Response {
+    #[derive(serde::Serialize)]
+    struct Refused {
+        error: String,
+    }
+    let refuse = |code: StatusCode, error: String| (code, json(&Refused { error })).into_response();
+    let Some(reader) = &h.ledger else {
+        return refuse(StatusCode::NOT_FOUND, pages::NO_LEDGER.to_owned());
+    };
+    let days = match usage::parse_days(uri.query()) {
+        Ok(d) => d,
+        Err(e) => return refuse(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    let report = reader.report(days).await;
+    if report.error.is_some() {
+        (StatusCode::SERVICE_UNAVAILABLE, json(&report)).into_response()
+    } else {
+        json(&report)
+    }
+}
+
 async fn prometheus(State(h): State<Http>) -> Response {
     (
         [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
-        metrics::render(&h.view.snapshot()),
+        metrics::render(&h.view.snapshot(), h.ledger_status.as_deref()),
     )
         .into_response()
 }
@@ -191,25 +267,44 @@ async fn healthz(State(h): State<Http>) -> Response {
     }
 }
 
-/// The routes over `view`.
-fn router(view: Arc<View>, js: jetstream::Context, client: async_nats::Client) -> Router {
+/// The routes over `view` (and the ledger, when there is one).
+fn router(
+    view: Arc<View>,
+    js: jetstream::Context,
+    client: async_nats::Client,
+    ledger_status: Arc<LedgerStatus>,
+    ledger_url: Option<String>,
+) -> Router {
+    let ledger = ledger_url.map(|url| Arc::new(LedgerReader::new(url, ledger_status.clone())));
+    let ledger_status = ledger.is_some().then_some(ledger_status);
     Router::new()
         .route("/", get(fleet))
         .route("/jobs/{job}", get(job_page))
         .route("/api/fleet", get(fleet_json))
         .route("/api/jobs/{job}", get(job_json))
+        .route("/usage", get(usage_page))
+        .route("/api/usage", get(usage_json))
         .route("/metrics", get(prometheus))
         .route("/healthz", get(healthz))
-        .with_state(Http { view, js, client })
+        .with_state(Http {
+            view,
+            js,
+            client,
+            ledger_status,
+            ledger,
+        })
 }
 
 /// Binds `addr` and serves until `stop`; returns the bound address and the
-/// serving task.
+/// serving task. With `ledger_url` (the watchdog's `--ledger`), `/usage`
+/// reads that ledger and `/metrics` reports `ledger_status`.
 pub async fn serve(
     addr: &str,
     view: Arc<View>,
     js: jetstream::Context,
     client: async_nats::Client,
+    ledger_status: Arc<LedgerStatus>,
+    ledger_url: Option<String>,
     stop: CancellationToken,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), HttpError> {
     let listener = tokio::net::TcpListener::bind(addr)
@@ -222,7 +317,7 @@ pub async fn serve(
         addr: addr.to_owned(),
         source,
     })?;
-    let app = router(view, js, client);
+    let app = router(view, js, client, ledger_status, ledger_url);
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app)
             .with_graceful_shutdown(stop.cancelled_owned())

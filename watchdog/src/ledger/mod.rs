@@ -13,8 +13,9 @@
 //!
 //! Layout: [`migrate`] (schema files in `watchdog/migrations/`), [`plan`]
 //! (events to row changes, pure), [`write`] (a batch, once), [`workers`]
-//! (what heartbeats say of each worker).
+//! (what heartbeats say of each worker), [`cancelled`] (jobs cancelled).
 
+mod cancelled;
 mod migrate;
 mod plan;
 mod workers;
@@ -39,7 +40,10 @@ use crate::view::View;
 /// starts again from the cursor; nothing else stops).
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
-    /// PostgreSQL refused or lost the connection, or a statement failed.
+    /// The ledger could not be reached.
+    #[error(transparent)]
+    Connect(#[from] minions_schemas::endpoints::ledger::LedgerConnectError),
+    /// PostgreSQL lost the connection, or a statement failed.
     #[error("PostgreSQL: {0}")]
     Pg(#[from] tokio_postgres::Error),
     /// The ledger was migrated by a newer release.
@@ -111,27 +115,7 @@ pub struct LedgerStatus {
     pub skipped: AtomicU64,
 }
 
-/// The ledger URL without its password, for logs and errors.
-pub fn redact(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("***"));
-            u.to_string()
-        }
-        Ok(u) => u.to_string(),
-        Err(_) => url
-            .split_whitespace()
-            .map(|kv| {
-                if kv.starts_with("password=") {
-                    "password=***"
-                } else {
-                    kv
-                }
-            })
-            .collect::<Vec<_>>()
-            .join(" "),
-    }
-}
+pub use minions_schemas::endpoints::ledger::redact;
 
 /// Starts the ledger writer; it runs until `stop` is cancelled, then writes
 /// what it has read and ends.
@@ -200,25 +184,10 @@ impl Writer {
     /// One connection's life: connect, migrate, read from the cursor and
     /// write batches until `stop` (Ok) or an error.
     async fn session(&mut self, stop: &CancellationToken) -> Result<(), LedgerError> {
-        let (mut client, conn) =
-            tokio_postgres::connect(&self.settings.url, tokio_postgres::NoTls).await?;
-        let conn_stop = CancellationToken::new();
-        let conn_task = {
-            let conn_stop = conn_stop.clone();
-            tokio::spawn(async move {
-                tokio::select! {
-                    r = conn => if let Err(e) = r {
-                        tracing::debug!(error = %e, "ledger connection ended");
-                    },
-                    _ = conn_stop.cancelled() => {}
-                }
-            })
-        };
-        let result = self.follow(&mut client, stop).await;
-        drop(client);
-        conn_stop.cancel();
-        let _ = conn_task.await;
-        result
+        let mut client =
+            minions_schemas::endpoints::ledger::connect(&self.settings.url, "minions-watchdog")
+                .await?;
+        self.follow(&mut client, stop).await
     }
 
     async fn follow(
@@ -281,6 +250,7 @@ impl Writer {
                 }
                 _ = workers_tick.tick() => {
                     workers::upsert(client, &self.view).await?;
+                    cancelled::mark(client, &self.view).await?;
                 }
                 m = messages.next() => {
                     let m = match m {
@@ -358,25 +328,4 @@ struct Batch {
     first: Option<u64>,
     last: u64,
     events: Vec<(u64, ShardEvent)>,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn redaction_hides_the_password_only() {
-        assert_eq!(
-            redact("postgres://ledger:s3cret@db.example:5432/minions"),
-            "postgres://ledger:***@db.example:5432/minions"
-        );
-        assert_eq!(
-            redact("postgres://ledger@127.0.0.1:5433/postgres"),
-            "postgres://ledger@127.0.0.1:5433/postgres"
-        );
-        assert_eq!(
-            redact("host=db user=ledger password=s3cret"),
-            "host=db user=ledger password=***"
-        );
-    }
 }

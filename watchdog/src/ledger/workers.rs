@@ -9,10 +9,13 @@ use tokio_postgres::Client;
 use super::LedgerError;
 use crate::view::View;
 
-/// The memory a worker lends to models: its owner's cap when there is
-/// one, else the machine's memory.
+/// The memory a worker lends to models: what it says it schedules by,
+/// else (older workers) its owner's cap when there is one, else the
+/// machine's memory.
 fn memory_lent_mb(b: &Heartbeat) -> i64 {
-    let mb = if b.mem_budget_mb > 0 {
+    let mb = if b.lend_mb > 0 {
+        b.lend_mb
+    } else if b.mem_budget_mb > 0 {
         b.mem_budget_mb
     } else {
         b.mem_total_mb
@@ -32,10 +35,10 @@ pub(crate) async fn upsert(client: &Client, view: &View) -> Result<(), LedgerErr
     }
     let stmt = client
         .prepare(
-            "INSERT INTO workers (worker, host, device, memory_lent_mb, energy_source, first_seen, last_seen)
-             VALUES ($1, $2, $3, $4, $5, to_timestamp($6::float8), to_timestamp($7::float8))
+            "INSERT INTO workers (worker, host, device, chip, memory_lent_mb, energy_source, first_seen, last_seen)
+             VALUES ($1, $2, $3, $8, $4, $5, to_timestamp($6::float8), to_timestamp($7::float8))
              ON CONFLICT (worker) DO UPDATE SET
-               host = EXCLUDED.host, device = EXCLUDED.device,
+               host = EXCLUDED.host, device = EXCLUDED.device, chip = EXCLUDED.chip,
                memory_lent_mb = EXCLUDED.memory_lent_mb,
                energy_source = CASE WHEN EXCLUDED.energy_source = '' THEN workers.energy_source
                                     ELSE EXCLUDED.energy_source END,
@@ -56,6 +59,7 @@ pub(crate) async fn upsert(client: &Client, view: &View) -> Result<(), LedgerErr
                     &source,
                     &(b.started_ms as f64 / 1000.0),
                     &(b.at_ms as f64 / 1000.0),
+                    &b.chip,
                 ],
             )
             .await?;

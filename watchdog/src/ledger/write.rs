@@ -249,11 +249,13 @@ async fn apply(
         tx.execute(
             "UPDATE jobs SET
                state = CASE
+                 WHEN state = 'cancelled' THEN 'cancelled'
                  WHEN shards > 0 AND shards_done + shards_failed >= shards
                    THEN CASE WHEN shards_failed > 0 THEN 'failed' ELSE 'done' END
                  WHEN started IS NOT NULL THEN 'running'
                  ELSE 'queued' END,
                finished = CASE
+                 WHEN state = 'cancelled' THEN finished
                  WHEN shards > 0 AND shards_done + shards_failed >= shards
                    THEN COALESCE(CASE WHEN $3 THEN NULL ELSE finished END, to_timestamp($2::float8))
                  ELSE NULL END

@@ -33,6 +33,7 @@ mod sampler;
 mod source;
 mod track;
 
+pub(crate) use bounded::command_output;
 pub use choose::{Choice, PassedOver, describe};
 pub use error::EnergyError;
 pub use estimate::{Estimate, PowerModel};
