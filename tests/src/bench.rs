@@ -435,3 +435,98 @@ pub fn write_bench_spec(store: &Path, job: &JobId, shards: u32) -> Result<()> {
     std::fs::write(&key, minions_schemas::encode("job spec", &spec)?)?;
     Ok(())
 }
+
+/// A publish's outcome: the stream sequence (or why not) and when it was
+/// sent.
+type PublishAck = std::pin::Pin<
+    Box<dyn std::future::Future<Output = (std::result::Result<u64, String>, Instant)> + Send>,
+>;
+
+/// Publishes shard events on their senders' subjects with up to
+/// `in_flight` acknowledgements outstanding (async JetStream publishes);
+/// with `acked`, records each acknowledged sequence and when it was sent.
+pub struct EventPublisher {
+    js: async_nats::jetstream::Context,
+    in_flight: usize,
+    acks: futures::stream::FuturesUnordered<PublishAck>,
+    acked: Option<std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<u64, Instant>>>>,
+    /// Events sent so far.
+    pub sent: u64,
+}
+
+impl EventPublisher {
+    /// A publisher into `js` keeping at most `in_flight` acknowledgements
+    /// outstanding; `acked` receives (sequence → send time) of each.
+    pub fn new(
+        js: async_nats::jetstream::Context,
+        in_flight: usize,
+        acked: Option<std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<u64, Instant>>>>,
+    ) -> Self {
+        Self {
+            js,
+            in_flight: in_flight.max(1),
+            acks: futures::stream::FuturesUnordered::new(),
+            acked,
+            sent: 0,
+        }
+    }
+
+    /// Publishes `e`, first waiting while `in_flight` acknowledgements are
+    /// outstanding.
+    pub async fn send(&mut self, e: &ShardEvent) -> Result<()> {
+        while self.acks.len() >= self.in_flight {
+            if let Some((r, at)) = self.acks.next().await {
+                self.record(r, at)?;
+            }
+        }
+        let at = Instant::now();
+        let ack = self
+            .js
+            .publish(
+                subjects::event(&e.job, e.shard, &e.worker),
+                minions_schemas::encode("shard event", e)?.into(),
+            )
+            .await?;
+        self.acks.push(Box::pin(async move {
+            let seq = std::future::IntoFuture::into_future(ack)
+                .await
+                .map(|a| a.sequence);
+            (seq.map_err(|e| e.to_string()), at)
+        }));
+        self.sent += 1;
+        Ok(())
+    }
+
+    fn record(&mut self, r: std::result::Result<u64, String>, at: Instant) -> Result<()> {
+        let seq = r?;
+        if let Some(acked) = &self.acked {
+            acked
+                .lock()
+                .unwrap_or_else(|e| panic!("{e}"))
+                .insert(seq, at);
+        }
+        Ok(())
+    }
+
+    /// Acknowledgements outstanding.
+    pub fn outstanding(&self) -> usize {
+        self.acks.len()
+    }
+
+    /// Waits for the next acknowledgement (none outstanding: returns at
+    /// once).
+    pub async fn next_ack(&mut self) -> Result<()> {
+        if let Some((r, at)) = self.acks.next().await {
+            self.record(r, at)?;
+        }
+        Ok(())
+    }
+
+    /// Waits for every outstanding acknowledgement.
+    pub async fn drain(&mut self) -> Result<()> {
+        while let Some((r, at)) = self.acks.next().await {
+            self.record(r, at)?;
+        }
+        Ok(())
+    }
+}

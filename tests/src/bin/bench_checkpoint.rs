@@ -18,13 +18,12 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-use futures::stream::FuturesUnordered;
 use minions_schemas::messages::{EventKind, ShardEvent};
 use minions_schemas::time::now_ms;
-use minions_schemas::{JobId, SCHEMA_VERSION, WorkerId, encode, subjects};
+use minions_schemas::{JobId, SCHEMA_VERSION, WorkerId};
 use minions_tests::bench::{
-    LocalSite, help, list, machine, num, status_mb, utc_now, watchdog_bin, write_bench_spec,
+    EventPublisher, LocalSite, help, list, machine, num, status_mb, utc_now, watchdog_bin,
+    write_bench_spec,
 };
 use minions_tests::out;
 use minions_tests::{NatsServer, Proc, Result};
@@ -35,45 +34,9 @@ const SHARDS_PER_JOB: u32 = 1_000;
 const IN_FLIGHT: usize = 4_096;
 const WORKERS: u32 = 300;
 
-/// Publishes events and keeps `IN_FLIGHT` acknowledgements outstanding.
-struct Publisher {
-    js: async_nats::jetstream::Context,
-    acks: FuturesUnordered<
-        <async_nats::jetstream::context::PublishAckFuture as std::future::IntoFuture>::IntoFuture,
-    >,
-    sent: u64,
-}
-
-impl Publisher {
-    async fn send(&mut self, e: &ShardEvent) -> Result<()> {
-        while self.acks.len() >= IN_FLIGHT {
-            if let Some(a) = self.acks.next().await {
-                a?;
-            }
-        }
-        let ack = self
-            .js
-            .publish(
-                subjects::event(&e.job, e.shard, &e.worker),
-                encode("shard event", e)?.into(),
-            )
-            .await?;
-        self.acks.push(std::future::IntoFuture::into_future(ack));
-        self.sent += 1;
-        Ok(())
-    }
-
-    async fn drain(&mut self) -> Result<()> {
-        while let Some(a) = self.acks.next().await {
-            a?;
-        }
-        Ok(())
-    }
-}
-
 /// Publishes about `n` events of jobs `bench-<first>`, `bench-<first+1>`...
 /// (specs written into `store`); returns the next job number.
-async fn fill(p: &mut Publisher, store: &Path, first: u32, n: u64) -> Result<u32> {
+async fn fill(p: &mut EventPublisher, store: &Path, first: u32, n: u64) -> Result<u32> {
     let until = p.sent + n;
     let mut job_no = first;
     let t0 = now_ms();
@@ -262,11 +225,7 @@ async fn main() -> Result<()> {
             dir,
             ..
         } = LocalSite::start("minions-bench-ckpt-").await?;
-        let mut p = Publisher {
-            js,
-            acks: FuturesUnordered::new(),
-            sent: 0,
-        };
+        let mut p = EventPublisher::new(js, IN_FLIGHT, None);
         let t0 = Instant::now();
         let mut next_job = fill(&mut p, &store, 0, n).await?;
         let fill_secs = t0.elapsed().as_secs_f64();

@@ -27,22 +27,17 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
-use std::future::{Future, IntoFuture};
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream;
-use futures::StreamExt;
-use futures::stream::FuturesUnordered;
 use minions_schemas::messages::{Energy, EventKind, ShardEvent};
 use minions_schemas::time::now_ms;
-use minions_schemas::{JobId, SCHEMA_VERSION, WorkerId, encode, streams, subjects};
+use minions_schemas::{JobId, SCHEMA_VERSION, WorkerId, streams};
 use minions_tests::bench::{
-    LocalSite, command_line, flag, help, machine, num, status_mb, utc_now, watchdog_bin,
-    write_bench_spec, write_section,
+    EventPublisher, LocalSite, command_line, flag, help, machine, num, status_mb, utc_now,
+    watchdog_bin, write_bench_spec, write_section,
 };
 use minions_tests::{PgServer, Proc, Result, out};
 
@@ -190,7 +185,7 @@ impl Sim {
 
     /// Worker `i`'s turn: ends its delivery (done or handed back) and starts
     /// the next; returns when its next turn is due.
-    async fn step(&mut self, i: usize, p: &mut Publisher) -> Result<Duration> {
+    async fn step(&mut self, i: usize, p: &mut EventPublisher) -> Result<Duration> {
         let w = self.workers.get_mut(i).ok_or("no such worker")?;
         if let Some(d) = w.current.take() {
             let ms = u64::try_from(d.started.elapsed().as_millis())?;
@@ -257,65 +252,12 @@ fn event(w: &SimWorker, d: &Delivery, kind: EventKind, energy: Option<Energy>) -
     }
 }
 
-/// An acknowledgement to come: the stream sequence (or why the publish
-/// failed) and when the event was sent.
-type Acked = Pin<Box<dyn Future<Output = (std::result::Result<u64, String>, Instant)> + Send>>;
-
 /// Stream sequence → when its event was sent, for events the ledger has
 /// not applied yet (as far as the lag poller knows).
 type Unapplied = Arc<Mutex<BTreeMap<u64, Instant>>>;
 
-/// Publishes events with `IN_FLIGHT` acknowledgements outstanding and
-/// notes when each stream sequence was sent.
-struct Publisher {
-    js: jetstream::Context,
-    acks: FuturesUnordered<Acked>,
-    unapplied: Unapplied,
-    sent: u64,
-}
-
-impl Publisher {
-    async fn send(&mut self, e: &ShardEvent) -> Result<()> {
-        while self.acks.len() >= IN_FLIGHT {
-            if let Some((r, at)) = self.acks.next().await {
-                self.acked(r, at)?;
-            }
-        }
-        let at = Instant::now();
-        let ack = self
-            .js
-            .publish(
-                subjects::event(&e.job, e.shard, &e.worker),
-                encode("shard event", e)?.into(),
-            )
-            .await?;
-        self.acks.push(Box::pin(async move {
-            let seq = ack.into_future().await.map(|a| a.sequence);
-            (seq.map_err(|e| e.to_string()), at)
-        }));
-        self.sent += 1;
-        Ok(())
-    }
-
-    fn acked(&mut self, r: std::result::Result<u64, String>, at: Instant) -> Result<()> {
-        let seq = r?;
-        self.unapplied
-            .lock()
-            .unwrap_or_else(|e| panic!("{e}"))
-            .insert(seq, at);
-        Ok(())
-    }
-
-    async fn drain(&mut self) -> Result<()> {
-        while let Some((r, at)) = self.acks.next().await {
-            self.acked(r, at)?;
-        }
-        Ok(())
-    }
-}
-
 /// Runs the fleet for `secs`; returns the load's wall time.
-async fn load(p: &mut Publisher, sim: &mut Sim, secs: f64) -> Result<Duration> {
+async fn load(p: &mut EventPublisher, sim: &mut Sim, secs: f64) -> Result<Duration> {
     let t0 = Instant::now();
     let end = t0 + Duration::from_secs_f64(secs);
     let mut due: BinaryHeap<Reverse<(Instant, usize)>> = BinaryHeap::new();
@@ -330,7 +272,7 @@ async fn load(p: &mut Publisher, sim: &mut Sim, secs: f64) -> Result<Duration> {
         }
         tokio::select! {
             biased;
-            Some((r, at)) = p.acks.next(), if !p.acks.is_empty() => p.acked(r, at)?,
+            r = p.next_ack(), if p.outstanding() > 0 => r?,
             _ = tokio::time::sleep_until(next.into()) => {
                 let now = Instant::now();
                 while let Some(&Reverse((t, i))) = due.peek() {
@@ -672,12 +614,7 @@ async fn run(
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     let unapplied: Unapplied = Arc::default();
-    let mut p = Publisher {
-        js: js.clone(),
-        acks: FuturesUnordered::new(),
-        unapplied: unapplied.clone(),
-        sent: 0,
-    };
+    let mut p = EventPublisher::new(js.clone(), IN_FLIGHT, Some(unapplied.clone()));
     let mut sim = Sim::new(workers, mean_secs, &store)?;
     let stop = Arc::new(AtomicBool::new(false));
     let queries = Arc::new(AtomicU64::new(0));
