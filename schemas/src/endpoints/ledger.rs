@@ -150,6 +150,17 @@ pub fn describe(e: &tokio_postgres::Error) -> String {
     text
 }
 
+/// A ledger figure for people: `v` with `decimals` decimals, or with two
+/// significant digits where that would show a small value as 0 (a short
+/// job's device time is a few thousandths of an hour).
+pub fn amount(v: f64, decimals: usize) -> String {
+    if v <= 0.0 || !v.is_finite() || v >= 10f64.powi(-i32::try_from(decimals).unwrap_or(9)) {
+        return format!("{v:.decimals$}");
+    }
+    let d = (-v.log10()).ceil() as usize + 1;
+    format!("{v:.d$}")
+}
+
 /// The TLS settings: the system's roots and `MINIONS_LEDGER_CA`'s.
 fn tls() -> Result<tokio_postgres_rustls::MakeRustlsConnect, LedgerConnectError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -234,6 +245,20 @@ pub async fn connect_within(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn small_amounts_keep_two_significant_digits() {
+        assert_eq!(amount(0.0, 2), "0.00");
+        assert_eq!(amount(3.456, 2), "3.46");
+        assert_eq!(amount(3.5, 2), "3.50");
+        assert_eq!(amount(0.01, 2), "0.01");
+        assert_eq!(amount(0.0012, 2), "0.0012");
+        assert_eq!(amount(0.00087, 2), "0.00087");
+        assert_eq!(amount(0.012, 3), "0.012");
+        assert_eq!(amount(0.00012, 3), "0.00012");
+        assert_eq!(amount(0.0000033, 3), "0.0000033");
+        assert_eq!(amount(0.25, 3), "0.250");
+    }
 
     #[test]
     fn redaction_hides_the_password_only() {

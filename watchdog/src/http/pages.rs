@@ -2,6 +2,7 @@
 //! offline), and the live fragments its script swaps in every second.
 //! Every value from outside (hosts, reasons, job ids) is escaped.
 
+use minions_schemas::endpoints::ledger::amount;
 use std::fmt::Write;
 
 use minions_schemas::progress::{Progress, human_secs};
@@ -392,16 +393,6 @@ to keep device time, records, tokens and energy per team and per worker.</p></se
     )
 }
 
-/// `v` with `decimals` decimals, or with two significant digits where that
-/// would show a small value as 0.
-fn amount(v: f64, decimals: usize) -> String {
-    if v <= 0.0 || !v.is_finite() || v >= 10f64.powi(-(decimals as i32)) {
-        return format!("{v:.decimals$}");
-    }
-    let d = (-v.log10()).ceil() as usize + 1;
-    format!("{v:.d$}")
-}
-
 fn sums_cells(s: &Sums) -> String {
     format!(
         "<td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
@@ -656,16 +647,6 @@ mod tests {
             "{still}"
         );
         assert!(still.contains(NO_LEDGER), "{still}");
-    }
-
-    #[test]
-    fn small_amounts_keep_two_significant_digits() {
-        assert_eq!(amount(0.0, 2), "0.00");
-        assert_eq!(amount(3.456, 2), "3.46");
-        assert_eq!(amount(0.01, 2), "0.01");
-        assert_eq!(amount(0.00087, 2), "0.00087");
-        assert_eq!(amount(0.0000033, 3), "0.0000033");
-        assert_eq!(amount(0.25, 3), "0.250");
     }
 
     #[test]
