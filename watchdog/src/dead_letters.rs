@@ -46,7 +46,7 @@ pub async fn on_max_deliveries(
             job: task.job.clone(),
             shard: task.shard,
             worker: watchdog.clone(),
-            host: "watchdog".to_owned(),
+            host: minions_schemas::messages::WATCHDOG_HOST.to_owned(),
             attempt: adv.deliveries,
             at_ms: now_ms(),
             kind: EventKind::Failed {

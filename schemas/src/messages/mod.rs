@@ -25,7 +25,7 @@ pub use job_manifest::{JobManifest, ManifestShard};
 pub use job_spec::{DEFAULT_TEAM, InputDescription, JobSpec};
 pub use model::{ModelFamily, ModelFile, ModelManifest, ModelRecord, Precision};
 pub use schedule::{Priority, QueuedJob, Requirements, Schedule, TeamPolicy, TeamShare};
-pub use shard_event::{Energy, EventKind, ShardEvent};
+pub use shard_event::{CLI_SENDER, Energy, EventKind, ShardEvent, WATCHDOG_HOST};
 pub use shard_io::{OutputPayload, ShardCheckpoint, ShardInput, ShardOutput};
 pub use shard_task::ShardTask;
 pub use worker_record::{WorkerRecord, WorkerState};

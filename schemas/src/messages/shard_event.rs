@@ -114,7 +114,18 @@ impl EventKind {
     }
 }
 
+/// The `host` (and `worker`) of events the CLI sends.
+pub const CLI_SENDER: &str = "cli";
+/// The `host` of events a watchdog sends (its `worker` is its name).
+pub const WATCHDOG_HOST: &str = "watchdog";
+
 impl ShardEvent {
+    /// Whether a worker sent it (about a delivery it ran), not the CLI or a
+    /// watchdog.
+    pub fn from_worker(&self) -> bool {
+        self.host != CLI_SENDER && self.host != WATCHDOG_HOST
+    }
+
     /// The event's message id: the same for every retried publish of this
     /// event (so the events stream stores it once), different for any
     /// other event.

@@ -81,11 +81,6 @@ pub(crate) struct JobSeen {
     pub(crate) requeued: bool,
 }
 
-/// The sender names of events that are not a worker's.
-fn from_worker(e: &ShardEvent) -> bool {
-    e.host != "cli" && e.host != "watchdog"
-}
-
 impl Plan {
     /// Folds `events`, in stream order.
     pub(crate) fn fold<'a>(events: impl IntoIterator<Item = &'a ShardEvent>) -> Plan {
@@ -106,7 +101,7 @@ impl Plan {
         if matches!(e.kind, EventKind::Requeued) {
             seen.requeued = true;
         }
-        if !from_worker(e) {
+        if !e.from_worker() {
             if let EventKind::Failed {
                 reason,
                 permanent: true,
@@ -244,7 +239,7 @@ mod tests {
                 shard,
                 worker: WorkerId::new(worker)?,
                 host: if worker == "wd" {
-                    "watchdog".into()
+                    minions_schemas::messages::WATCHDOG_HOST.into()
                 } else {
                     format!("{worker}-host")
                 },

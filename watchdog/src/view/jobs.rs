@@ -106,7 +106,7 @@ impl JobsView {
         let was_done = j.fold.is_done(e.shard);
         let was_failed = j.fold.is_failed(e.shard);
         j.fold.apply(e);
-        if e.worker.as_str() != "cli" {
+        if e.worker.as_str() != minions_schemas::messages::CLI_SENDER {
             self.recent
                 .entry(e.worker.clone())
                 .or_insert_with(|| Recent {
