@@ -259,7 +259,7 @@ impl Writer {
                         None => return Err(follow_err("the stream's consumer ended")),
                     };
                     let Ok(info) = m.info() else { continue };
-                    let (seq, pending) = (info.stream_sequence, info.pending);
+                    let seq = info.stream_sequence;
                     self.status.read.store(seq, Ordering::Relaxed);
                     // A message that is not a valid event (or a forged one)
                     // is skipped; its sequence is covered all the same.
@@ -274,7 +274,10 @@ impl Writer {
                     if let Some(e) = event {
                         batch.events.push((seq, e));
                     }
-                    if batch.events.len() >= self.settings.batch_max || pending == 0 {
+                    // A batch is written when full or `batch_wait` after its
+                    // first message, not per message: each write is a
+                    // handful of statements whatever its size.
+                    if batch.events.len() >= self.settings.batch_max {
                         self.flush(client, &key, &mut batch).await?;
                     }
                 }
