@@ -303,6 +303,7 @@ mod tests {
                 model_hash: spec.model_hash.clone(),
                 worker: WorkerId::new("w1")?,
                 payload: payload(first_row, rows),
+                made_by: None,
             };
             put(
                 &store,

@@ -16,9 +16,9 @@ use minions_schemas::messages::{
     ChatTurn, Control, ControlCommand, ControlReply, DeadLetter, EventKind, FinishReason,
     Generation, GenerationRecord, Heartbeat, InFlight, InputDescription, JobManifest, JobSpec,
     ManifestShard, ModelFamily, ModelFile, ModelManifest, ModelRecord, OutputPayload, Precision,
-    Priority, Prompt, QueuedJob, Requirements, SamplingParams, Schedule, ShardCheckpoint,
-    ShardEvent, ShardInput, ShardOutput, ShardTask, TeamPolicy, TeamShare, WorkerRecord,
-    WorkerState,
+    Priority, Prompt, Provenance, QueuedJob, Requirements, SamplingParams, Schedule,
+    ShardCheckpoint, ShardEvent, ShardInput, ShardOutput, ShardTask, TeamPolicy, TeamShare,
+    WorkerRecord, WorkerState,
 };
 use minions_schemas::{JobId, ModelHash, ModelName, SCHEMA_VERSION, WorkerId, codec};
 use serde::Serialize;
@@ -384,6 +384,7 @@ fn every_event_kind() -> Vec<EventKind> {
             already_done: false,
             sha256: "3b".repeat(32),
             tokens: 12,
+            made_by: Some(provenance()),
         },
         EventKind::Progress {
             records: 100,
@@ -498,6 +499,14 @@ fn model_file() -> ModelFile {
     }
 }
 
+fn provenance() -> Provenance {
+    Provenance {
+        build: "0.1.0+3fa2c81b09de".into(),
+        device: "metal:0".into(),
+        kernel: "portable".into(),
+    }
+}
+
 fn manifest_shard(ids: &Ids) -> ManifestShard {
     ManifestShard {
         shard: 0,
@@ -508,6 +517,7 @@ fn manifest_shard(ids: &Ids) -> ManifestShard {
         attempts: 1,
         duration_ms: 1830,
         reason: Some("unknown model".into()),
+        made_by: Some(provenance()),
     }
 }
 
@@ -606,6 +616,8 @@ fn check_all(c: &mut Checker) -> Res {
         interval_ms: 1000,
         started_ms: 1_767_225_600_000,
         at_ms: 1_767_225_612_345,
+        build: "0.1.0+3fa2c81b09de".into(),
+        kernel: "avx512".into(),
     })?;
 
     // Control, with every command, and ControlReply.
@@ -734,6 +746,7 @@ fn check_all(c: &mut Checker) -> Res {
             model_hash: ids.hash.clone(),
             worker: ids.worker.clone(),
             payload,
+            made_by: Some(provenance()),
         })?;
     }
 

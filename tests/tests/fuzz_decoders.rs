@@ -175,6 +175,8 @@ fn heartbeat(in_flight: usize) -> R<Heartbeat> {
         interval_ms: 1000,
         started_ms: 1_764_000_000_000,
         at_ms: 1_764_000_000_500,
+        build: String::new(),
+        kernel: String::new(),
     })
 }
 
@@ -232,6 +234,7 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
                 already_done: false,
                 sha256: "cd".repeat(32),
                 tokens: 0,
+                made_by: None,
             })?,
             event(EventKind::Requeued)?,
             event(EventKind::HandedBack {
@@ -351,6 +354,7 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
             dim: 4,
             data: (0..32).collect(),
         },
+        made_by: None,
     };
     let generation = Generation {
         text: "Hi!".into(),
@@ -508,6 +512,7 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
                 attempts: 1,
                 duration_ms: 900,
                 reason: None,
+                made_by: None,
             },
             ManifestShard {
                 shard: 1,
@@ -518,6 +523,7 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
                 attempts: 5,
                 duration_ms: 0,
                 reason: Some("bad input".into()),
+                made_by: None,
             },
         ],
         completed_ms: 1_764_000_000_000,

@@ -2,10 +2,14 @@
 //! dead-letter record with its reason after max deliveries, every other shard
 //! completes, status says "completed with 2 failed", and `minions retry`
 //! after fixing the cause completes them. Two watchdogs run: each dead letter
-//! is recorded once.
+//! is recorded once. The manifest then names each output's maker (build,
+//! device, kernel path), as the output itself does.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
+use minions_schemas::messages::{JobManifest, ShardOutput};
+use minions_schemas::{decode, limits};
 use minions_tests::{Fleet, Result, write_corpus};
 use minions_worker::model::tiny::TinySpec;
 
@@ -88,5 +92,59 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
     assert_eq!(status["state"], "done", "{status}");
     assert_eq!(fleet.output_count("poison")?, 200);
     eprintln!("after retry: {}", fleet.cli(&["status", "poison"])?);
+    check_makers(fleet).await
+}
+
+/// Every output, and the manifest for every done shard, records what made
+/// it: the worker build (version and executable digest), device and CPU
+/// kernel path.
+async fn check_makers(fleet: &Fleet) -> Result<()> {
+    let job = fleet.dir.path().join("store/jobs/poison");
+    let mut manifest = None;
+    for _ in 0..100 {
+        if let Ok(bytes) = std::fs::read(job.join("manifest.msgpack")) {
+            let m: JobManifest = decode("job manifest", &bytes, limits::MAX_MANIFEST_BYTES)?;
+            if m.failed == 0 {
+                manifest = Some(m);
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let manifest = manifest.ok_or("no manifest with every shard done after the retry")?;
+    let makers: BTreeSet<String> = manifest
+        .shards
+        .iter()
+        .map(|s| {
+            s.made_by
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default()
+        })
+        .collect();
+    eprintln!("makers in the manifest: {makers:?}");
+    for s in &manifest.shards {
+        let made_by = s
+            .made_by
+            .as_ref()
+            .ok_or(format!("shard {} has no maker", s.shard))?;
+        let (version, digest) = made_by
+            .build
+            .split_once('+')
+            .ok_or(format!("build {:?} has no digest", made_by.build))?;
+        assert_eq!(version, env!("CARGO_PKG_VERSION"));
+        assert!(
+            digest.len() == 12 && digest.chars().all(|c| c.is_ascii_hexdigit()),
+            "{made_by}"
+        );
+        assert_eq!(made_by.device, "cpu");
+        assert!(
+            ["portable", "avx2", "vnni", "avx512"].contains(&made_by.kernel.as_str()),
+            "{made_by}"
+        );
+        let bytes = std::fs::read(job.join(format!("outputs/{:08}.msgpack", s.shard)))?;
+        let out: ShardOutput = decode("shard output", &bytes, limits::MAX_SHARD_OUTPUT_BYTES)?;
+        assert_eq!(out.made_by.as_ref(), Some(made_by), "shard {}", s.shard);
+    }
     Ok(())
 }

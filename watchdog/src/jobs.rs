@@ -15,7 +15,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use async_nats::jetstream;
 use minions_schemas::messages::{
-    DeadLetter, EventKind, JobManifest, JobSpec, ManifestShard, ModelManifest, ShardEvent,
+    DeadLetter, EventKind, JobManifest, JobSpec, ManifestShard, ModelManifest, Provenance,
+    ShardEvent,
 };
 use minions_schemas::time::now_ms;
 use minions_schemas::{
@@ -33,6 +34,8 @@ struct ShardTrack {
     failed: Option<String>,
     attempts: u64,
     hosts: Vec<String>,
+    /// What made its output: an index into its job's `makers`.
+    maker: Option<u32>,
 }
 
 impl ShardTrack {
@@ -56,12 +59,21 @@ struct JobTrack {
     failed: u32,
     /// (done, failed) counts of the last manifest written or found.
     manifest: Option<(u32, u32)>,
+    /// The distinct makers (build, device, kernel path) of its outputs;
+    /// shards name theirs by index (a fleet has few, a job many shards).
+    makers: Vec<Provenance>,
 }
 
 impl JobTrack {
     /// Folds one shard event into the job's shards and counts. Returns the
     /// reason and state of a shard that this event made fail for good.
     fn fold(&mut self, e: &ShardEvent) -> Option<(String, ShardTrack)> {
+        let maker = match &e.kind {
+            EventKind::Done {
+                made_by: Some(p), ..
+            } => Some(self.intern(p)),
+            _ => None,
+        };
         let s = self.shards.entry(e.shard).or_default();
         let before = s.outcome();
         s.attempts = s.attempts.max(e.attempt);
@@ -78,6 +90,7 @@ impl JobTrack {
                 ..
             } => {
                 s.done = Some((e.worker.clone(), sha256.clone(), *duration_ms));
+                s.maker = maker;
                 s.failed = None;
             }
             EventKind::Requeued => s.failed = None,
@@ -104,6 +117,18 @@ impl JobTrack {
         }
         dead
     }
+
+    /// The index of `p` in the job's makers, added when new.
+    fn intern(&mut self, p: &Provenance) -> u32 {
+        let i = match self.makers.iter().position(|m| m == p) {
+            Some(i) => i,
+            None => {
+                self.makers.push(p.clone());
+                self.makers.len() - 1
+            }
+        };
+        u32::try_from(i).unwrap_or(u32::MAX)
+    }
 }
 
 /// A dead-letter record that could not be written yet; retried by
@@ -121,13 +146,15 @@ pub struct PendingDead {
 }
 
 /// One shard's track as a checkpoint saves it:
-/// `(shard, done by (worker, sha256, ms), failed reason, attempts, hosts)`.
+/// `(shard, done by (worker, sha256, ms), failed reason, attempts, hosts,
+/// maker)`.
 type SavedShard = (
     u32,
     Option<(WorkerId, String, u64)>,
     Option<String>,
     u64,
     Vec<String>,
+    Option<u32>,
 );
 
 struct SavedShardsRef<'a>(&'a BTreeMap<u32, ShardTrack>);
@@ -137,7 +164,7 @@ impl Serialize for SavedShardsRef<'_> {
         ser.collect_seq(
             self.0
                 .iter()
-                .map(|(i, s)| (i, &s.done, &s.failed, s.attempts, &s.hosts)),
+                .map(|(i, s)| (i, &s.done, &s.failed, s.attempts, &s.hosts, s.maker)),
         )
     }
 }
@@ -148,6 +175,7 @@ pub(crate) struct SavedJobRef<'a> {
     spec: &'a Option<JobSpec>,
     shards: SavedShardsRef<'a>,
     manifest: Option<(u32, u32)>,
+    makers: &'a [Provenance],
 }
 
 #[derive(Deserialize)]
@@ -156,6 +184,7 @@ struct SavedJob {
     spec: Option<JobSpec>,
     shards: Vec<SavedShard>,
     manifest: Option<(u32, u32)>,
+    makers: Vec<Provenance>,
 }
 
 /// The tracker's state as a checkpoint saves it, borrowed; jobs sorted by
@@ -269,6 +298,7 @@ impl Tracker {
                 spec: &t.spec,
                 shards: SavedShardsRef(&t.shards),
                 manifest: t.manifest,
+                makers: &t.makers,
             })
             .collect();
         jobs.sort_by(|a, b| a.job.cmp(b.job));
@@ -292,17 +322,20 @@ impl Tracker {
     ) -> Result<(), RestoreError> {
         let mut jobs = HashMap::with_capacity(tracker.jobs.len());
         for j in tracker.jobs {
+            let makers = j.makers.len();
             let mut t = JobTrack {
                 spec: j.spec,
                 manifest: j.manifest,
+                makers: j.makers,
                 ..Default::default()
             };
-            for (shard, done, failed, attempts, hosts) in j.shards {
+            for (shard, done, failed, attempts, hosts, maker) in j.shards {
                 let s = ShardTrack {
                     done,
                     failed,
                     attempts,
                     hosts,
+                    maker: maker.filter(|&m| (m as usize) < makers),
                 };
                 let (d, f) = s.outcome();
                 t.done += u32::from(d);
@@ -628,6 +661,7 @@ impl Tracker {
                             output_key: Some(keys::shard_output(job, i)),
                             sha256: Some(sha.clone()),
                             worker: Some(worker.clone()),
+                            made_by: s.maker.and_then(|m| track.makers.get(m as usize).cloned()),
                             attempts: s.attempts,
                             duration_ms: *ms,
                             reason: None,
@@ -638,6 +672,7 @@ impl Tracker {
                             output_key: None,
                             sha256: None,
                             worker: None,
+                            made_by: None,
                             attempts: s.attempts,
                             duration_ms: 0,
                             reason: reason.clone(),
@@ -731,6 +766,7 @@ mod tests {
                     already_done: false,
                     sha256: "00".into(),
                     tokens: 0,
+                    made_by: None,
                 },
                 2 => EventKind::Requeued,
                 3 => EventKind::Failed {

@@ -191,6 +191,8 @@ mod tests {
             power: None,
             chip: String::new(),
             lend_mb: 0,
+            build: String::new(),
+            kernel: String::new(),
             v: minions_schemas::SCHEMA_VERSION,
             worker: WorkerId::new(id)?,
             host: "h".into(),

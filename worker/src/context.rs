@@ -61,6 +61,8 @@ pub(crate) struct Ctx {
     pub(crate) mean_shard_ms: AtomicU64,
     /// The chip that runs shards, for the record (empty when unknown).
     pub(crate) chip: String,
+    /// The build, device and kernel path this worker's outputs record.
+    pub(crate) made_by: minions_schemas::messages::Provenance,
     /// The most memory models may use here, MB (0 = no cap).
     pub(crate) mem_budget_mb: u64,
     /// Quiet mode: the largest share of time the device may work, (0, 1].

@@ -38,6 +38,8 @@ pub(crate) fn beat(
     Heartbeat {
         power: ctx.energy.reading(),
         chip: ctx.chip.clone(),
+        build: ctx.made_by.build.clone(),
+        kernel: ctx.made_by.kernel.clone(),
         lend_mb: ctx.sched.lend_mb,
         v: SCHEMA_VERSION,
         worker: ctx.worker_id(),

@@ -35,6 +35,7 @@ mod heartbeat;
 pub mod model;
 pub mod owner;
 pub mod process_env;
+mod provenance;
 pub mod run;
 mod schedule;
 pub mod service;

@@ -195,8 +195,11 @@ pub async fn run(
         crate::energy::EnergyMeter::start(&device_name, config.power_watts, stop_energy.clone())
             .await;
     let chip = crate::chip::detect(&device_name).await;
+    let made_by = crate::provenance::detect(&device_name).await;
+    tracing::info!(build = %made_by.build, kernel = %made_by.kernel, "outputs record their maker");
     let ctx = Arc::new(Ctx {
         chip,
+        made_by,
         client: client.clone(),
         js,
         store: store.clone(),

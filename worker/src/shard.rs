@@ -41,6 +41,9 @@ struct Done {
     output_bytes: u64,
     compute_ms: u64,
     already_done: bool,
+    /// What made the output (this worker, or the one whose output a
+    /// redelivery found).
+    made_by: Option<minions_schemas::messages::Provenance>,
 }
 
 /// What [`handle`] leaves behind when it returns.
@@ -262,6 +265,7 @@ async fn write_output(
         model_hash: task.model_hash.clone(),
         worker: ctx.worker_id(),
         payload,
+        made_by: Some(ctx.made_by.clone()),
     };
     output.check_shape().map_err(ShardError::Permanent)?;
     let bytes =
@@ -280,6 +284,7 @@ async fn write_output(
             output_bytes,
             compute_ms,
             already_done: false,
+            made_by: output.made_by.clone(),
         },
         Err(object_store::Error::AlreadyExists { .. }) => {
             tracing::info!(job = %task.job, shard = task.shard, "output written meanwhile by an earlier delivery");
@@ -359,6 +364,7 @@ async fn verify_existing(ctx: &Ctx, task: &ShardTask, key: &StorePath) -> Result
         output_bytes: 0,
         compute_ms: 0,
         already_done: true,
+        made_by: out.made_by,
     })
 }
 
@@ -383,6 +389,7 @@ async fn settle(
                 already_done: done.already_done,
                 sha256: done.sha256,
                 tokens: done.tokens,
+                made_by: done.made_by,
             };
             if !done.already_done {
                 ctx.record_duration(duration_ms);

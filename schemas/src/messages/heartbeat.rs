@@ -70,6 +70,13 @@ pub struct Heartbeat {
     /// (0 when unknown, and in older beats).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub lend_mb: u64,
+    /// The worker build, as [`super::Provenance::build`] gives it (empty in
+    /// older beats).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub build: String,
+    /// The CPU kernel path the worker takes (empty in older beats).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kernel: String,
 }
 
 fn is_zero(n: &u64) -> bool {

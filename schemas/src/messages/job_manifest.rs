@@ -15,6 +15,10 @@ pub struct ManifestShard {
     pub sha256: Option<String>,
     /// The worker that finished it.
     pub worker: Option<WorkerId>,
+    /// The build, device and kernel path that made its output (done shards
+    /// whose done event said; absent in older manifests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub made_by: Option<super::Provenance>,
     /// Deliveries it took.
     pub attempts: u64,
     /// Wall time of the successful run, ms.

@@ -32,6 +32,10 @@ pub enum EventKind {
         /// absent in older events: 0).
         #[serde(default)]
         tokens: u64,
+        /// The build, device and kernel path that made the output (the
+        /// output's own record of it; absent in older events).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        made_by: Option<super::Provenance>,
     },
     /// A long shard's progress while it runs (generation jobs): published
     /// with each checkpoint, never confirmed.

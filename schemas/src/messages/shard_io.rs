@@ -75,6 +75,10 @@ pub struct ShardOutput {
     pub worker: WorkerId,
     /// The result.
     pub payload: OutputPayload,
+    /// The build, device and kernel path that made it (absent in older
+    /// outputs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub made_by: Option<super::Provenance>,
 }
 
 impl ShardOutput {

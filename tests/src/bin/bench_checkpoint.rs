@@ -86,6 +86,7 @@ async fn fill(p: &mut EventPublisher, store: &Path, first: u32, n: u64) -> Resul
                     already_done: false,
                     sha256: format!("{:016x}{:048x}", h.wrapping_mul(0x9e37_79b9_7f4a_7c15), h),
                     tokens: 0,
+                    made_by: None,
                 },
             ))
             .await?;

@@ -86,6 +86,8 @@ async fn simulate(
                 interval_ms: 1000,
                 started_ms,
                 at_ms: now_ms(),
+                build: String::new(),
+                kernel: String::new(),
             };
             client
                 .publish(subjects::heartbeat(id), encode("heartbeat", &hb)?.into())
@@ -109,6 +111,7 @@ async fn simulate(
                         already_done: false,
                         sha256: "0".repeat(64),
                         tokens: 0,
+                        made_by: None,
                     },
                 ),
                 (shard, EventKind::Started),

@@ -607,6 +607,7 @@ async fn sim_worker(
                     already_done: false,
                     sha256: "0".repeat(64),
                     tokens: 0,
+                    made_by: None,
                 },
             );
             js.publish(
@@ -771,6 +772,8 @@ async fn scale(n: usize, secs: u64) -> Result<String> {
                         power: None,
                         chip: String::new(),
                         lend_mb: 0,
+                        build: String::new(),
+                        kernel: String::new(),
                         v: SCHEMA_VERSION,
                         worker: id.clone(),
                         host: format!("sim-{i:05}"),

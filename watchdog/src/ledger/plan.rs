@@ -261,6 +261,7 @@ mod tests {
             already_done: already,
             sha256: String::new(),
             tokens: 3,
+            made_by: None,
         }
     }
 

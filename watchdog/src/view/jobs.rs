@@ -377,6 +377,7 @@ mod tests {
             already_done: false,
             sha256: String::new(),
             tokens: 0,
+            made_by: None,
         }
     }
 
