@@ -63,6 +63,8 @@ pub(crate) struct Ctx {
     pub(crate) chip: String,
     /// The build, device and kernel path this worker's outputs record.
     pub(crate) made_by: minions_schemas::messages::Provenance,
+    /// The test-only fault switch ([`crate::fault`]); `None` in real use.
+    pub(crate) perturb: Option<crate::fault::Perturb>,
     /// The most memory models may use here, MB (0 = no cap).
     pub(crate) mem_budget_mb: u64,
     /// Quiet mode: the largest share of time the device may work, (0, 1].

@@ -89,6 +89,13 @@ pub async fn report(config: &WorkerConfig) -> String {
         "cpu kernels  ok: {}",
         minions_engine::CpuPath::describe()
     );
+    if let Some(p) = crate::fault::Perturb::from_env() {
+        let _ = writeln!(
+            out,
+            "fault switch ON: {} is set ({p:?}); this worker would perturb its outputs on purpose (tests only): unset it",
+            crate::fault::PERTURB_VAR
+        );
+    }
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(0);

@@ -30,6 +30,7 @@ mod control;
 pub mod doctor;
 pub mod energy;
 pub mod error;
+pub mod fault;
 pub mod generation;
 mod heartbeat;
 pub mod model;

@@ -197,9 +197,15 @@ pub async fn run(
     let chip = crate::chip::detect(&device_name).await;
     let made_by = crate::provenance::detect(&device_name).await;
     tracing::info!(build = %made_by.build, kernel = %made_by.kernel, "outputs record their maker");
+    let perturb = crate::fault::Perturb::from_env();
+    if let Some(p) = perturb {
+        tracing::warn!(switch = ?p, variable = crate::fault::PERTURB_VAR,
+            "FAULT SWITCH ON: this worker perturbs its outputs on purpose, for tests only");
+    }
     let ctx = Arc::new(Ctx {
         chip,
         made_by,
+        perturb,
         client: client.clone(),
         js,
         store: store.clone(),

@@ -206,13 +206,19 @@ async fn run(
         _ = hand_back.cancelled() => return Err(ShardError::Stopping),
         _ = cancel.cancelled() => return Err(ShardError::Cancelled),
     };
-    let (payload, compute_ms, tokens) = if task.family.generates() {
+    let (mut payload, compute_ms, tokens) = if task.family.generates() {
         let g = crate::generation::run(ctx, task, attempt, model, input, hand_back, cancel).await?;
         (g.payload, g.compute_ms, g.tokens)
     } else {
         let (payload, compute_ms) = embed(ctx, task, model, input).await?;
         (payload, compute_ms, 0)
     };
+    if ctx
+        .perturb
+        .is_some_and(|p| p.hits(task.job.as_str(), task.shard))
+    {
+        crate::fault::Perturb::apply(&mut payload);
+    }
     write_output(ctx, task, &out_key, payload, compute_ms, tokens).await
 }
 
