@@ -36,6 +36,7 @@ pub mod queue;
 pub mod registry;
 pub mod run;
 pub mod schedule;
+pub mod trust;
 pub mod view;
 
 pub use run::{WatchdogConfig, WatchdogError, run};
