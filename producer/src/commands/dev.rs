@@ -137,18 +137,32 @@ async fn wait_stopped(mut p: Proc, grace: Duration) {
     }
 }
 
-async fn wait_for_port(port: u16, deadline: Duration) -> bool {
+/// How a started server came up.
+#[derive(Debug, PartialEq, Eq)]
+enum CameUp {
+    Listening,
+    /// It exited before listening (for example, another process took its
+    /// monitoring port between the check and its bind).
+    Exited,
+    TimedOut,
+}
+
+/// Waits until `p` listens on `port`, exits, or `deadline` passes.
+async fn come_up(p: &mut Proc, port: u16, deadline: Duration) -> CameUp {
     let until = tokio::time::Instant::now() + deadline;
     while tokio::time::Instant::now() < until {
         if tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .is_ok()
         {
-            return true;
+            return CameUp::Listening;
+        }
+        if matches!(p.child.try_wait(), Ok(Some(_))) {
+            return CameUp::Exited;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    false
+    CameUp::TimedOut
 }
 
 /// Runs the local fleet until `shutdown` is cancelled or a process dies.
@@ -355,7 +369,7 @@ async fn stop_ledger(db: LedgerDb) {
 /// `data_dir/jetstream`, and its monitoring endpoints on port + 4000 where
 /// free; waits until it listens.
 async fn start_single(nats_bin: &Path, port: u16, data_dir: &Path) -> anyhow::Result<Proc> {
-    let mut nats_args: Vec<String> = vec![
+    let nats_args: Vec<String> = vec![
         "-js".into(),
         "-a".into(),
         "127.0.0.1".into(),
@@ -366,11 +380,23 @@ async fn start_single(nats_bin: &Path, port: u16, data_dir: &Path) -> anyhow::Re
         "--server_name".into(),
         "minions-dev".into(),
     ];
-    if let Some(m) = free_monitor_port(port).await {
-        nats_args.extend(["-m".into(), m.to_string()]);
+    let monitor = free_monitor_port(port).await;
+    let mut with_monitor = nats_args.clone();
+    if let Some(m) = monitor {
+        with_monitor.extend(["-m".into(), m.to_string()]);
     }
-    let nats = spawn("nats", nats_bin, &nats_args, &[])?;
-    if !wait_for_port(port, Duration::from_secs(15)).await {
+    let mut nats = spawn("nats", nats_bin, &with_monitor, &[])?;
+    let mut came = come_up(&mut nats, port, Duration::from_secs(15)).await;
+    if came == CameUp::Exited && monitor.is_some() {
+        // The monitoring port was taken meanwhile: run without it.
+        tracing::warn!(
+            port,
+            "nats-server exited at start; starting it again without monitoring"
+        );
+        nats = spawn("nats", nats_bin, &nats_args, &[])?;
+        came = come_up(&mut nats, port, Duration::from_secs(15)).await;
+    }
+    if came != CameUp::Listening {
         stop(nats, Duration::from_secs(2)).await;
         bail!("nats-server did not start listening on port {port}");
     }
@@ -448,30 +474,14 @@ async fn start_cluster(
         .map(|_| free_port())
         .collect::<anyhow::Result<Vec<u16>>>()?;
     let mut procs = Vec::with_capacity(servers);
-    for (i, route) in routes.iter().enumerate() {
+    let mut monitored = Vec::with_capacity(servers);
+    for i in 0..servers {
         let client = port
             .checked_add(u16::try_from(i)?)
             .context("client port out of range")?;
-        let dir = data_dir.join("cluster").join(format!("n{}", i + 1));
-        std::fs::create_dir_all(&dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
-        let conf = dir.join("nats.conf");
-        let text = cluster_config(
-            i + 1,
-            client,
-            *route,
-            &routes,
-            free_monitor_port(client).await,
-            &dir.join("store"),
-        );
-        std::fs::write(&conf, text).with_context(|| format!("cannot write {}", conf.display()))?;
-        let name = format!("nats-{}", i + 1);
-        match spawn(
-            &name,
-            nats_bin,
-            &["-c".into(), conf.display().to_string()],
-            &[],
-        ) {
+        let monitor = free_monitor_port(client).await;
+        monitored.push(monitor.is_some());
+        match spawn_cluster_server(nats_bin, i, client, &routes, monitor, data_dir) {
             Ok(p) => procs.push(p),
             Err(e) => {
                 stop_all(procs, Duration::from_secs(5)).await;
@@ -481,7 +491,24 @@ async fn start_cluster(
     }
     for i in 0..servers {
         let client = port.saturating_add(u16::try_from(i)?);
-        if !wait_for_port(client, Duration::from_secs(15)).await {
+        let mut came = come_up(&mut procs[i], client, Duration::from_secs(15)).await;
+        if came == CameUp::Exited && monitored[i] {
+            // The monitoring port was taken between the check and the
+            // server's bind: run this server without monitoring.
+            tracing::warn!(
+                server = i + 1,
+                "nats-server exited at start; starting it again without monitoring"
+            );
+            match spawn_cluster_server(nats_bin, i, client, &routes, None, data_dir) {
+                Ok(p) => procs[i] = p,
+                Err(e) => {
+                    stop_all(procs, Duration::from_secs(5)).await;
+                    return Err(e);
+                }
+            }
+            came = come_up(&mut procs[i], client, Duration::from_secs(15)).await;
+        }
+        if came != CameUp::Listening {
             stop_all(procs, Duration::from_secs(5)).await;
             bail!(
                 "nats-server {} did not start listening on port {client}",
@@ -490,6 +517,32 @@ async fn start_cluster(
         }
     }
     Ok(procs)
+}
+
+/// Writes the config of cluster server `i` (0-based) and starts it.
+fn spawn_cluster_server(
+    nats_bin: &Path,
+    i: usize,
+    client: u16,
+    routes: &[u16],
+    monitor: Option<u16>,
+    data_dir: &Path,
+) -> anyhow::Result<Proc> {
+    let dir = data_dir.join("cluster").join(format!("n{}", i + 1));
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let conf = dir.join("nats.conf");
+    let route = routes
+        .get(i)
+        .copied()
+        .context("no route port for the server")?;
+    let text = cluster_config(i + 1, client, route, routes, monitor, &dir.join("store"));
+    std::fs::write(&conf, text).with_context(|| format!("cannot write {}", conf.display()))?;
+    spawn(
+        &format!("nats-{}", i + 1),
+        nats_bin,
+        &["-c".into(), conf.display().to_string()],
+        &[],
+    )
 }
 
 /// Waits until the cluster at `urls` has a JetStream meta leader: the
