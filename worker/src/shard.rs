@@ -351,12 +351,12 @@ async fn verify_existing(ctx: &Ctx, task: &ShardTask, key: &StorePath) -> Result
     let bytes = got.bytes().await?;
     let out: ShardOutput = decode("shard output", &bytes, limits::MAX_SHARD_OUTPUT_BYTES)
         .map_err(|e| ShardError::Permanent(format!("existing output {key} is damaged: {e}")))?;
-    if out.job != task.job || out.shard != task.shard || out.rows != u64::from(task.rows) {
-        return Err(ShardError::Permanent(format!(
-            "existing output {key} does not belong to this shard"
-        )));
-    }
-    out.check_shape().map_err(ShardError::Permanent)?;
+    out.check_belongs(&task.job, task.shard, u64::from(task.rows))
+        .map_err(|why| {
+            ShardError::Permanent(format!(
+                "existing output {key} does not belong to this shard: {why}"
+            ))
+        })?;
     let tokens = match &out.payload {
         minions_schemas::messages::OutputPayload::Generations { records } => {
             records.iter().map(|g| u64::from(g.completion_tokens)).sum()

@@ -82,6 +82,21 @@ pub struct ShardOutput {
 }
 
 impl ShardOutput {
+    /// Checks that this is an output of `shard` of `job` holding `rows`
+    /// records, with a payload of that size; says why not.
+    pub fn check_belongs(&self, job: &JobId, shard: u32, rows: u64) -> Result<(), String> {
+        if self.job != *job || self.shard != shard {
+            return Err(format!(
+                "the object holds job {} shard {}, not job {job} shard {shard}",
+                self.job, self.shard
+            ));
+        }
+        if self.rows != rows {
+            return Err(format!("the output holds {} rows, not {rows}", self.rows));
+        }
+        self.check_shape().map(|_| ())
+    }
+
     /// Checks that the payload's size matches `rows` (a defence against a
     /// truncated or forged output); returns the vector length (0 for
     /// generations).

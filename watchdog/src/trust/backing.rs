@@ -75,22 +75,10 @@ pub async fn check(
             )));
         }
     };
-    if out.job != *job || out.shard != shard {
-        return Ok(Backing::Mismatch(format!(
-            "the object holds job {} shard {}",
-            out.job, out.shard
-        )));
+    match out.check_belongs(job, shard, rows) {
+        Ok(()) => Ok(Backing::Backed(Box::new(out))),
+        Err(why) => Ok(Backing::Mismatch(why)),
     }
-    if out.rows != rows {
-        return Ok(Backing::Mismatch(format!(
-            "the output holds {} rows, the event says {rows}",
-            out.rows
-        )));
-    }
-    if let Err(e) = out.check_shape() {
-        return Ok(Backing::Mismatch(e));
-    }
-    Ok(Backing::Backed(Box::new(out)))
 }
 
 #[cfg(test)]
