@@ -97,6 +97,10 @@ pub struct Progress {
     /// Tokens generated per second since the first shard started.
     #[serde(default)]
     pub token_rate: f64,
+    /// Results a watchdog rejected: `done` events not backed by their
+    /// output (forged or corrupt); each such shard ran again.
+    #[serde(default)]
+    pub rejected: u64,
     /// Failed shards with reasons.
     pub failed_shards: Vec<FailedShard>,
     /// The team the job counts against.
@@ -129,6 +133,17 @@ struct ShardState {
     attempts: u64,
     /// Tokens generated: the done event's, or the running delivery's last report.
     tokens: u64,
+    /// Which result made it done: [`done_tag`] of the done event's SHA-256
+    /// (a rejection undoes the done only when it names that result).
+    done_tag: u64,
+}
+
+/// A 64-bit tag of a result's SHA-256 text (FNV-1a: stable across builds,
+/// as saved folds need), to tell a rejected result from a later one.
+fn done_tag(sha256: &str) -> u64 {
+    sha256.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,11 +192,12 @@ pub struct JobFold {
     first_start: Option<u64>,
     last_done: Option<u64>,
     handed_back: u64,
+    rejected: u64,
 }
 
 /// A [`JobFold`] as it is saved (a watchdog checkpoint): the spec and each
 /// shard's state as a compact tuple `(done, running, failed reason,
-/// attempts, tokens)`; the running totals and the failed-shard list are
+/// attempts, tokens, done tag)`; the running totals and the failed-shard list are
 /// derived again on loading, so a saved fold cannot carry totals that
 /// disagree with its shards.
 #[derive(Serialize)]
@@ -191,17 +207,18 @@ struct SavedFoldRef<'a> {
     first_start: Option<u64>,
     last_done: Option<u64>,
     handed_back: u64,
+    rejected: u64,
 }
 
 struct SavedShardsRef<'a>(&'a [ShardState]);
 
 impl Serialize for SavedShardsRef<'_> {
     fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
-        ser.collect_seq(
-            self.0
-                .iter()
-                .map(|s| (s.done, s.running, &s.failed, s.attempts, s.tokens)),
-        )
+        ser.collect_seq(self.0.iter().map(|s| {
+            (
+                s.done, s.running, &s.failed, s.attempts, s.tokens, s.done_tag,
+            )
+        }))
     }
 }
 
@@ -209,10 +226,11 @@ impl Serialize for SavedShardsRef<'_> {
 #[derive(Deserialize)]
 struct SavedFold {
     spec: JobSpec,
-    shards: Vec<(bool, bool, Option<String>, u64, u64)>,
+    shards: Vec<(bool, bool, Option<String>, u64, u64, u64)>,
     first_start: Option<u64>,
     last_done: Option<u64>,
     handed_back: u64,
+    rejected: u64,
 }
 
 impl Serialize for JobFold {
@@ -223,6 +241,7 @@ impl Serialize for JobFold {
             first_start: self.first_start,
             last_done: self.last_done,
             handed_back: self.handed_back,
+            rejected: self.rejected,
         }
         .serialize(ser)
     }
@@ -245,13 +264,16 @@ impl<'de> Deserialize<'de> for JobFold {
         let shards: Vec<ShardState> = saved
             .shards
             .into_iter()
-            .map(|(done, running, failed, attempts, tokens)| ShardState {
-                done,
-                running,
-                failed,
-                attempts,
-                tokens,
-            })
+            .map(
+                |(done, running, failed, attempts, tokens, done_tag)| ShardState {
+                    done,
+                    running,
+                    failed,
+                    attempts,
+                    tokens,
+                    done_tag,
+                },
+            )
             .collect();
         let mut totals = Totals::default();
         let mut failed = std::collections::BTreeMap::new();
@@ -281,6 +303,7 @@ impl<'de> Deserialize<'de> for JobFold {
             first_start: saved.first_start,
             last_done: saved.last_done,
             handed_back: saved.handed_back,
+            rejected: saved.rejected,
         })
     }
 }
@@ -297,6 +320,7 @@ impl JobFold {
             first_start: None,
             last_done: None,
             handed_back: 0,
+            rejected: 0,
         }
     }
 
@@ -320,6 +344,12 @@ impl JobFold {
         if matches!(e.kind, EventKind::Submitted { .. }) {
             return;
         }
+        // Only a watchdog judges results; a rejection from anyone else
+        // (a worker claiming to be one) changes nothing.
+        if matches!(e.kind, EventKind::Rejected { .. }) && e.host != crate::messages::WATCHDOG_HOST
+        {
+            return;
+        }
         let before = (s.class(), s.attempts);
         let tokens_before = s.tokens;
         s.attempts = s.attempts.max(e.attempt);
@@ -336,9 +366,12 @@ impl JobFold {
                     s.tokens = *tokens;
                 }
             }
-            EventKind::Done { tokens, .. } => {
+            EventKind::Done { tokens, sha256, .. } => {
                 if !s.done && *tokens > 0 {
                     s.tokens = *tokens;
+                }
+                if !s.done {
+                    s.done_tag = done_tag(sha256);
                 }
                 s.done = true;
                 s.running = false;
@@ -353,6 +386,14 @@ impl JobFold {
             EventKind::HandedBack { .. } => {
                 s.running = false;
                 self.handed_back += 1;
+            }
+            EventKind::Rejected { sha256, .. } => {
+                self.rejected += 1;
+                if s.done && s.done_tag == done_tag(sha256) {
+                    s.done = false;
+                    s.running = false;
+                    s.tokens = 0;
+                }
             }
             EventKind::Failed { reason, permanent } => {
                 s.running = false;
@@ -427,6 +468,7 @@ impl JobFold {
             records_done: self.totals.records_done,
             redeliveries: self.totals.redeliveries,
             handed_back: self.handed_back,
+            rejected: self.rejected,
             rate: 0.0,
             eta_secs: None,
             created_ms: spec.created_ms,
@@ -539,6 +581,12 @@ impl Progress {
                 self.redeliveries, self.handed_back
             ));
         }
+        if self.rejected > 0 {
+            out.push_str(&format!(
+                "  trust    {} results rejected (done not backed by its output; those shards ran again)\n",
+                self.rejected
+            ));
+        }
         if !self.failed_shards.is_empty() {
             out.push_str("  failed shards:\n");
             for f in self.failed_shards.iter().take(20) {
@@ -618,6 +666,53 @@ mod tests {
             tokens: 0,
             made_by: None,
         }
+    }
+
+    fn done_sha(sha: &str) -> EventKind {
+        let mut d = done();
+        if let EventKind::Done { sha256, .. } = &mut d {
+            *sha256 = sha.into();
+        }
+        d
+    }
+
+    fn rejected(sha: &str) -> Result<EventKind, IdError> {
+        Ok(EventKind::Rejected {
+            by: WorkerId::new("w")?,
+            sha256: sha.into(),
+            reason: "no output".into(),
+        })
+    }
+
+    #[test]
+    fn a_watchdogs_rejection_undoes_only_the_done_it_names()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let mut fold = JobFold::new(spec()?);
+        fold.apply(&ev(0, 1, 10, done_sha("forged"))?);
+        fold.apply(&ev(1, 1, 10, done_sha("real"))?);
+        assert_eq!(fold.progress(20).done, 2);
+        // From a worker that claims to judge: ignored.
+        fold.apply(&ev(0, 1, 20, rejected("forged")?)?);
+        assert!(fold.is_done(0));
+        let mut from_watchdog = ev(0, 1, 20, rejected("forged")?)?;
+        from_watchdog.host = crate::messages::WATCHDOG_HOST.into();
+        fold.apply(&from_watchdog);
+        // A rejection of another result than the shard's leaves it done.
+        let mut other = ev(1, 1, 20, rejected("forged")?)?;
+        other.host = crate::messages::WATCHDOG_HOST.into();
+        fold.apply(&other);
+        let p = fold.progress(30);
+        assert_eq!((p.done, p.rejected), (1, 2));
+        assert!(!fold.is_done(0) && fold.is_done(1));
+        assert_eq!(p.records_done, 10);
+        // The shard runs again and is done by its real result; a saved and
+        // loaded fold keeps what it knows.
+        fold.apply(&ev(0, 1, 40, done_sha("real0"))?);
+        let bytes = rmp_serde::to_vec(&fold)?;
+        let back: JobFold = rmp_serde::from_slice(&bytes)?;
+        assert_eq!(back.progress(50).done, 2);
+        assert_eq!(back.progress(50).rejected, 2);
+        Ok(())
     }
 
     #[test]

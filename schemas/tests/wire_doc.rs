@@ -398,6 +398,11 @@ fn every_event_kind() -> Vec<EventKind> {
             reason: "unknown model".into(),
             permanent: true,
         },
+        EventKind::Rejected {
+            by: WorkerId::new("m1-0a1b2c3d").unwrap_or_else(|e| panic!("{e}")),
+            sha256: "3b".repeat(32),
+            reason: "its output is not in the store".into(),
+        },
     ];
     for k in &all {
         match k {
@@ -407,7 +412,8 @@ fn every_event_kind() -> Vec<EventKind> {
             | EventKind::Progress { .. }
             | EventKind::Requeued
             | EventKind::HandedBack { .. }
-            | EventKind::Failed { .. } => {}
+            | EventKind::Failed { .. }
+            | EventKind::Rejected { .. } => {}
         }
     }
     all
@@ -806,6 +812,7 @@ fn check_all(c: &mut Checker) -> Res {
         records: 10_000,
         done: 39,
         failed: 1,
+        rejected: 2,
         shards: vec![manifest_shard(&ids)],
         completed_ms: 1_767_225_700_000,
     })?;

@@ -502,6 +502,7 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
         records: 512,
         done: 1,
         failed: 1,
+        rejected: 1,
         shards: vec![
             ManifestShard {
                 shard: 0,

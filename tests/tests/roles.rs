@@ -448,7 +448,6 @@ async fn the_producer_and_watchdog_identities_may_do_their_jobs_and_nothing_else
             &watchdog,
             "the watchdog",
             &[
-                ("publish a shard", "pub", "minions.work.forged.0"),
                 (
                     "pull a shard",
                     "pub",
@@ -496,6 +495,16 @@ async fn the_producer_and_watchdog_identities_may_do_their_jobs_and_nothing_else
         watchdog.refusals.lock().map(|r| r.clone())
     );
     assert!(arrives(&admin, &watchdog, "minions.hb.w1.w1-0a1b2c3d").await?);
+    // A shard whose result it rejected is queued again by the watchdog.
+    let wjs0 = async_nats::jetstream::new(watchdog.client.clone());
+    let ack = wjs0
+        .publish("minions.work.rerun.0", "x".into())
+        .await?
+        .await;
+    assert!(
+        ack.is_ok(),
+        "the watchdog cannot queue a shard again: {ack:?}"
+    );
     assert!(
         !watchdog
             .publish_refused("$JS.ACK.MINIONS_WORK.job-x.1.1.1.1.1.1")
@@ -516,7 +525,7 @@ async fn the_producer_and_watchdog_identities_may_do_their_jobs_and_nothing_else
         (p0, w0)
     );
     eprintln!(
-        "producer allowed: queue shards, job events as cli, cancel; watchdog allowed: control, heartbeats, NAK, registry, dead letters"
+        "producer allowed: queue shards, job events as cli, cancel; watchdog allowed: control, heartbeats, NAK, registry, dead letters, queue a rejected shard again"
     );
     Ok(())
 }

@@ -50,6 +50,7 @@ pub async fn start(
     view: Arc<View>,
     policy: CheckpointPolicy,
     name: String,
+    judge: crate::jobs::Judge,
     stop: CancellationToken,
 ) -> Result<JoinHandle<()>, WatchdogError> {
     let began = Instant::now();
@@ -62,7 +63,7 @@ pub async fn start(
         last_seq: info.state.last_sequence,
         created: info.created.to_string(),
     };
-    let mut tracker = Tracker::new(js.clone(), store.clone(), view);
+    let mut tracker = Tracker::new(js.clone(), store.clone(), view, judge);
     let restored = if policy.disabled {
         None
     } else {
@@ -164,6 +165,7 @@ pub async fn start(
                     }
                 }
                 _ = tick.tick() => {
+                    fold.tracker.retry_checks().await;
                     if fold.policy.due(fold.since, fold.last_write.elapsed()) {
                         fold.write().await;
                     }
@@ -206,11 +208,11 @@ impl Fold {
         if self.policy.disabled || self.covered <= self.written {
             return;
         }
+        self.tracker.resume().await;
         if let Some(why) = self.tracker.lossy() {
-            tracing::debug!(reason = %why, "no checkpoint: the view missed events");
+            tracing::debug!(reason = %why, "no checkpoint: events not fully counted");
             return;
         }
-        self.tracker.resume().await;
         let header = Header {
             v: SCHEMA_VERSION,
             format: checkpoint::FORMAT,

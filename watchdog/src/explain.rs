@@ -229,6 +229,7 @@ mod tests {
             records_done: 0,
             redeliveries: 0,
             handed_back: 0,
+            rejected: 0,
             rate: 0.0,
             eta_secs: None,
             created_ms: 0,

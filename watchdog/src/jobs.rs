@@ -26,6 +26,7 @@ use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions};
 use serde::{Deserialize, Serialize};
 
+use crate::trust::backing::Backing;
 use crate::view::View;
 
 #[derive(Debug, Default, Clone)]
@@ -62,6 +63,14 @@ struct JobTrack {
     /// The distinct makers (build, device, kernel path) of its outputs;
     /// shards name theirs by index (a fleet has few, a job many shards).
     makers: Vec<Provenance>,
+    /// Results rejected by a watchdog (rejection events folded).
+    rejected: u32,
+    /// Whether its manifest was in the store when its first `done` was
+    /// checked, or the checkpoint it was restored from says it was written
+    /// (None: not looked yet). The done events of a job that was complete
+    /// before are not checked again: its outputs may be gone (collected
+    /// and removed) long after.
+    sealed: Option<bool>,
 }
 
 impl JobTrack {
@@ -94,6 +103,13 @@ impl JobTrack {
                 s.failed = None;
             }
             EventKind::Requeued => s.failed = None,
+            // The tracker does not count a done it has not checked (see
+            // `Tracker::apply`), so a rejection changes no shard here.
+            EventKind::Rejected { .. } => {
+                if e.host == minions_schemas::messages::WATCHDOG_HOST {
+                    self.rejected += 1;
+                }
+            }
             EventKind::HandedBack { .. }
             | EventKind::Submitted { .. }
             | EventKind::Progress { .. } => {}
@@ -176,6 +192,7 @@ pub(crate) struct SavedJobRef<'a> {
     shards: SavedShardsRef<'a>,
     manifest: Option<(u32, u32)>,
     makers: &'a [Provenance],
+    rejected: u32,
 }
 
 #[derive(Deserialize)]
@@ -185,6 +202,8 @@ struct SavedJob {
     shards: Vec<SavedShard>,
     manifest: Option<(u32, u32)>,
     makers: Vec<Provenance>,
+    #[serde(default)]
+    rejected: u32,
 }
 
 /// The tracker's state as a checkpoint saves it, borrowed; jobs sorted by
@@ -240,6 +259,27 @@ pub struct Tracker {
     /// checkpoint would keep that gap, so none is written until a restart
     /// folds those events again.
     lossy: Option<String>,
+    /// Who judges results here (None: offline, tests).
+    judge: Option<Judge>,
+    /// Workers' done events not counted yet because their check could not
+    /// be finished (the store or NATS failed); retried by
+    /// [`Tracker::retry_checks`]. No checkpoint is written while any wait:
+    /// it would cover events not counted.
+    pending_checks: Vec<ShardEvent>,
+    /// Whether workers' done events are checked against their outputs
+    /// (always, but in tests of other things).
+    check_outputs: bool,
+}
+
+/// What the tracker needs to act on a rejected result: its own name (the
+/// sender of rejection events) and how job consumers are made (a rejected
+/// shard is queued again, and a job's consumer may be gone by then).
+#[derive(Debug, Clone)]
+pub struct Judge {
+    /// This watchdog's name.
+    pub name: WorkerId,
+    /// The work queue's settings.
+    pub work: streams::WorkSettings,
 }
 
 /// What reading a job's spec found.
@@ -259,6 +299,7 @@ impl Tracker {
         js: jetstream::Context,
         store: std::sync::Arc<dyn ObjectStore>,
         view: std::sync::Arc<View>,
+        judge: Judge,
     ) -> Self {
         Self {
             jobs: HashMap::new(),
@@ -267,11 +308,15 @@ impl Tracker {
             view,
             pending_dead: Vec::new(),
             lossy: None,
+            judge: Some(judge),
+            pending_checks: Vec::new(),
+            check_outputs: true,
         }
     }
 
     /// A tracker without NATS: dead letters are never written, only kept
-    /// pending.
+    /// pending; done events are counted unchecked (see
+    /// [`Tracker::checking`]).
     #[cfg(test)]
     pub(crate) fn offline(
         store: std::sync::Arc<dyn ObjectStore>,
@@ -284,7 +329,18 @@ impl Tracker {
             view,
             pending_dead: Vec::new(),
             lossy: None,
+            judge: None,
+            pending_checks: Vec::new(),
+            check_outputs: false,
         }
+    }
+
+    /// An offline tracker that checks done events against their outputs
+    /// (rejections cannot be published: they wait as pending checks).
+    #[cfg(test)]
+    pub(crate) fn checking(mut self) -> Self {
+        self.check_outputs = true;
+        self
     }
 
     /// The state, borrowed in its saved form (the view's jobs are saved
@@ -299,6 +355,7 @@ impl Tracker {
                 shards: SavedShardsRef(&t.shards),
                 manifest: t.manifest,
                 makers: &t.makers,
+                rejected: t.rejected,
             })
             .collect();
         jobs.sort_by(|a, b| a.job.cmp(b.job));
@@ -325,8 +382,10 @@ impl Tracker {
             let makers = j.makers.len();
             let mut t = JobTrack {
                 spec: j.spec,
+                sealed: j.manifest.map(|_| true),
                 manifest: j.manifest,
                 makers: j.makers,
+                rejected: j.rejected,
                 ..Default::default()
             };
             for (shard, done, failed, attempts, hosts, maker) in j.shards {
@@ -357,8 +416,17 @@ impl Tracker {
 
     /// Whether a checkpoint of the state may be written now: not after the
     /// view missed an event because the store failed (the reason is given).
-    pub fn lossy(&self) -> Option<&str> {
-        self.lossy.as_deref()
+    /// Also not while workers' done events wait for their check.
+    pub fn lossy(&self) -> Option<String> {
+        if let Some(why) = &self.lossy {
+            return Some(why.clone());
+        }
+        (!self.pending_checks.is_empty()).then(|| {
+            format!(
+                "{} done events wait for the check of their output",
+                self.pending_checks.len()
+            )
+        })
     }
 
     /// Does what folded events asked for and is not done yet: dead-letter
@@ -366,6 +434,7 @@ impl Tracker {
     /// not written. Called after restoring a checkpoint and before each
     /// checkpoint is written.
     pub async fn resume(&mut self) {
+        self.retry_checks().await;
         for p in std::mem::take(&mut self.pending_dead) {
             let s = self
                 .jobs
@@ -438,11 +507,28 @@ impl Tracker {
 
     /// Applies one event; writes what it completes.
     pub async fn apply(&mut self, e: ShardEvent) {
-        let job = e.job.clone();
         self.show(&e).await;
         if matches!(e.kind, EventKind::Submitted { .. }) {
             return;
         }
+        self.count(e).await;
+    }
+
+    /// Checks again the done events whose check could not be finished, and
+    /// counts those now found backed.
+    pub async fn retry_checks(&mut self) {
+        for e in std::mem::take(&mut self.pending_checks) {
+            self.count(e).await;
+        }
+    }
+
+    /// Folds one event into the job's shards (a worker's done only once
+    /// its output is checked) and writes what that completes.
+    async fn count(&mut self, e: ShardEvent) {
+        if !self.backed(&e).await {
+            return;
+        }
+        let job = e.job.clone();
         let dead = self.jobs.entry(job.clone()).or_default().fold(&e);
         if let Some((reason, s)) = dead {
             let payload = match self.spec(&job).await {
@@ -469,6 +555,153 @@ impl Tracker {
             }
         }
         self.maybe_complete(&job).await;
+    }
+
+    /// Whether an event may be counted: any but a worker's `done`, and that
+    /// one only when its output is in the store and is what it says
+    /// ([`crate::trust::backing`]). A done that is not backed is rejected
+    /// (see [`Tracker::reject`]); one whose check cannot be finished now
+    /// waits in `pending_checks`. A done of a job whose manifest was
+    /// already written before is not checked again, nor a repeat of the
+    /// shard's counted result.
+    async fn backed(&mut self, e: &ShardEvent) -> bool {
+        let EventKind::Done { sha256, rows, .. } = &e.kind else {
+            return true;
+        };
+        if !e.from_worker() || !self.check_outputs {
+            return true;
+        }
+        let t = self.jobs.entry(e.job.clone()).or_default();
+        if t.shards
+            .get(&e.shard)
+            .and_then(|s| s.done.as_ref())
+            .is_some_and(|d| d.1 == *sha256)
+        {
+            return true;
+        }
+        if t.sealed.is_none() {
+            let key = StorePath::from(keys::job_manifest(&e.job));
+            match self.store.head(&key).await {
+                Ok(_) => t.sealed = Some(true),
+                Err(object_store::Error::NotFound { .. }) => t.sealed = Some(false),
+                // Looked at again with the next done; checked meanwhile.
+                Err(_) => {}
+            }
+        }
+        if t.sealed == Some(true) {
+            return true;
+        }
+        match crate::trust::backing::check(self.store.as_ref(), &e.job, e.shard, sha256, *rows)
+            .await
+        {
+            Ok(Backing::Backed(_)) => true,
+            Ok(Backing::Missing) => {
+                self.reject(e, "its output is not in the store".to_owned())
+                    .await;
+                false
+            }
+            Ok(Backing::Mismatch(why)) => {
+                self.reject(e, why).await;
+                false
+            }
+            Err(err) => {
+                tracing::warn!(job = %e.job, shard = e.shard, worker = %e.worker, error = %err,
+                    "a done event's output could not be checked; it is counted once it is");
+                self.pending_checks.push(e.clone());
+                false
+            }
+        }
+    }
+
+    /// Rejects a worker's done that its output does not back: publishes a
+    /// [`EventKind::Rejected`] event (one per rejected result, whichever
+    /// watchdogs find it) and queues the shard again, unless its job is
+    /// cancelled. What cannot be published now is retried with the
+    /// pending checks.
+    async fn reject(&mut self, e: &ShardEvent, why: String) {
+        tracing::warn!(job = %e.job, shard = e.shard, worker = %e.worker, host = %e.host,
+            attempt = e.attempt, reason = %why,
+            "a done event is not backed by its output: result rejected, the shard runs again");
+        if let Err(err) = self.publish_rejection(e, why).await {
+            tracing::warn!(job = %e.job, shard = e.shard, error = %err,
+                "a rejected result could not be published yet; will retry");
+            self.pending_checks.push(e.clone());
+        }
+    }
+
+    async fn publish_rejection(&mut self, e: &ShardEvent, why: String) -> Result<(), String> {
+        let (Some(js), Some(judge)) = (self.js.clone(), self.judge.clone()) else {
+            return Err("no NATS connection".to_owned());
+        };
+        let EventKind::Done { sha256, .. } = &e.kind else {
+            return Ok(());
+        };
+        let rejection = ShardEvent {
+            v: SCHEMA_VERSION,
+            job: e.job.clone(),
+            shard: e.shard,
+            worker: judge.name.clone(),
+            host: minions_schemas::messages::WATCHDOG_HOST.to_owned(),
+            attempt: e.attempt,
+            at_ms: now_ms(),
+            kind: EventKind::Rejected {
+                by: e.worker.clone(),
+                sha256: sha256.clone(),
+                reason: why,
+            },
+            energy: None,
+        };
+        let patience = minions_schemas::endpoints::resilient::PATIENCE;
+        let bytes = encode("shard event", &rejection).map_err(|e| e.to_string())?;
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(
+            async_nats::header::NATS_MESSAGE_ID,
+            rejection.msg_id().as_str(),
+        );
+        minions_schemas::endpoints::resilient::publish_confirmed(
+            &js,
+            &subjects::event(&e.job, e.shard, &judge.name),
+            headers,
+            bytes.into(),
+            patience,
+        )
+        .await
+        .map_err(|e| format!("publishing the rejection: {e}"))?;
+        let cancelled = StorePath::from(keys::job_cancelled(&e.job));
+        match self.store.head(&cancelled).await {
+            Ok(_) => return Ok(()),
+            Err(object_store::Error::NotFound { .. }) => {}
+            Err(err) => return Err(format!("reading the job's cancellation marker: {err}")),
+        }
+        let spec = match self.spec(&e.job).await {
+            SpecRead::Found(spec) => spec,
+            SpecRead::Missing => return Err("the job's spec is missing".to_owned()),
+            SpecRead::Failed(why) => return Err(format!("reading the job's spec: {why}")),
+        };
+        streams::ensure_job_consumer(&js, &judge.work, &spec)
+            .await
+            .map_err(|e| e.to_string())?;
+        let task = encode("shard task", &spec.task(e.shard)).map_err(|e| e.to_string())?;
+        // The same id from every watchdog that rejects this result.
+        let msg_id = format!(
+            "{}/rerun/{}/{}/{}",
+            subjects::msg_id(&e.job, e.shard),
+            e.worker,
+            e.attempt,
+            e.at_ms
+        );
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, msg_id.as_str());
+        minions_schemas::endpoints::resilient::publish_confirmed(
+            &js,
+            &subjects::work(&e.job, e.shard),
+            headers,
+            task.into(),
+            patience,
+        )
+        .await
+        .map_err(|e| format!("queueing the shard again: {e}"))?;
+        Ok(())
     }
 
     /// Folds the event into the view, adding its job first when new.
@@ -651,6 +884,7 @@ impl Tracker {
             records: spec.records,
             done,
             failed,
+            rejected: track.rejected,
             shards: (0..spec.shards)
                 .map(|i| {
                     let s = track.shards.get(&i).cloned().unwrap_or_default();
@@ -744,6 +978,101 @@ mod tests {
             at_ms: 0,
             kind,
         })
+    }
+
+    type Res = Result<(), Box<dyn std::error::Error>>;
+
+    /// Writes a one-dimensional output of `rows` rows for `shard` of job
+    /// `j`; returns its SHA-256.
+    async fn output(
+        store: &dyn ObjectStore,
+        shard: u32,
+        rows: u64,
+    ) -> Result<String, Box<dyn std::error::Error>> {
+        use sha2::Digest;
+        let out = minions_schemas::messages::ShardOutput {
+            v: SCHEMA_VERSION,
+            job: JobId::new("j")?,
+            shard,
+            first_row: u64::from(shard) * 10,
+            rows,
+            model_hash: minions_schemas::ModelHash::new("a".repeat(64))?,
+            worker: WorkerId::new("m-1")?,
+            payload: minions_schemas::messages::OutputPayload::Embeddings {
+                dim: 1,
+                data: (0..rows).flat_map(|_| 1f32.to_le_bytes()).collect(),
+            },
+            made_by: None,
+        };
+        let bytes = encode("shard output", &out)?;
+        let sha = hex::encode(sha2::Sha256::digest(&bytes));
+        store
+            .put(
+                &StorePath::from(keys::shard_output(&out.job, shard)),
+                bytes.into(),
+            )
+            .await?;
+        Ok(sha)
+    }
+
+    fn done(rows: u64, sha: &str) -> EventKind {
+        EventKind::Done {
+            rows,
+            output_bytes: 1,
+            duration_ms: 1,
+            compute_ms: 1,
+            already_done: false,
+            sha256: sha.into(),
+            tokens: 0,
+            made_by: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_done_counts_only_when_its_output_backs_it() -> Res {
+        let store: std::sync::Arc<dyn ObjectStore> =
+            std::sync::Arc::new(object_store::memory::InMemory::new());
+        let spec = crate::view::jobs::fixtures::spec("j", 2, 15)?;
+        store
+            .put(
+                &StorePath::from(keys::job_spec(&spec.job)),
+                encode("job spec", &spec)?.into(),
+            )
+            .await?;
+        let view = std::sync::Arc::new(View::new("t".into(), crate::registry::Registry::new(3)));
+        let mut t = Tracker::offline(store.clone(), view).checking();
+        let sha0 = output(store.as_ref(), 0, 10).await?;
+        t.apply(event(0, done(10, &sha0))?).await;
+        // Forged: shard 1 has no output.
+        t.apply(event(1, done(5, &"ab".repeat(32)))?).await;
+        let job = JobId::new("j")?;
+        let manifest = StorePath::from(keys::job_manifest(&job));
+        assert_eq!(t.jobs.get(&job).map(|j| j.done), Some(1));
+        assert!(store.head(&manifest).await.is_err());
+        // Offline, the rejection cannot be published: it waits, and no
+        // checkpoint may be written meanwhile.
+        assert!(t.lossy().is_some_and(|w| w.contains("1 done events")));
+        // The shard runs again and its real output counts; the manifest
+        // names the real result.
+        let sha1 = output(store.as_ref(), 1, 5).await?;
+        let mut real = event(1, done(5, &sha1))?;
+        real.worker = WorkerId::new("m-2")?;
+        t.apply(real).await;
+        let got = store.get(&manifest).await?.bytes().await?;
+        let m: JobManifest = decode("job manifest", &got, 1 << 20)?;
+        assert_eq!((m.done, m.failed), (2, 0));
+        assert_eq!(m.shards[1].sha256.as_deref(), Some(sha1.as_str()));
+        assert_eq!(m.shards[1].worker.as_ref().map(|w| w.as_str()), Some("m-2"));
+        // The forged done, checked again, is still rejected: the job's
+        // manifest was written by this tracker, not found at first sight.
+        t.retry_checks().await;
+        let s1 = t.jobs.get(&job).and_then(|j| j.shards.get(&1)).cloned();
+        assert_eq!(
+            s1.and_then(|s| s.done).map(|d| d.0.as_str().to_owned()),
+            Some("m-2".to_owned())
+        );
+        assert!(t.lossy().is_some());
+        Ok(())
     }
 
     #[test]

@@ -133,7 +133,7 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
         store.clone(),
         view.clone(),
         crate::schedule::ScheduleSettings {
-            work: work_settings,
+            work: work_settings.clone(),
             ..config.schedule.clone()
         },
         stop_side.clone(),
@@ -181,6 +181,10 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
         view.clone(),
         config.checkpoints.clone(),
         config.name.clone(),
+        crate::jobs::Judge {
+            name: me.clone(),
+            work: work_settings.clone(),
+        },
         stop_events.clone(),
     )
     .await?;

@@ -43,6 +43,10 @@ pub struct JobManifest {
     pub done: u32,
     /// Shards failed.
     pub failed: u32,
+    /// Results a watchdog rejected on the way (`done` events not backed by
+    /// their output: forged or corrupt); each of those shards ran again.
+    #[serde(default)]
+    pub rejected: u32,
     /// Every shard, in order.
     pub shards: Vec<ManifestShard>,
     /// When the manifest was written (ms since the epoch).

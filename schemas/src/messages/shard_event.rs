@@ -53,6 +53,20 @@ pub enum EventKind {
         /// Why, e.g. `owner: input 0 s ago`.
         reason: String,
     },
+    /// A watchdog found that a worker's `done` is not backed by its output
+    /// (no output object, or one that is not what the event says): that
+    /// done does not count, the shard is queued again, and the result is
+    /// recorded against the worker as forged or corrupt. Sent by a
+    /// watchdog (host [`WATCHDOG_HOST`]) with the rejected delivery's
+    /// `attempt`; readers undo the shard's done only when it is this one.
+    Rejected {
+        /// The worker whose `done` it was.
+        by: WorkerId,
+        /// The SHA-256 that `done` reported.
+        sha256: String,
+        /// What the store holds instead, in words.
+        reason: String,
+    },
     /// The shard failed on this delivery.
     Failed {
         /// Why, in words a person can act on.
@@ -114,6 +128,7 @@ impl EventKind {
             Self::Requeued => "requeued",
             Self::HandedBack { .. } => "handed-back",
             Self::Failed { .. } => "failed",
+            Self::Rejected { .. } => "rejected",
         }
     }
 }
@@ -134,6 +149,18 @@ impl ShardEvent {
     /// event (so the events stream stores it once), different for any
     /// other event.
     pub fn msg_id(&self) -> String {
+        if let EventKind::Rejected { by, sha256, .. } = &self.kind {
+            // One record per rejected done, whichever watchdog (and however
+            // many) found it.
+            return format!(
+                "{}/{}/rejected/{}/{}/{}",
+                self.job,
+                self.shard,
+                by,
+                self.attempt,
+                sha256.chars().take(64).collect::<String>()
+            );
+        }
         format!(
             "{}/{}/{}/{}/{}/{}",
             self.job,

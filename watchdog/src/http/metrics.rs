@@ -77,13 +77,14 @@ pub fn render(s: &Snapshot, ledger: Option<&LedgerStatus>) -> String {
     o.family(
         "minions_shards_total",
         "counter",
-        "Shard outcomes: done and failed count each shard once; retried and handed_back count deliveries.",
+        "Shard outcomes: done and failed count each shard once (a shard whose result was rejected counts again when redone); retried and handed_back count deliveries; rejected counts results not backed by their output (forged or corrupt).",
     );
     for (outcome, n) in [
         ("done", c.done),
         ("failed", c.failed),
         ("retried", c.retried),
         ("handed_back", c.handed_back),
+        ("rejected", c.rejected),
     ] {
         o.sample("minions_shards_total", &[("outcome", outcome)], n as f64);
     }

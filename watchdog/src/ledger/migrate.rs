@@ -12,11 +12,18 @@ use super::LedgerError;
 
 /// (version, name, SQL), in order. Versions only grow; a file, once
 /// released, never changes.
-pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[(
-    1,
-    "0001_ledger",
-    include_str!("../../migrations/0001_ledger.sql"),
-)];
+pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (
+        1,
+        "0001_ledger",
+        include_str!("../../migrations/0001_ledger.sql"),
+    ),
+    (
+        2,
+        "0002_forged",
+        include_str!("../../migrations/0002_forged.sql"),
+    ),
+];
 
 /// The advisory lock's key: any constant the fleet's other users of the
 /// database do not take ("minions" in ASCII).

@@ -68,6 +68,8 @@ pub(crate) struct Plan {
     pub(crate) shard_ends: Vec<ShardEnd>,
     /// Workers seen: host, first and last event time.
     pub(crate) workers: BTreeMap<String, (String, u64, u64)>,
+    /// Results a watchdog rejected: the delivery that reported it, and why.
+    pub(crate) rejected: Vec<(AttemptKey, String)>,
 }
 
 /// What a batch says about a job as a whole.
@@ -102,6 +104,24 @@ impl Plan {
             seen.requeued = true;
         }
         if !e.from_worker() {
+            if let EventKind::Rejected { by, reason, .. } = &e.kind {
+                // A rejected done of this batch does not end its shard.
+                self.shard_ends.retain(|end| {
+                    !(end.job == job
+                        && end.shard == e.shard
+                        && end.worker == by.as_str()
+                        && end.outcome == "done")
+                });
+                self.rejected.push((
+                    AttemptKey {
+                        job: job.clone(),
+                        shard: e.shard,
+                        attempt: e.attempt,
+                        worker: by.as_str().to_owned(),
+                    },
+                    reason.clone(),
+                ));
+            }
             if let EventKind::Failed {
                 reason,
                 permanent: true,
@@ -130,7 +150,7 @@ impl Plan {
         w.2 = w.2.max(e.at_ms);
         if matches!(
             e.kind,
-            EventKind::Progress { .. } | EventKind::Submitted { .. }
+            EventKind::Progress { .. } | EventKind::Submitted { .. } | EventKind::Rejected { .. }
         ) {
             return;
         }
@@ -203,7 +223,10 @@ impl Plan {
                 row.reason = Some(reason.clone());
                 row.energy = e.energy.clone();
             }
-            EventKind::Requeued | EventKind::Progress { .. } | EventKind::Submitted { .. } => {}
+            EventKind::Requeued
+            | EventKind::Progress { .. }
+            | EventKind::Submitted { .. }
+            | EventKind::Rejected { .. } => {}
         }
     }
 }
@@ -309,6 +332,28 @@ mod tests {
         assert!(p.workers.is_empty());
         assert_eq!(p.shard_ends.len(), 1);
         assert_eq!(p.shard_ends[0].outcome, "failed");
+    }
+
+    #[test]
+    fn a_rejected_done_ends_no_shard_and_names_its_delivery() {
+        let rejected = EventKind::Rejected {
+            by: WorkerId::new("a").unwrap_or_else(|e| panic!("{e}")),
+            sha256: "00".into(),
+            reason: "its output is not in the store".into(),
+        };
+        let p = Plan::fold(&[
+            ev(2, 1, "a", 1_000, done(10, false)),
+            ev(2, 1, "wd", 1_100, rejected.clone()),
+            ev(2, 1, "b", 2_000, done(10, false)),
+        ]);
+        let ends: Vec<_> = p.shard_ends.iter().map(|e| e.worker.as_str()).collect();
+        assert_eq!(ends, vec!["b"]);
+        assert_eq!(p.rejected.len(), 1);
+        assert_eq!(p.rejected[0].0.worker, "a");
+        assert_eq!(p.rejected[0].0.attempt, 1);
+        // Rejections from a worker are no watchdog's: ignored.
+        let p = Plan::fold(&[ev(2, 1, "c", 1_100, rejected)]);
+        assert!(p.rejected.is_empty() && p.attempts.is_empty());
     }
 
     #[test]

@@ -163,6 +163,7 @@ async fn apply(
         jobs.entry(key.job.as_str()).or_default().busy_ms += busy;
         add_usage(&mut usage, &key.worker, &key.job, row, busy, ended);
     }
+    reject_results(tx, plan, &mut jobs).await?;
     finish_shards(tx, plan, &mut jobs).await?;
     update_jobs(tx, plan, jobs).await?;
     upsert_usage(tx, &usage).await?;
@@ -436,6 +437,62 @@ impl<'a> EndColumns<'a> {
             at: ends.iter().map(|e| secs(e.at_ms)).collect(),
         }
     }
+}
+
+/// Results a watchdog rejected: their deliveries become `forged` (with
+/// the reason), and a shard that such a result had made done is not done
+/// any more (it runs again; its next done is written as any other), which
+/// takes it off its job's counts. Before [`finish_shards`], so that the
+/// rerun's done, when in the same batch, finds no row in its way.
+async fn reject_results<'p>(
+    tx: &tokio_postgres::Transaction<'_>,
+    plan: &'p Plan,
+    jobs: &mut BTreeMap<&'p str, JobDelta>,
+) -> Result<(), LedgerError> {
+    if plan.rejected.is_empty() {
+        return Ok(());
+    }
+    let job: Vec<&str> = plan.rejected.iter().map(|r| r.0.job.as_str()).collect();
+    let shard: Vec<i64> = plan.rejected.iter().map(|r| i64::from(r.0.shard)).collect();
+    let attempt: Vec<i64> = plan.rejected.iter().map(|r| big(r.0.attempt)).collect();
+    let worker: Vec<&str> = plan.rejected.iter().map(|r| r.0.worker.as_str()).collect();
+    let reason: Vec<&str> = plan.rejected.iter().map(|r| r.1.as_str()).collect();
+    tx.execute(
+        "UPDATE attempts SET outcome = 'forged', reason = u.reason
+           FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[])
+             AS u(job, shard, attempt, worker, reason)
+          WHERE attempts.job = u.job AND attempts.shard = u.shard
+            AND attempts.attempt = u.attempt AND attempts.worker = u.worker",
+        &[&job, &shard, &attempt, &worker, &reason],
+    )
+    .await?;
+    let rows = tx
+        .query(
+            "DELETE FROM shards USING unnest($1::text[], $2::bigint[], $3::text[])
+               AS u(job, shard, worker)
+              WHERE shards.job = u.job AND shards.shard = u.shard
+                AND shards.worker = u.worker AND shards.outcome = 'done'
+             RETURNING shards.job,
+               (SELECT COALESCE(max(a.records), 0) FROM attempts a
+                 WHERE a.job = shards.job AND a.shard = shards.shard
+                   AND a.worker = shards.worker AND a.outcome = 'forged'),
+               (SELECT COALESCE(max(a.tokens), 0) FROM attempts a
+                 WHERE a.job = shards.job AND a.shard = shards.shard
+                   AND a.worker = shards.worker AND a.outcome = 'forged')",
+            &[&job, &shard, &worker],
+        )
+        .await?;
+    for r in rows {
+        let name: String = r.get(0);
+        let Some(key) = plan.rejected.iter().find(|k| k.0.job == name) else {
+            continue;
+        };
+        let d = jobs.entry(key.0.job.as_str()).or_default();
+        d.done -= 1;
+        d.records -= r.get::<_, i64>(1);
+        d.tokens -= r.get::<_, i64>(2);
+    }
+    Ok(())
 }
 
 /// The shards that finished: done ones (once; a failed one retried and

@@ -79,6 +79,9 @@ pub struct Counters {
     pub tokens: u64,
     /// Deliveries beyond a shard's first.
     pub redeliveries: u64,
+    /// Results rejected by a watchdog: `done` events that their output
+    /// does not back (forged or corrupt); each such shard runs again.
+    pub rejected: u64,
     /// Wall time of shards done, seconds.
     pub durations: Histogram,
 }
@@ -94,6 +97,7 @@ impl Default for Counters {
             records: 0,
             tokens: 0,
             redeliveries: 0,
+            rejected: 0,
             durations: Histogram::new(&DURATION_BOUNDS),
         }
     }
@@ -111,6 +115,8 @@ struct SavedCounters {
     records: u64,
     tokens: u64,
     redeliveries: u64,
+    #[serde(default)]
+    rejected: u64,
     durations: SavedHistogram,
 }
 
@@ -142,6 +148,7 @@ impl<'de> Deserialize<'de> for Counters {
             records: s.records,
             tokens: s.tokens,
             redeliveries: s.redeliveries,
+            rejected: s.rejected,
             durations: Histogram {
                 bounds: &DURATION_BOUNDS,
                 counts: h.counts,

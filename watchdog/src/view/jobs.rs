@@ -147,6 +147,11 @@ impl JobsView {
                     }
                 }
             }
+            EventKind::Rejected { .. } => {
+                if e.host == minions_schemas::messages::WATCHDOG_HOST {
+                    c.rejected += 1;
+                }
+            }
             EventKind::HandedBack { reason } => {
                 c.handed_back += 1;
                 if reason.starts_with("owner") {
