@@ -81,8 +81,46 @@ fn follow_err<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> Watchdo
     }
 }
 
-/// Runs until `shutdown` is cancelled.
+/// Runs until `shutdown` is cancelled. A stop while starting (NATS or the
+/// streams slow to answer, as a cluster that has just elected its leader
+/// can be) ends at once: nothing is running yet that would need draining.
 pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<(), WatchdogError> {
+    let started = tokio::select! {
+        s = start(&config, &shutdown) => s?,
+        _ = shutdown.cancelled() => {
+            tracing::info!("watchdog stopped while starting");
+            return Ok(());
+        }
+    };
+    serve(config, started, shutdown).await
+}
+
+/// What [`start`] sets up and [`serve`] runs.
+struct Started {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    kv: jetstream::kv::Store,
+    work: jetstream::stream::Stream,
+    me: WorkerId,
+    view: Arc<View>,
+    stop_side: CancellationToken,
+    stop_events: CancellationToken,
+    poller: tokio::task::JoinHandle<()>,
+    scheduler: tokio::task::JoinHandle<()>,
+    server: Option<tokio::task::JoinHandle<()>>,
+    tracker: tokio::task::JoinHandle<()>,
+    ledger: Option<tokio::task::JoinHandle<()>>,
+    cancels: async_nats::Subscriber,
+    beats: async_nats::Subscriber,
+    advisories: async_nats::Subscriber,
+}
+
+/// Connects, sets up the streams, rebuilds the registry and starts the
+/// side tasks (queue poller, schedule, dashboard, event tracker, ledger).
+async fn start(
+    config: &WatchdogConfig,
+    shutdown: &CancellationToken,
+) -> Result<Started, WatchdogError> {
     let store = store::open(&config.store_url)?;
     let client = nats::connect(
         &config.nats_url,
@@ -157,16 +195,16 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
         }
         None => None,
     };
-    let mut cancels = client
+    let cancels = client
         .subscribe(subjects::CANCEL_ALL)
         .await
         .map_err(follow_err("cancellations"))?;
 
-    let mut beats = client
+    let beats = client
         .subscribe(subjects::HEARTBEAT_ALL)
         .await
         .map_err(follow_err("heartbeats"))?;
-    let mut advisories = client
+    let advisories = client
         .subscribe(dead_letters::advisory_subject())
         .await
         .map_err(follow_err("advisories"))?;
@@ -202,6 +240,51 @@ pub async fn run(config: WatchdogConfig, shutdown: CancellationToken) -> Result<
         )
     });
 
+    Ok(Started {
+        client,
+        js,
+        kv,
+        work,
+        me,
+        view,
+        stop_side,
+        stop_events,
+        poller,
+        scheduler,
+        server,
+        tracker,
+        ledger,
+        cancels,
+        beats,
+        advisories,
+    })
+}
+
+/// The loop: heartbeats, advisories, cancellations and sweeps until
+/// `shutdown`; then stops the side tasks, each after what it holds.
+async fn serve(
+    config: WatchdogConfig,
+    started: Started,
+    shutdown: CancellationToken,
+) -> Result<(), WatchdogError> {
+    let Started {
+        client,
+        js,
+        kv,
+        work,
+        me,
+        view,
+        stop_side,
+        stop_events,
+        poller,
+        scheduler,
+        server,
+        tracker,
+        ledger,
+        mut cancels,
+        mut beats,
+        mut advisories,
+    } = started;
     // State changes are recorded (registry writes, hand-backs) by a task of
     // their own, in order: awaiting a registry round trip in this loop would
     // stall heartbeat intake when a thousand workers change state at once.

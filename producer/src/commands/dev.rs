@@ -306,7 +306,8 @@ pub async fn run(
     for w in workers {
         stop(w, Duration::from_secs(35)).await;
     }
-    stop(watchdog, Duration::from_secs(5)).await;
+    // Its last checkpoint (and ledger batch) is written as it stops.
+    stop(watchdog, Duration::from_secs(15)).await;
     stop_all(nats, Duration::from_secs(10)).await;
     if let Some(db) = ledger {
         stop_ledger(db).await;
