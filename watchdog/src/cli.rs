@@ -60,6 +60,13 @@ pub struct WatchdogArgs {
     /// events stream.
     #[arg(long)]
     pub no_checkpoints: bool,
+    /// Count workers' `done` events without reading their outputs. Only
+    /// for benchmarks of the watchdog itself on synthetic events: a fleet
+    /// run this way counts a forged or corrupt result as done. By default
+    /// each done is checked (output present, same SHA-256, that shard's)
+    /// and one that fails is rejected and its shard run again.
+    #[arg(long)]
+    pub unchecked_results: bool,
     /// Half-life of a team's recent usage, in hours: a team that used many
     /// slots recently gets fewer while others wait, and this is how fast
     /// that fades (HTCondor's default is 24 h, Slurm's 7 days).
@@ -102,6 +109,7 @@ impl WatchdogArgs {
                 ..Default::default()
             },
             ledger: self.ledger.map(crate::ledger::LedgerSettings::new),
+            check_results: !self.unchecked_results,
             checkpoints: crate::checkpoint::CheckpointPolicy {
                 disabled: self.no_checkpoints,
                 every_events: self.checkpoint_events,

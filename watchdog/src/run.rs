@@ -72,6 +72,9 @@ pub struct WatchdogConfig {
     pub schedule: crate::schedule::ScheduleSettings,
     /// Where to keep the usage ledger (PostgreSQL), if anywhere.
     pub ledger: Option<crate::ledger::LedgerSettings>,
+    /// Whether workers' done events are checked against their outputs
+    /// (see [`crate::jobs::Judge`]); off only for benchmarks.
+    pub check_results: bool,
 }
 
 fn follow_err<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> WatchdogError {
@@ -222,6 +225,7 @@ async fn start(
         crate::jobs::Judge {
             name: me.clone(),
             work: work_settings.clone(),
+            check: config.check_results,
         },
         stop_events.clone(),
     )
