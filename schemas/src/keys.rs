@@ -54,6 +54,18 @@ pub fn shard_checkpoint(job: &JobId, shard: u32) -> String {
     format!("jobs/{job}/checkpoints/{shard:08}.msgpack")
 }
 
+/// The output of check run `round` (≥ 1) of a shard: another worker's run
+/// of it, compared with the shard's output by a watchdog.
+pub fn shard_check(job: &JobId, shard: u32, round: u8) -> String {
+    format!("jobs/{job}/checks/{shard:08}/{round}.msgpack")
+}
+
+/// The checkpoint of check run `round` of a long shard (see
+/// [`shard_checkpoint`]).
+pub fn shard_check_checkpoint(job: &JobId, shard: u32, round: u8) -> String {
+    format!("jobs/{job}/checks/{shard:08}/{round}.checkpoint.msgpack")
+}
+
 /// The folder of a job's outputs.
 pub fn job_outputs(job: &JobId) -> String {
     format!("jobs/{job}/outputs")

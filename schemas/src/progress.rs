@@ -378,7 +378,8 @@ impl JobFold {
                 s.failed = None;
                 self.last_done = Some(self.last_done.map_or(e.at_ms, |t| t.max(e.at_ms)));
             }
-            EventKind::Submitted { .. } => {}
+            // A check run's end changes nothing about the shard.
+            EventKind::Submitted { .. } | EventKind::Checked { .. } => {}
             EventKind::Requeued => {
                 s.failed = None;
                 s.running = false;

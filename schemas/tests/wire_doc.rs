@@ -398,6 +398,15 @@ fn every_event_kind() -> Vec<EventKind> {
             reason: "unknown model".into(),
             permanent: true,
         },
+        EventKind::Checked {
+            round: 1,
+            rows: 256,
+            output_bytes: 393_344,
+            duration_ms: 1830,
+            compute_ms: 1502,
+            sha256: "3b".repeat(32),
+            made_by: Some(provenance()),
+        },
         EventKind::Rejected {
             by: WorkerId::new("m1-0a1b2c3d").unwrap_or_else(|e| panic!("{e}")),
             sha256: "3b".repeat(32),
@@ -413,7 +422,8 @@ fn every_event_kind() -> Vec<EventKind> {
             | EventKind::Requeued
             | EventKind::HandedBack { .. }
             | EventKind::Failed { .. }
-            | EventKind::Rejected { .. } => {}
+            | EventKind::Rejected { .. }
+            | EventKind::Checked { .. } => {}
         }
     }
     all
@@ -570,6 +580,8 @@ fn check_all(c: &mut Checker) -> Res {
                 family,
                 max_batch: 32,
                 precision,
+                check: 1,
+                avoid: vec!["m1".into()],
             })?;
         }
     }

@@ -211,6 +211,8 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
         family: ModelFamily::BertEmbedding,
         max_batch: 0,
         precision: minions_schemas::messages::Precision::F32,
+        check: 0,
+        avoid: Vec::new(),
     };
     let s = seeds("shard task", &[task])?;
     v.push((

@@ -7,11 +7,16 @@
 //! worker runs it, and the job completes with every output present, the
 //! manifest naming the real worker and counting the rejection; the usage
 //! ledger marks the rogue's delivery `forged`.
+//!
+//! A check run (the worker side of sampled checks): another machine runs a
+//! shard again and writes its output beside the shard's.
 
 use std::time::Duration;
 
 use futures::StreamExt;
-use minions_schemas::messages::{EventKind, JobManifest, ShardEvent, ShardTask, WATCHDOG_HOST};
+use minions_schemas::messages::{
+    EventKind, JobManifest, ShardEvent, ShardOutput, ShardTask, WATCHDOG_HOST,
+};
 use minions_schemas::time::now_ms;
 use minions_schemas::{JobId, SCHEMA_VERSION, WorkerId, decode, encode, limits, streams, subjects};
 use minions_tests::postgres::PgServer;
@@ -193,5 +198,107 @@ async fn forged_done(fleet: &mut Fleet, ledger: &str) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+    Ok(())
+}
+
+/// A check run: a task with `check` 1 that avoids the machine whose run it
+/// checks is run by another machine, which writes its output beside the
+/// shard's (not over it) and ends with a `checked` event; the job's state
+/// does not change. On one kernel path the two outputs are equal.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_check_run_goes_to_another_machine_and_writes_beside_the_output() -> Result<()> {
+    let mut fleet = Fleet::local()?;
+    let r = check_run(&mut fleet).await;
+    fleet.explain(r)
+}
+
+async fn check_run(fleet: &mut Fleet) -> Result<()> {
+    fleet.push_model("tiny", TinySpec::default())?;
+    let input = fleet.dir.path().join("in.jsonl");
+    write_corpus(&input, 200)?;
+    fleet.submit("tiny", &input, 10, "checked")?;
+    fleet.add_watchdog(&[])?;
+    fleet.add_worker(&[])?;
+    fleet.add_worker(&[])?;
+    let status = fleet.wait_job("checked", Duration::from_secs(60))?;
+    assert_eq!(status["done"], 20, "{status}");
+    let job = JobId::new("checked")?;
+    let shard = 3;
+    let events = fleet.events("checked").await?;
+    let ran = events
+        .iter()
+        .find(|e| e.shard == shard && matches!(e.kind, EventKind::Done { .. }))
+        .ok_or("no done for the shard")?;
+    let machine = subjects::machine(&ran.worker).to_owned();
+
+    // The watchdog's part: queue a check run that avoids that machine.
+    let client = fleet.client().await?;
+    let js = async_nats::jetstream::new(client);
+    let job_dir = fleet.dir.path().join("store/jobs/checked");
+    let spec: minions_schemas::messages::JobSpec = decode(
+        "job spec",
+        &std::fs::read(job_dir.join("spec.msgpack"))?,
+        limits::MAX_SPEC_BYTES,
+    )?;
+    streams::ensure_job_consumer(&js, &streams::WorkSettings::default(), &spec).await?;
+    let mut task = spec.task(shard);
+    task.check = 1;
+    task.avoid = vec![machine.clone()];
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(
+        async_nats::header::NATS_MESSAGE_ID,
+        format!("{}/check/1", subjects::msg_id(&job, shard)).as_str(),
+    );
+    js.publish_with_headers(
+        subjects::work(&job, shard),
+        headers,
+        encode("shard task", &task)?.into(),
+    )
+    .await?
+    .await?;
+
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    let checked = loop {
+        let found = fleet
+            .events("checked")
+            .await?
+            .into_iter()
+            .find(|e| e.shard == shard && matches!(e.kind, EventKind::Checked { .. }));
+        if let Some(e) = found {
+            break e;
+        }
+        if std::time::Instant::now() > until {
+            return Err(format!("no checked event after 60 s\n{}", fleet.logs()).into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let other = subjects::machine(&checked.worker).to_owned();
+    eprintln!("shard {shard} ran on {machine}; its check run on {other}");
+    assert_ne!(other, machine, "the check ran on the machine it checks");
+    let EventKind::Checked { round, sha256, .. } = &checked.kind else {
+        return Err("not a checked event".into());
+    };
+    assert_eq!(*round, 1);
+    let check_bytes = std::fs::read(job_dir.join(format!("checks/{shard:08}/1.msgpack")))?;
+    {
+        use sha2::Digest;
+        assert_eq!(&hex::encode(sha2::Sha256::digest(&check_bytes)), sha256);
+    }
+    let check: ShardOutput = decode("shard output", &check_bytes, limits::MAX_SHARD_OUTPUT_BYTES)?;
+    let own: ShardOutput = decode(
+        "shard output",
+        &std::fs::read(job_dir.join(format!("outputs/{shard:08}.msgpack")))?,
+        limits::MAX_SHARD_OUTPUT_BYTES,
+    )?;
+    assert_eq!(check.payload, own.payload, "one kernel path, one answer");
+    assert_eq!(
+        own.worker, ran.worker,
+        "the shard's own output was left alone"
+    );
+    let status = fleet.wait_job("checked", Duration::from_secs(10))?;
+    assert_eq!(
+        (status["done"].as_u64(), status["running"].as_u64()),
+        (Some(20), Some(0))
+    );
     Ok(())
 }

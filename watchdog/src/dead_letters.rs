@@ -39,7 +39,12 @@ pub async fn on_max_deliveries(
         Err(_) => return Ok(()),
     };
     let task: Option<ShardTask> = decode("shard task", &msg.payload, limits::MAX_TASK_BYTES).ok();
-    if let Some(task) = task {
+    if let Some(task) = task.as_ref().filter(|t| t.check > 0) {
+        // A check run no other machine took: the shard's own result stands
+        // unchecked; nothing failed.
+        tracing::warn!(job = %task.job, shard = task.shard, check = task.check, deliveries = adv.deliveries,
+            avoid = ?task.avoid, "no other machine ran a check run of the shard; it stays unchecked");
+    } else if let Some(task) = task {
         let event = ShardEvent {
             energy: None,
             v: SCHEMA_VERSION,

@@ -112,7 +112,8 @@ impl JobTrack {
             }
             EventKind::HandedBack { .. }
             | EventKind::Submitted { .. }
-            | EventKind::Progress { .. } => {}
+            | EventKind::Progress { .. }
+            | EventKind::Checked { .. } => {}
             EventKind::Failed { reason, permanent } => {
                 if *permanent && s.done.is_none() && s.failed.is_none() {
                     s.failed = Some(reason.clone());

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use minions_schemas::messages::{
     EventKind, Generation, OutputPayload, ShardCheckpoint, ShardInput, ShardTask,
 };
-use minions_schemas::{SCHEMA_VERSION, decode, encode, keys, limits};
+use minions_schemas::{SCHEMA_VERSION, decode, encode, limits};
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStoreExt, PutPayload};
 use tokio_util::sync::CancellationToken;
@@ -172,7 +172,7 @@ pub(crate) async fn run(
 /// held. A missing, damaged or foreign checkpoint is ignored (the shard
 /// starts over), never an error.
 async fn resume(ctx: &Ctx, task: &ShardTask, results: &mut [Option<Generation>]) -> usize {
-    let key = StorePath::from(keys::shard_checkpoint(&task.job, task.shard));
+    let key = StorePath::from(task.checkpoint_key());
     let got = match ctx.store.get(&key).await {
         Ok(g) if g.meta.size <= limits::MAX_SHARD_OUTPUT_BYTES as u64 => g,
         Ok(_) => return 0,
@@ -240,7 +240,7 @@ async fn save(ctx: &Ctx, task: &ShardTask, results: &[Option<Generation>]) {
             return;
         }
     };
-    let key = StorePath::from(keys::shard_checkpoint(&task.job, task.shard));
+    let key = StorePath::from(task.checkpoint_key());
     match ctx.store.put(&key, PutPayload::from(bytes)).await {
         Ok(_) => tracing::info!(job = %task.job, shard = task.shard, records, "checkpoint written"),
         Err(e) => {
@@ -266,7 +266,7 @@ async fn progress(
 
 /// Removes a finished shard's checkpoint (its output holds everything now).
 pub(crate) async fn forget(ctx: &Ctx, task: &ShardTask) {
-    let key = StorePath::from(keys::shard_checkpoint(&task.job, task.shard));
+    let key = StorePath::from(task.checkpoint_key());
     match ctx.store.delete(&key).await {
         Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
         Err(e) => tracing::debug!(error = %e, "checkpoint not removed"),

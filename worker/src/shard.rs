@@ -85,6 +85,19 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) -> Handled {
         ctx.count_failed();
         return Handled::nothing();
     }
+    let me = ctx.worker_id();
+    if !task.may_run_on(subjects::machine(&me)) {
+        // A check run of a shard this machine ran: another machine takes it.
+        tracing::debug!(job = %task.job, shard = task.shard, check = task.check,
+            "check run of this machine's own result handed back");
+        if let Err(e) = msg
+            .ack_with(AckKind::Nak(Some(std::time::Duration::from_secs(1))))
+            .await
+        {
+            tracing::warn!(error = %e, "nak not sent; the task returns after the ack wait");
+        }
+        return Handled::nothing();
+    }
     let reply = msg
         .reply
         .as_ref()
@@ -183,7 +196,7 @@ async fn run(
     if ctx.is_cancelled(task.job.as_str()) {
         return Err(ShardError::Cancelled);
     }
-    let out_key = StorePath::from(keys::shard_output(&task.job, task.shard));
+    let out_key = StorePath::from(task.output_key());
     // Only a redelivery is likely to find its output written already; a
     // first delivery skips the lookup (the create-only write still catches a
     // duplicate) so the common path pays no extra store round-trip.
@@ -387,15 +400,27 @@ async fn settle(
 ) {
     match result {
         Ok(done) => {
-            let kind = EventKind::Done {
-                rows: done.rows,
-                output_bytes: done.output_bytes,
-                duration_ms,
-                compute_ms: done.compute_ms,
-                already_done: done.already_done,
-                sha256: done.sha256,
-                tokens: done.tokens,
-                made_by: done.made_by,
+            let kind = if task.check > 0 {
+                EventKind::Checked {
+                    round: task.check,
+                    rows: done.rows,
+                    output_bytes: done.output_bytes,
+                    duration_ms,
+                    compute_ms: done.compute_ms,
+                    sha256: done.sha256,
+                    made_by: done.made_by,
+                }
+            } else {
+                EventKind::Done {
+                    rows: done.rows,
+                    output_bytes: done.output_bytes,
+                    duration_ms,
+                    compute_ms: done.compute_ms,
+                    already_done: done.already_done,
+                    sha256: done.sha256,
+                    tokens: done.tokens,
+                    made_by: done.made_by,
+                }
             };
             if !done.already_done {
                 ctx.record_duration(duration_ms);

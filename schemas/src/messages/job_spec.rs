@@ -94,6 +94,8 @@ impl JobSpec {
             family: self.family,
             max_batch: self.max_batch,
             precision: self.precision,
+            check: 0,
+            avoid: Vec::new(),
         }
     }
 

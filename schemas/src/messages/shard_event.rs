@@ -37,6 +37,26 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         made_by: Option<super::Provenance>,
     },
+    /// A check run of the shard (a task with `check` ≥ 1) wrote its output
+    /// to [`crate::keys::shard_check`]: the shard's state does not change;
+    /// a watchdog compares the two outputs.
+    Checked {
+        /// The check run's round.
+        round: u8,
+        /// Records in the output.
+        rows: u64,
+        /// Bytes written (0 when an earlier delivery had written it).
+        output_bytes: u64,
+        /// Wall time of the run, ms.
+        duration_ms: u64,
+        /// Pure inference time, ms.
+        compute_ms: u64,
+        /// SHA-256 of the check output, hex.
+        sha256: String,
+        /// What made the check output.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        made_by: Option<super::Provenance>,
+    },
     /// A long shard's progress while it runs (generation jobs): published
     /// with each checkpoint, never confirmed.
     Progress {
@@ -129,6 +149,7 @@ impl EventKind {
             Self::HandedBack { .. } => "handed-back",
             Self::Failed { .. } => "failed",
             Self::Rejected { .. } => "rejected",
+            Self::Checked { .. } => "checked",
         }
     }
 }

@@ -543,6 +543,8 @@ fn task(job: &JobId, shard: u32) -> Result<ShardTask> {
         family: ModelFamily::BertEmbedding,
         max_batch: 0,
         precision: Precision::F32,
+        check: 0,
+        avoid: Vec::new(),
     })
 }
 

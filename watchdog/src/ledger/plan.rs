@@ -198,6 +198,21 @@ impl Plan {
                     reason: None,
                 });
             }
+            // A check run: device time like any delivery; the shard does
+            // not end by it.
+            EventKind::Checked {
+                rows,
+                duration_ms,
+                compute_ms,
+                ..
+            } => {
+                row.ended_ms = Some(e.at_ms);
+                row.busy_ms = Some(*duration_ms);
+                row.compute_ms = Some(*compute_ms);
+                row.outcome = Some("check");
+                row.records = *rows;
+                row.energy = e.energy.clone();
+            }
             EventKind::Failed { reason, permanent } => {
                 row.ended_ms = Some(e.at_ms);
                 row.outcome = Some("failed");

@@ -120,7 +120,8 @@ impl JobsView {
             EventKind::Submitted { .. }
             | EventKind::Started
             | EventKind::Requeued
-            | EventKind::Progress { .. } => {}
+            | EventKind::Progress { .. }
+            | EventKind::Checked { .. } => {}
             EventKind::Done {
                 duration_ms,
                 tokens,
