@@ -610,36 +610,10 @@ impl Progress {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::messages::{InputDescription, ModelFamily};
-    use crate::{IdError, JobId, ModelHash, ModelName, SCHEMA_VERSION, WorkerId};
+    use crate::{IdError, JobId, SCHEMA_VERSION, WorkerId};
 
     fn spec() -> Result<JobSpec, IdError> {
-        Ok(JobSpec {
-            submitter: String::new(),
-            v: SCHEMA_VERSION,
-            job: JobId::new("j")?,
-            model_name: ModelName::new("m")?,
-            model_hash: ModelHash::new("a".repeat(64))?,
-            family: ModelFamily::BertEmbedding,
-            input: InputDescription {
-                source: "x".into(),
-                sha256: String::new(),
-                bytes: 0,
-                text_field: "text".into(),
-                id_field: None,
-            },
-            shard_size: 10,
-            max_batch: 0,
-            precision: crate::messages::Precision::F32,
-            shards: 4,
-            records: 35,
-            skipped: 0,
-            created_ms: 0,
-            team: crate::messages::DEFAULT_TEAM.to_owned(),
-            priority: Default::default(),
-            preemptible: false,
-            needs: Default::default(),
-        })
+        crate::messages::test_spec()
     }
 
     fn ev(shard: u32, attempt: u64, at_ms: u64, kind: EventKind) -> Result<ShardEvent, IdError> {

@@ -107,3 +107,34 @@ impl JobSpec {
             .min(u64::from(self.shard_size))
     }
 }
+
+/// A small spec for unit tests: job `j`, 4 shards of 10 records, 35 in all.
+#[cfg(test)]
+pub(crate) fn test_spec() -> Result<JobSpec, crate::IdError> {
+    Ok(JobSpec {
+        submitter: String::new(),
+        v: crate::SCHEMA_VERSION,
+        job: crate::JobId::new("j")?,
+        model_name: crate::ModelName::new("m")?,
+        model_hash: crate::ModelHash::new("a".repeat(64))?,
+        family: crate::messages::ModelFamily::BertEmbedding,
+        input: crate::messages::InputDescription {
+            source: "x".into(),
+            sha256: String::new(),
+            bytes: 0,
+            text_field: "text".into(),
+            id_field: None,
+        },
+        shard_size: 10,
+        max_batch: 0,
+        precision: crate::messages::Precision::F32,
+        shards: 4,
+        records: 35,
+        skipped: 0,
+        created_ms: 0,
+        team: crate::messages::DEFAULT_TEAM.to_owned(),
+        priority: Default::default(),
+        preemptible: false,
+        needs: Default::default(),
+    })
+}

@@ -8,6 +8,8 @@ mod generation;
 mod heartbeat;
 mod job_manifest;
 mod job_spec;
+#[cfg(test)]
+pub(crate) use job_spec::test_spec;
 mod model;
 mod provenance;
 mod schedule;

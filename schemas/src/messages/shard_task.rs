@@ -76,38 +76,10 @@ impl ShardTask {
 
 #[cfg(test)]
 mod tests {
-    use crate::messages::{InputDescription, JobSpec, ModelFamily, Precision};
-    use crate::{JobId, ModelHash, ModelName, SCHEMA_VERSION};
-
     #[test]
     fn a_check_run_writes_beside_the_output_and_avoids_its_machines()
     -> Result<(), Box<dyn std::error::Error>> {
-        let spec = JobSpec {
-            submitter: String::new(),
-            v: SCHEMA_VERSION,
-            job: JobId::new("j")?,
-            model_name: ModelName::new("m")?,
-            model_hash: ModelHash::new("a".repeat(64))?,
-            family: ModelFamily::BertEmbedding,
-            input: InputDescription {
-                source: "x".into(),
-                sha256: String::new(),
-                bytes: 0,
-                text_field: "text".into(),
-                id_field: None,
-            },
-            shard_size: 10,
-            max_batch: 0,
-            precision: Precision::F32,
-            shards: 4,
-            records: 35,
-            skipped: 0,
-            created_ms: 0,
-            team: crate::messages::DEFAULT_TEAM.to_owned(),
-            priority: Default::default(),
-            preemptible: false,
-            needs: Default::default(),
-        };
+        let spec = crate::messages::test_spec()?;
         let own = spec.task(2);
         assert_eq!(own.output_key(), "jobs/j/outputs/00000002.msgpack");
         assert_eq!(own.checkpoint_key(), "jobs/j/checkpoints/00000002.msgpack");
