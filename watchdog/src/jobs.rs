@@ -520,9 +520,17 @@ impl Tracker {
 
     /// Checks again the done events whose check could not be finished, and
     /// counts those now found backed.
+    /// They are taken in order and the round stops at the first that waits
+    /// again (the store or NATS still failing would fail the rest too).
     pub async fn retry_checks(&mut self) {
-        for e in std::mem::take(&mut self.pending_checks) {
+        let mut waiting = std::mem::take(&mut self.pending_checks).into_iter();
+        while let Some(e) = waiting.next() {
+            let before = self.pending_checks.len();
             self.count(e).await;
+            if self.pending_checks.len() > before {
+                self.pending_checks.extend(waiting);
+                return;
+            }
         }
     }
 
