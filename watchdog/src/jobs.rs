@@ -628,7 +628,7 @@ impl Tracker {
     /// Rejects a worker's done that its output does not back: publishes a
     /// [`EventKind::Rejected`] event (one per rejected result, whichever
     /// watchdogs find it) and queues the shard again, unless its job is
-    /// cancelled. What cannot be published now is retried with the
+    /// cancelled or the shard is done by a checked result already. What cannot be published now is retried with the
     /// pending checks.
     async fn reject(&mut self, e: &ShardEvent, why: String) {
         tracing::warn!(job = %e.job, shard = e.shard, worker = %e.worker, host = %e.host,
@@ -679,6 +679,15 @@ impl Tracker {
         )
         .await
         .map_err(|e| format!("publishing the rejection: {e}"))?;
+        // Already done by a result that was checked: nothing to run again.
+        if self
+            .jobs
+            .get(&e.job)
+            .and_then(|t| t.shards.get(&e.shard))
+            .is_some_and(|s| s.done.is_some())
+        {
+            return Ok(());
+        }
         let cancelled = StorePath::from(keys::job_cancelled(&e.job));
         match self.store.head(&cancelled).await {
             Ok(_) => return Ok(()),
