@@ -192,7 +192,9 @@ async fn fair_share(s: &Setup) -> Result<()> {
     s.submit("fa", 2_000, SHORT, &["--team", "a"])?;
     wait_started(&s.fleet, "fa", 4, Duration::from_secs(60)).await?;
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let (_, b_submitted) = s.submit("fb", 200, SHORT, &["--team", "b"])?;
+    // Enough shards for b to run past one whole 10 s window at its half
+    // share (about 17 s at ~110 ms a shard on 2 of the 4 workers).
+    let (_, b_submitted) = s.submit("fb", 300, SHORT, &["--team", "b"])?;
     wait_done(&s.fleet, "fb", Duration::from_secs(240)).await?;
     tokio::time::sleep(Duration::from_secs(4)).await;
     s.cancel("fa")?;
@@ -220,6 +222,11 @@ async fn fair_share(s: &Setup) -> Result<()> {
     // Windows start once b holds its share (its first shard done).
     let from = ran_b.iter().map(|r| r.end_ms).min().unwrap_or(b_first);
     let windows = shares("fair share", &both, from, b_last);
+    eprintln!(
+        "fair share: team b ran {} shards in {:.1} s after its first was done",
+        ran_b.len(),
+        b_last.saturating_sub(from) as f64 / 1000.0
+    );
     assert!(
         !windows.is_empty(),
         "team b ran for less than a whole window"

@@ -164,6 +164,11 @@ pub async fn start(
                         fold.write().await;
                     }
                 }
+                r = fold.tracker.next_check(), if fold.tracker.checks_running() => {
+                    if let Some(r) = r {
+                        fold.tracker.checked(r).await;
+                    }
+                }
                 _ = tick.tick() => {
                     fold.tracker.retry_checks().await;
                     if fold.policy.due(fold.since, fold.last_write.elapsed()) {

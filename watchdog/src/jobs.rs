@@ -11,7 +11,7 @@
 //! not write yet (dead letters to retry), so that a watchdog that resumes
 //! from a checkpoint neither rewrites nor loses any of it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use async_nats::jetstream;
 use minions_schemas::messages::{
@@ -26,7 +26,7 @@ use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions};
 use serde::{Deserialize, Serialize};
 
-use crate::trust::backing::Backing;
+use crate::trust::backing::{Backing, BackingError};
 use crate::view::View;
 
 #[derive(Debug, Default, Clone)]
@@ -148,6 +148,17 @@ impl JobTrack {
     }
 }
 
+/// Checks a worker's done event against the store ([`crate::trust::backing`]).
+async fn check_done(store: std::sync::Arc<dyn ObjectStore>, e: ShardEvent) -> CheckResult {
+    let r = match &e.kind {
+        EventKind::Done { sha256, rows, .. } => {
+            crate::trust::backing::check(store.as_ref(), &e.job, e.shard, sha256, *rows).await
+        }
+        _ => Ok(Backing::Mismatch("not a done event".to_owned())),
+    };
+    (e, r)
+}
+
 /// A dead-letter record that could not be written yet; retried by
 /// [`Tracker::resume`] (and saved with a checkpoint, so it is not lost).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -267,10 +278,22 @@ pub struct Tracker {
     /// [`Tracker::retry_checks`]. No checkpoint is written while any wait:
     /// it would cover events not counted.
     pending_checks: Vec<ShardEvent>,
+    /// Checks of done events running now (at most [`MAX_CHECKS`]), so that
+    /// a slow store delays no other event: each resolves to its event and
+    /// what the store said; see [`Tracker::next_check`].
+    checking: tokio::task::JoinSet<CheckResult>,
+    /// Done events waiting for a free check.
+    queued_checks: VecDeque<ShardEvent>,
     /// Whether workers' done events are checked against their outputs
     /// (always, but in tests of other things).
     check_outputs: bool,
 }
+
+/// Output checks run at once, at most.
+const MAX_CHECKS: usize = 32;
+
+/// A finished output check: the done event and what the store said.
+pub type CheckResult = (ShardEvent, Result<Backing, BackingError>);
 
 /// What the tracker needs to act on a rejected result: its own name (the
 /// sender of rejection events) and how job consumers are made (a rejected
@@ -315,6 +338,8 @@ impl Tracker {
             check_outputs: judge.check,
             judge: Some(judge),
             pending_checks: Vec::new(),
+            checking: tokio::task::JoinSet::new(),
+            queued_checks: VecDeque::new(),
         }
     }
 
@@ -335,6 +360,8 @@ impl Tracker {
             lossy: None,
             judge: None,
             pending_checks: Vec::new(),
+            checking: tokio::task::JoinSet::new(),
+            queued_checks: VecDeque::new(),
             check_outputs: false,
         }
     }
@@ -425,12 +452,8 @@ impl Tracker {
         if let Some(why) = &self.lossy {
             return Some(why.clone());
         }
-        (!self.pending_checks.is_empty()).then(|| {
-            format!(
-                "{} done events wait for the check of their output",
-                self.pending_checks.len()
-            )
-        })
+        let waiting = self.pending_checks.len() + self.checking.len() + self.queued_checks.len();
+        (waiting > 0).then(|| format!("{waiting} done events wait for the check of their output"))
     }
 
     /// Does what folded events asked for and is not done yet: dead-letter
@@ -438,7 +461,9 @@ impl Tracker {
     /// not written. Called after restoring a checkpoint and before each
     /// checkpoint is written.
     pub async fn resume(&mut self) {
+        self.drain_checks().await;
         self.retry_checks().await;
+        self.drain_checks().await;
         for p in std::mem::take(&mut self.pending_dead) {
             let s = self
                 .jobs
@@ -524,22 +549,98 @@ impl Tracker {
     /// again (the store or NATS still failing would fail the rest too).
     pub async fn retry_checks(&mut self) {
         let mut waiting = std::mem::take(&mut self.pending_checks).into_iter();
-        while let Some(e) = waiting.next() {
-            let before = self.pending_checks.len();
+        // The first is checked here and now: when it waits again, so do the
+        // rest; else they go to the running checks.
+        let Some(first) = waiting.next() else {
+            return;
+        };
+        let r = check_done(self.store.clone(), first).await;
+        self.checked(r).await;
+        if !self.pending_checks.is_empty() {
+            self.pending_checks.extend(waiting);
+            return;
+        }
+        for e in waiting {
             self.count(e).await;
-            if self.pending_checks.len() > before {
-                self.pending_checks.extend(waiting);
-                return;
+        }
+    }
+
+    /// Whether output checks are running (then [`Tracker::next_check`]
+    /// resolves).
+    pub fn checks_running(&self) -> bool {
+        !self.checking.is_empty()
+    }
+
+    /// The next output check to finish (None when none runs).
+    pub async fn next_check(&mut self) -> Option<CheckResult> {
+        loop {
+            match self.checking.join_next().await? {
+                Ok(r) => return Some(r),
+                // Not expected (a check does not panic); its event is lost
+                // to this watchdog until a restart folds it again.
+                Err(e) => {
+                    tracing::error!(error = %e, "an output check failed to run");
+                    if self.lossy.is_none() {
+                        self.lossy = Some(format!("an output check failed to run: {e}"));
+                    }
+                }
             }
         }
+    }
+
+    /// Acts on a finished output check: counts the done when its output
+    /// backs it, else rejects it; one whose check failed waits for a
+    /// retry. Starts queued checks in the freed places.
+    pub async fn checked(&mut self, (e, r): CheckResult) {
+        while self.checking.len() < MAX_CHECKS
+            && let Some(q) = self.queued_checks.pop_front()
+        {
+            self.start_check(q);
+        }
+        match r {
+            Ok(Backing::Backed(_)) => self.fold_counted(e).await,
+            Ok(Backing::Missing) => {
+                self.reject(&e, "its output is not in the store".to_owned())
+                    .await;
+            }
+            Ok(Backing::Mismatch(why)) => self.reject(&e, why).await,
+            Err(err) => {
+                tracing::warn!(job = %e.job, shard = e.shard, worker = %e.worker, error = %err,
+                    "a done event's output could not be checked; it is counted once it is");
+                self.pending_checks.push(e);
+            }
+        }
+    }
+
+    /// Finishes every running and queued output check (before a
+    /// checkpoint, which must not cover events not counted yet).
+    pub async fn drain_checks(&mut self) {
+        while let Some(r) = self.next_check().await {
+            self.checked(r).await;
+        }
+    }
+
+    fn start_check(&mut self, e: ShardEvent) {
+        if self.checking.len() >= MAX_CHECKS {
+            self.queued_checks.push_back(e);
+            return;
+        }
+        self.checking.spawn(check_done(self.store.clone(), e));
     }
 
     /// Folds one event into the job's shards (a worker's done only once
     /// its output is checked) and writes what that completes.
     async fn count(&mut self, e: ShardEvent) {
-        if !self.backed(&e).await {
-            return;
+        if self.needs_check(&e).await {
+            self.start_check(e);
+        } else {
+            self.fold_counted(e).await;
         }
+    }
+
+    /// Folds an event that counts as it is (a done: once its output is
+    /// checked) and writes what that completes.
+    async fn fold_counted(&mut self, e: ShardEvent) {
         let job = e.job.clone();
         let dead = self.jobs.entry(job.clone()).or_default().fold(&e);
         if let Some((reason, s)) = dead {
@@ -569,19 +670,16 @@ impl Tracker {
         self.maybe_complete(&job).await;
     }
 
-    /// Whether an event may be counted: any but a worker's `done`, and that
-    /// one only when its output is in the store and is what it says
-    /// ([`crate::trust::backing`]). A done that is not backed is rejected
-    /// (see [`Tracker::reject`]); one whose check cannot be finished now
-    /// waits in `pending_checks`. A done of a job whose manifest was
-    /// already written before is not checked again, nor a repeat of the
+    /// Whether an event must wait for an output check before it counts:
+    /// a worker's `done` ([`crate::trust::backing`]), but not one of a job
+    /// whose manifest was already written before, nor a repeat of the
     /// shard's counted result.
-    async fn backed(&mut self, e: &ShardEvent) -> bool {
-        let EventKind::Done { sha256, rows, .. } = &e.kind else {
-            return true;
+    async fn needs_check(&mut self, e: &ShardEvent) -> bool {
+        let EventKind::Done { sha256, .. } = &e.kind else {
+            return false;
         };
         if !e.from_worker() || !self.check_outputs {
-            return true;
+            return false;
         }
         let t = self.jobs.entry(e.job.clone()).or_default();
         if t.shards
@@ -589,7 +687,7 @@ impl Tracker {
             .and_then(|s| s.done.as_ref())
             .is_some_and(|d| d.1 == *sha256)
         {
-            return true;
+            return false;
         }
         if t.sealed.is_none() {
             let key = StorePath::from(keys::job_manifest(&e.job));
@@ -600,29 +698,7 @@ impl Tracker {
                 Err(_) => {}
             }
         }
-        if t.sealed == Some(true) {
-            return true;
-        }
-        match crate::trust::backing::check(self.store.as_ref(), &e.job, e.shard, sha256, *rows)
-            .await
-        {
-            Ok(Backing::Backed(_)) => true,
-            Ok(Backing::Missing) => {
-                self.reject(e, "its output is not in the store".to_owned())
-                    .await;
-                false
-            }
-            Ok(Backing::Mismatch(why)) => {
-                self.reject(e, why).await;
-                false
-            }
-            Err(err) => {
-                tracing::warn!(job = %e.job, shard = e.shard, worker = %e.worker, error = %err,
-                    "a done event's output could not be checked; it is counted once it is");
-                self.pending_checks.push(e.clone());
-                false
-            }
-        }
+        t.sealed != Some(true)
     }
 
     /// Rejects a worker's done that its output does not back: publishes a
@@ -1066,6 +1142,7 @@ mod tests {
         t.apply(event(0, done(10, &sha0))?).await;
         // Forged: shard 1 has no output.
         t.apply(event(1, done(5, &"ab".repeat(32)))?).await;
+        t.drain_checks().await;
         let job = JobId::new("j")?;
         let manifest = StorePath::from(keys::job_manifest(&job));
         assert_eq!(t.jobs.get(&job).map(|j| j.done), Some(1));
@@ -1079,6 +1156,7 @@ mod tests {
         let mut real = event(1, done(5, &sha1))?;
         real.worker = WorkerId::new("m-2")?;
         t.apply(real).await;
+        t.drain_checks().await;
         let got = store.get(&manifest).await?.bytes().await?;
         let m: JobManifest = decode("job manifest", &got, 1 << 20)?;
         assert_eq!((m.done, m.failed), (2, 0));
