@@ -10,15 +10,12 @@ use minions_schemas::{JobId, SCHEMA_VERSION, WorkerId, encode, subjects};
 /// Publishes one shard task under `msg_id`; true when the stream stored it
 /// (false: a duplicate of a message id it has seen within its window).
 pub async fn task(js: &jetstream::Context, task: &ShardTask, msg_id: &str) -> anyhow::Result<bool> {
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert(async_nats::header::NATS_MESSAGE_ID, msg_id);
     let payload = encode("shard task", task)?;
-    let ack = resilient::publish_confirmed(
+    let ack = resilient::publish_once(
         js,
         &subjects::work(&task.job, task.shard),
-        headers,
+        msg_id,
         payload.into(),
-        resilient::PATIENCE,
     )
     .await
     .with_context(|| {

@@ -63,17 +63,11 @@ pub async fn on_max_deliveries(
             },
         };
         let bytes = encode("shard event", &event).map_err(|e| e.to_string())?;
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(
-            async_nats::header::NATS_MESSAGE_ID,
-            format!("maxdeliver/{}/{}/{}", task.job, task.shard, adv.stream_seq).as_str(),
-        );
-        minions_schemas::endpoints::resilient::publish_confirmed(
+        minions_schemas::endpoints::resilient::publish_once(
             js,
             &subjects::event(&task.job, task.shard, &event.worker),
-            headers,
+            &format!("maxdeliver/{}/{}/{}", task.job, task.shard, adv.stream_seq),
             bytes.into(),
-            minions_schemas::endpoints::resilient::PATIENCE,
         )
         .await
         .map_err(|e| e.to_string())?;

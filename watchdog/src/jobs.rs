@@ -14,6 +14,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use async_nats::jetstream;
+use minions_schemas::endpoints::resilient;
 use minions_schemas::messages::{
     DeadLetter, EventKind, JobManifest, JobSpec, ManifestShard, ModelManifest, Provenance,
     ShardEvent,
@@ -739,19 +740,12 @@ impl Tracker {
             },
             energy: None,
         };
-        let patience = minions_schemas::endpoints::resilient::PATIENCE;
         let bytes = encode("shard event", &rejection).map_err(|e| e.to_string())?;
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(
-            async_nats::header::NATS_MESSAGE_ID,
-            rejection.msg_id().as_str(),
-        );
-        minions_schemas::endpoints::resilient::publish_confirmed(
+        resilient::publish_once(
             &js,
             &subjects::event(&e.job, e.shard, &judge.name),
-            headers,
+            &rejection.msg_id(),
             bytes.into(),
-            patience,
         )
         .await
         .map_err(|e| format!("publishing the rejection: {e}"))?;
@@ -787,17 +781,9 @@ impl Tracker {
             e.attempt,
             e.at_ms
         );
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(async_nats::header::NATS_MESSAGE_ID, msg_id.as_str());
-        minions_schemas::endpoints::resilient::publish_confirmed(
-            &js,
-            &subjects::work(&e.job, e.shard),
-            headers,
-            task.into(),
-            patience,
-        )
-        .await
-        .map_err(|e| format!("queueing the shard again: {e}"))?;
+        resilient::publish_once(&js, &subjects::work(&e.job, e.shard), &msg_id, task.into())
+            .await
+            .map_err(|e| format!("queueing the shard again: {e}"))?;
         Ok(())
     }
 
@@ -925,17 +911,11 @@ impl Tracker {
             // Not caused by input, and no retry would change it.
             return true;
         };
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(
-            async_nats::header::NATS_MESSAGE_ID,
-            format!("{job}/{shard}/{attempt}").as_str(),
-        );
-        match minions_schemas::endpoints::resilient::publish_confirmed(
+        match resilient::publish_once(
             js,
             &subject,
-            headers,
+            &format!("{job}/{shard}/{attempt}"),
             bytes.into(),
-            minions_schemas::endpoints::resilient::PATIENCE,
         )
         .await
         {

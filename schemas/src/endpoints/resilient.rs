@@ -79,6 +79,20 @@ fn pause(n: u32) -> Duration {
     Duration::from_millis(50u64.saturating_mul(1u64 << n.min(6))).min(MAX_PAUSE)
 }
 
+/// [`publish_confirmed`] of one message under the message id `msg_id`
+/// (the stream stores it once however often it is published within its
+/// duplicate window), with [`PATIENCE`].
+pub async fn publish_once(
+    js: &jetstream::Context,
+    subject: &str,
+    msg_id: &str,
+    payload: Bytes,
+) -> Result<jetstream::publish::PublishAck, PublishError> {
+    let mut headers = HeaderMap::new();
+    headers.insert(async_nats::header::NATS_MESSAGE_ID, msg_id);
+    publish_confirmed(js, subject, headers, payload, PATIENCE).await
+}
+
 /// Publishes to a stream and waits for it to confirm, retrying through
 /// leader elections and reconnects for up to `patience`. Give the message
 /// a `Nats-Msg-Id` header wherever a duplicate would matter: a try whose

@@ -34,6 +34,24 @@ pub(crate) struct AttemptRow {
 }
 
 impl AttemptRow {
+    /// Records a run that ended with an output (`done`, a duplicate, or a
+    /// check run) as its event reports it.
+    fn ran(
+        &mut self,
+        e: &ShardEvent,
+        busy_ms: u64,
+        compute_ms: u64,
+        outcome: &'static str,
+        records: u64,
+    ) {
+        self.ended_ms = Some(e.at_ms);
+        self.busy_ms = Some(busy_ms);
+        self.compute_ms = Some(compute_ms);
+        self.outcome = Some(outcome);
+        self.records = records;
+        self.energy = e.energy.clone();
+    }
+
     /// Whether the delivery ended in this batch (its usage is counted now).
     pub(crate) fn ended(&self) -> bool {
         self.outcome.is_some()
@@ -179,13 +197,9 @@ impl Plan {
                 tokens,
                 ..
             } => {
-                row.ended_ms = Some(e.at_ms);
-                row.busy_ms = Some(*duration_ms);
-                row.compute_ms = Some(*compute_ms);
-                row.outcome = Some(if *already_done { "duplicate" } else { "done" });
-                row.records = *rows;
+                let outcome = if *already_done { "duplicate" } else { "done" };
+                row.ran(e, *duration_ms, *compute_ms, outcome, *rows);
                 row.tokens = *tokens;
-                row.energy = e.energy.clone();
                 self.shard_ends.push(ShardEnd {
                     job,
                     shard: e.shard,
@@ -206,12 +220,7 @@ impl Plan {
                 compute_ms,
                 ..
             } => {
-                row.ended_ms = Some(e.at_ms);
-                row.busy_ms = Some(*duration_ms);
-                row.compute_ms = Some(*compute_ms);
-                row.outcome = Some("check");
-                row.records = *rows;
-                row.energy = e.energy.clone();
+                row.ran(e, *duration_ms, *compute_ms, "check", *rows);
             }
             EventKind::Failed { reason, permanent } => {
                 row.ended_ms = Some(e.at_ms);
