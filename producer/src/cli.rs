@@ -306,6 +306,16 @@ pub enum WorkerCommand {
         /// The worker id (see `minions worker list`).
         worker: String,
     },
+    /// Lift a machine's quarantine (after its results lost to the majority
+    /// of check runs too often: failing memory, a bad driver or build).
+    /// Its workers pull again; a watchdog quarantines it again only after
+    /// as many new strikes as its --quarantine-after. Check the machine
+    /// first: `minions-worker doctor` on it.
+    Release {
+        /// The machine name, or a worker id on it (see `minions worker
+        /// list`).
+        machine: String,
+    },
 }
 
 /// Flags of `minions submit`.
@@ -405,6 +415,14 @@ pub struct SubmitArgs {
     /// work arrives: for big jobs with no deadline.
     #[arg(long, help_heading = "Sharing the fleet")]
     pub preemptible: bool,
+    /// Share of shards run a second time on another machine to check the
+    /// result (0 to 1: 0.02 checks 2 %, at about 2 % more compute). Which
+    /// shards is decided after each result arrives, so no worker can tell;
+    /// a disagreement goes to a third machine, the majority's output
+    /// stands, and a machine outvoted too often is quarantined. Default:
+    /// the fleet's (the watchdog's --verify).
+    #[arg(long, value_parser = parse_share)]
+    pub verify: Option<f64>,
     /// Memory a worker must lend to run this job, MB. Default: estimated
     /// from the model's size (weights × 1.2); 0 = any worker.
     #[arg(long, help_heading = "Sharing the fleet")]
@@ -611,4 +629,19 @@ pub struct DevArgs {
     /// --data-dir /var/tmp/minions-dev).
     #[arg(long)]
     pub ledger: bool,
+}
+
+/// Parses a share of shards, 0 to 1.
+fn parse_share(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number"))?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!(
+            "{v}: a share of shards, from 0 to 1 (0.02 checks 2 %)"
+        ))
+    }
 }

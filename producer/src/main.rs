@@ -103,6 +103,9 @@ async fn run() -> anyhow::Result<()> {
         Command::Worker(WorkerCommand::Resume { worker }) => {
             out(&commands::worker::control(ep, &worker, ControlCommand::Resume).await?)
         }
+        Command::Worker(WorkerCommand::Release { machine }) => {
+            out(&commands::worker::release(ep, &machine).await?)
+        }
         Command::Team(TeamCommand::Set(args)) => out(&commands::team::set(ep, &args).await?),
         Command::Team(TeamCommand::List { json }) => out(&commands::team::list(ep, json).await?),
         Command::Admin(AdminCommand::Init(args)) => out(&commands::admin::init(ep, &args).await?),

@@ -225,6 +225,7 @@ mod tests {
     ) -> anyhow::Result<JobSpec> {
         Ok(JobSpec {
             submitter: String::new(),
+            verify_ppm: None,
             v: SCHEMA_VERSION,
             job: JobId::new("pq")?,
             model_name: ModelName::new("tiny")?,

@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::messages::{EventKind, JobSpec, ShardEvent};
+use crate::messages::{EventKind, JobSpec, ShardEvent, VerdictOutcome};
 
 /// Where a job stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,6 +101,17 @@ pub struct Progress {
     /// output (forged or corrupt); each such shard ran again.
     #[serde(default)]
     pub rejected: u64,
+    /// Shards whose result a check run on another machine confirmed (or a
+    /// majority of three decided).
+    #[serde(default)]
+    pub verified: u32,
+    /// Shards whose check is still open (the job is not done before they
+    /// close).
+    #[serde(default)]
+    pub verifying: u32,
+    /// Check runs that disagreed with the result they checked.
+    #[serde(default)]
+    pub disagreements: u64,
     /// Failed shards with reasons.
     pub failed_shards: Vec<FailedShard>,
     /// The team the job counts against.
@@ -136,6 +147,10 @@ struct ShardState {
     /// Which result made it done: [`done_tag`] of the done event's SHA-256
     /// (a rejection undoes the done only when it names that result).
     done_tag: u64,
+    /// Whether a check run of it is queued and no verdict closed it yet.
+    checking: bool,
+    /// Whether a check confirmed its result.
+    verified: bool,
 }
 
 /// A 64-bit tag of a result's SHA-256 text (FNV-1a: stable across builds,
@@ -178,6 +193,8 @@ struct Totals {
     records_done: u64,
     redeliveries: u64,
     tokens: u64,
+    checking: u32,
+    verified: u32,
 }
 
 /// A job's events folded so far; apply events one by one, read
@@ -193,11 +210,12 @@ pub struct JobFold {
     last_done: Option<u64>,
     handed_back: u64,
     rejected: u64,
+    disagreements: u64,
 }
 
 /// A [`JobFold`] as it is saved (a watchdog checkpoint): the spec and each
 /// shard's state as a compact tuple `(done, running, failed reason,
-/// attempts, tokens, done tag)`; the running totals and the failed-shard list are
+/// attempts, tokens, done tag, checking, verified)`; the running totals and the failed-shard list are
 /// derived again on loading, so a saved fold cannot carry totals that
 /// disagree with its shards.
 #[derive(Serialize)]
@@ -208,6 +226,7 @@ struct SavedFoldRef<'a> {
     last_done: Option<u64>,
     handed_back: u64,
     rejected: u64,
+    disagreements: u64,
 }
 
 struct SavedShardsRef<'a>(&'a [ShardState]);
@@ -216,7 +235,8 @@ impl Serialize for SavedShardsRef<'_> {
     fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
         ser.collect_seq(self.0.iter().map(|s| {
             (
-                s.done, s.running, &s.failed, s.attempts, s.tokens, s.done_tag,
+                s.done, s.running, &s.failed, s.attempts, s.tokens, s.done_tag, s.checking,
+                s.verified,
             )
         }))
     }
@@ -226,12 +246,16 @@ impl Serialize for SavedShardsRef<'_> {
 #[derive(Deserialize)]
 struct SavedFold {
     spec: JobSpec,
-    shards: Vec<(bool, bool, Option<String>, u64, u64, u64)>,
+    shards: Vec<SavedShard>,
     first_start: Option<u64>,
     last_done: Option<u64>,
     handed_back: u64,
     rejected: u64,
+    disagreements: u64,
 }
+
+/// One shard as a saved fold holds it (see [`SavedFoldRef`]).
+type SavedShard = (bool, bool, Option<String>, u64, u64, u64, bool, bool);
 
 impl Serialize for JobFold {
     fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
@@ -242,6 +266,7 @@ impl Serialize for JobFold {
             last_done: self.last_done,
             handed_back: self.handed_back,
             rejected: self.rejected,
+            disagreements: self.disagreements,
         }
         .serialize(ser)
     }
@@ -265,13 +290,17 @@ impl<'de> Deserialize<'de> for JobFold {
             .shards
             .into_iter()
             .map(
-                |(done, running, failed, attempts, tokens, done_tag)| ShardState {
-                    done,
-                    running,
-                    failed,
-                    attempts,
-                    tokens,
-                    done_tag,
+                |(done, running, failed, attempts, tokens, done_tag, checking, verified)| {
+                    ShardState {
+                        done,
+                        running,
+                        failed,
+                        attempts,
+                        tokens,
+                        done_tag,
+                        checking,
+                        verified,
+                    }
                 },
             )
             .collect();
@@ -282,6 +311,8 @@ impl<'de> Deserialize<'de> for JobFold {
                 .redeliveries
                 .saturating_add(s.attempts.saturating_sub(1));
             totals.tokens = totals.tokens.saturating_add(s.tokens);
+            totals.checking += u32::from(s.checking);
+            totals.verified += u32::from(s.verified);
             match s.class() {
                 Class::Done => {
                     totals.done += 1;
@@ -304,6 +335,7 @@ impl<'de> Deserialize<'de> for JobFold {
             last_done: saved.last_done,
             handed_back: saved.handed_back,
             rejected: saved.rejected,
+            disagreements: saved.disagreements,
         })
     }
 }
@@ -321,6 +353,7 @@ impl JobFold {
             last_done: None,
             handed_back: 0,
             rejected: 0,
+            disagreements: 0,
         }
     }
 
@@ -344,13 +377,18 @@ impl JobFold {
         if matches!(e.kind, EventKind::Submitted { .. }) {
             return;
         }
-        // Only a watchdog judges results; a rejection from anyone else
-        // (a worker claiming to be one) changes nothing.
-        if matches!(e.kind, EventKind::Rejected { .. }) && e.host != crate::messages::WATCHDOG_HOST
+        // Only a watchdog judges results; a rejection, check round or
+        // verdict from anyone else (a worker claiming to be one) changes
+        // nothing.
+        if matches!(
+            e.kind,
+            EventKind::Rejected { .. } | EventKind::CheckQueued { .. } | EventKind::Verdict { .. }
+        ) && !e.from_watchdog()
         {
             return;
         }
         let before = (s.class(), s.attempts);
+        let check_before = (s.checking, s.verified);
         let tokens_before = s.tokens;
         s.attempts = s.attempts.max(e.attempt);
         match &e.kind {
@@ -402,7 +440,33 @@ impl JobFold {
                     s.failed = Some(reason.clone());
                 }
             }
+            EventKind::CheckQueued { .. } => s.checking = true,
+            EventKind::Verdict {
+                outcome,
+                stands,
+                sha256,
+                ..
+            } => {
+                match outcome {
+                    VerdictOutcome::Agreed => s.verified = true,
+                    VerdictOutcome::Decided => {
+                        s.verified = true;
+                        if s.done && stands.is_some() {
+                            s.done_tag = done_tag(sha256);
+                        }
+                    }
+                    VerdictOutcome::Disagreed => self.disagreements += 1,
+                    VerdictOutcome::Undecided => {}
+                }
+                if outcome.closes() {
+                    s.checking = false;
+                }
+            }
         }
+        let check_after = (s.checking, s.verified);
+        let t = &mut self.totals;
+        t.checking = t.checking + u32::from(check_after.0) - u32::from(check_before.0);
+        t.verified = t.verified + u32::from(check_after.1) - u32::from(check_before.1);
         let after = s.class();
         let tokens_after = s.tokens;
         let t = &mut self.totals;
@@ -470,6 +534,9 @@ impl JobFold {
             redeliveries: self.totals.redeliveries,
             handed_back: self.handed_back,
             rejected: self.rejected,
+            verified: self.totals.verified,
+            verifying: self.totals.checking,
+            disagreements: self.disagreements,
             rate: 0.0,
             eta_secs: None,
             created_ms: spec.created_ms,
@@ -489,9 +556,11 @@ impl JobFold {
                 .collect(),
         };
         p.pending = spec.shards - p.done - p.failed - p.running;
-        p.state = if p.done == spec.shards {
+        // A job whose every shard is done waits for its open checks: a
+        // check's verdict may still replace a result.
+        p.state = if p.done == spec.shards && p.verifying == 0 {
             JobState::Done
-        } else if p.done + p.failed == spec.shards {
+        } else if p.done + p.failed == spec.shards && p.failed > 0 && p.verifying == 0 {
             JobState::Failed
         } else if p.done + p.running + p.failed > 0 {
             JobState::Running
@@ -582,9 +651,15 @@ impl Progress {
                 self.redeliveries, self.handed_back
             ));
         }
+        if self.verified > 0 || self.verifying > 0 || self.disagreements > 0 {
+            out.push_str(&format!(
+                "  checks   {} shards verified on a second machine, {} checking, {} disagreements\n",
+                self.verified, self.verifying, self.disagreements
+            ));
+        }
         if self.rejected > 0 {
             out.push_str(&format!(
-                "  trust    {} results rejected (done not backed by its output; those shards ran again)\n",
+                "  trust    {} results rejected (done not backed by its output, or made on a quarantined machine; those shards ran again)\n",
                 self.rejected
             ));
         }
@@ -687,6 +762,67 @@ mod tests {
         let back: JobFold = rmp_serde::from_slice(&bytes)?;
         assert_eq!(back.progress(50).done, 2);
         assert_eq!(back.progress(50).rejected, 2);
+        Ok(())
+    }
+
+    #[test]
+    fn an_open_check_holds_the_job_and_a_decided_verdict_replaces_the_result()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let spec = spec()?;
+        let n = spec.shards;
+        let mut fold = JobFold::new(spec);
+        for i in 0..n {
+            fold.apply(&ev(i, 1, 10, done_sha("bad"))?);
+        }
+        let watchdog = |kind: EventKind| -> Result<ShardEvent, IdError> {
+            let mut e = ev(0, 1, 20, kind)?;
+            e.host = crate::messages::WATCHDOG_HOST.into();
+            Ok(e)
+        };
+        let verdict = |round: u8, outcome: VerdictOutcome, stands: Option<&str>| {
+            let stands = stands.map(WorkerId::new).transpose()?;
+            watchdog(EventKind::Verdict {
+                round,
+                outcome,
+                outvoted: Vec::new(),
+                sha256: if stands.is_some() { "good" } else { "bad" }.into(),
+                stands,
+                detail: String::new(),
+            })
+        };
+        // A check round from anyone but a watchdog changes nothing.
+        let queued = EventKind::CheckQueued {
+            round: 1,
+            avoid: vec!["w".into()],
+        };
+        fold.apply(&ev(0, 1, 20, queued.clone())?);
+        assert_eq!(fold.progress(30).state, JobState::Done);
+        fold.apply(&watchdog(queued)?);
+        let p = fold.progress(30);
+        assert_eq!((p.state, p.done, p.verifying), (JobState::Running, n, 1));
+        // A disagreement keeps it open; the tie-break closes it.
+        fold.apply(&verdict(1, VerdictOutcome::Disagreed, None)?);
+        fold.apply(&watchdog(EventKind::CheckQueued {
+            round: 2,
+            avoid: Vec::new(),
+        })?);
+        assert_eq!(fold.progress(40).verifying, 1);
+        fold.apply(&verdict(2, VerdictOutcome::Decided, Some("m2-x"))?);
+        let p = fold.progress(50);
+        assert_eq!(
+            (p.state, p.verifying, p.verified, p.disagreements),
+            (JobState::Done, 0, 1, 1)
+        );
+        // The shard is done by the result that stands now: a rejection of
+        // the replaced one leaves it done, one of the standing one does not.
+        fold.apply(&watchdog(rejected("bad")?)?);
+        assert!(fold.is_done(0));
+        fold.apply(&watchdog(rejected("good")?)?);
+        assert!(!fold.is_done(0));
+        let bytes = rmp_serde::to_vec(&fold)?;
+        let back: JobFold = rmp_serde::from_slice(&bytes)?;
+        let p = back.progress(60);
+        assert_eq!((p.verified, p.disagreements, p.done), (1, 1, n - 1));
         Ok(())
     }
 

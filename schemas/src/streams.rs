@@ -28,6 +28,9 @@ pub const WORKERS_BUCKET: &str = "MINIONS_WORKERS";
 /// The team policies (JetStream KV; one key,
 /// [`crate::scheduling::TEAMS_KEY`]).
 pub const TEAMS_BUCKET: &str = "MINIONS_TEAMS";
+/// The quarantine bucket: one [`crate::messages::Quarantine`] per machine
+/// whose results were outvoted too often (key = machine name).
+pub const QUARANTINE_BUCKET: &str = "MINIONS_QUARANTINE";
 /// The durable pull consumer every worker shared before jobs got consumers
 /// of their own ([`crate::scheduling::job_consumer`]). [`ensure`] removes
 /// it: a work queue allows no consumer that overlaps another.
@@ -331,6 +334,7 @@ async fn ensure_once(
     }
     workers_kv(js, actual.replicas).await?;
     teams_kv(js, actual.replicas).await?;
+    quarantine_kv(js, actual.replicas).await?;
     if work.consumer_info(LEGACY_WORK_CONSUMER).await.is_ok() {
         // Its unacknowledged shards stay in the stream and are delivered
         // again through their jobs' consumers.
@@ -400,6 +404,27 @@ pub async fn workers_kv(
     replicas: usize,
 ) -> Result<jetstream::kv::Store, EnsureError> {
     open_kv(js, WORKERS_BUCKET, || workers_kv_config(replicas)).await
+}
+
+/// The quarantine bucket's configuration.
+pub fn quarantine_kv_config(replicas: usize) -> jetstream::kv::Config {
+    jetstream::kv::Config {
+        bucket: QUARANTINE_BUCKET.to_owned(),
+        description: "Minions quarantined machines".to_owned(),
+        history: 5,
+        storage: stream::StorageType::File,
+        num_replicas: replicas,
+        ..Default::default()
+    }
+}
+
+/// Opens the quarantine bucket, creating it with `replicas` copies where
+/// missing.
+pub async fn quarantine_kv(
+    js: &jetstream::Context,
+    replicas: usize,
+) -> Result<jetstream::kv::Store, EnsureError> {
+    open_kv(js, QUARANTINE_BUCKET, || quarantine_kv_config(replicas)).await
 }
 
 /// Opens the team policies' bucket, creating it with `replicas` copies where

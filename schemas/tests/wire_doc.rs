@@ -16,9 +16,9 @@ use minions_schemas::messages::{
     ChatTurn, Control, ControlCommand, ControlReply, DeadLetter, EventKind, FinishReason,
     Generation, GenerationRecord, Heartbeat, InFlight, InputDescription, JobManifest, JobSpec,
     ManifestShard, ModelFamily, ModelFile, ModelManifest, ModelRecord, OutputPayload, Precision,
-    Priority, Prompt, Provenance, QueuedJob, Requirements, SamplingParams, Schedule,
+    Priority, Prompt, Provenance, Quarantine, QueuedJob, Requirements, SamplingParams, Schedule,
     ShardCheckpoint, ShardEvent, ShardInput, ShardOutput, ShardTask, TeamPolicy, TeamShare,
-    WorkerRecord, WorkerState,
+    VerdictOutcome, WorkerRecord, WorkerState,
 };
 use minions_schemas::{JobId, ModelHash, ModelName, SCHEMA_VERSION, WorkerId, codec};
 use serde::Serialize;
@@ -28,8 +28,9 @@ type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
 /// Map keys whose string values are enum tags (internally or adjacently
 /// tagged enums' tags, and fields holding a plain string enum).
-const TAG_KEYS: [&str; 7] = [
+const TAG_KEYS: [&str; 8] = [
     "kind",
+    "outcome",
     "type",
     "family",
     "precision",
@@ -412,7 +413,40 @@ fn every_event_kind() -> Vec<EventKind> {
             sha256: "3b".repeat(32),
             reason: "its output is not in the store".into(),
         },
+        EventKind::CheckQueued {
+            round: 1,
+            avoid: vec!["m1".into()],
+        },
+        EventKind::Verdict {
+            round: 2,
+            outcome: VerdictOutcome::Decided,
+            outvoted: vec![WorkerId::new("m1-0a1b2c3d").unwrap_or_else(|e| panic!("{e}"))],
+            stands: Some(WorkerId::new("m2-4e5f6a7b").unwrap_or_else(|e| panic!("{e}"))),
+            sha256: "3b".repeat(32),
+            detail: "the tie-break agrees with the first check run".into(),
+        },
     ];
+    let mut all = all;
+    for outcome in [
+        VerdictOutcome::Agreed,
+        VerdictOutcome::Disagreed,
+        VerdictOutcome::Undecided,
+    ] {
+        match outcome {
+            VerdictOutcome::Agreed
+            | VerdictOutcome::Disagreed
+            | VerdictOutcome::Decided
+            | VerdictOutcome::Undecided => {}
+        }
+        all.push(EventKind::Verdict {
+            round: 1,
+            outcome,
+            outvoted: Vec::new(),
+            stands: None,
+            sha256: "3b".repeat(32),
+            detail: "the same output, byte for byte".into(),
+        });
+    }
     for k in &all {
         match k {
             EventKind::Submitted { .. }
@@ -423,7 +457,9 @@ fn every_event_kind() -> Vec<EventKind> {
             | EventKind::HandedBack { .. }
             | EventKind::Failed { .. }
             | EventKind::Rejected { .. }
-            | EventKind::Checked { .. } => {}
+            | EventKind::Checked { .. }
+            | EventKind::CheckQueued { .. }
+            | EventKind::Verdict { .. } => {}
         }
     }
     all
@@ -565,6 +601,14 @@ fn check_all(c: &mut Checker) -> Res {
     for x in every_worker_state() {
         c.check(&x)?;
     }
+    for x in [
+        VerdictOutcome::Agreed,
+        VerdictOutcome::Disagreed,
+        VerdictOutcome::Decided,
+        VerdictOutcome::Undecided,
+    ] {
+        c.check(&x)?;
+    }
 
     // ShardTask, in every family and precision.
     for family in every_family() {
@@ -659,6 +703,7 @@ fn check_all(c: &mut Checker) -> Res {
         for precision in every_precision() {
             c.check(&JobSpec {
                 submitter: "ana@mac-07".into(),
+                verify_ppm: None,
                 v,
                 job: ids.job.clone(),
                 model_name: ids.name.clone(),
@@ -825,6 +870,8 @@ fn check_all(c: &mut Checker) -> Res {
         done: 39,
         failed: 1,
         rejected: 2,
+        verified: 3,
+        disagreements: 1,
         shards: vec![manifest_shard(&ids)],
         completed_ms: 1_767_225_700_000,
     })?;
@@ -841,6 +888,19 @@ fn check_all(c: &mut Checker) -> Res {
             handed_back: 1,
             changed_ms: 1_767_225_612_345,
             by: "watchdog-ops".into(),
+        })?;
+    }
+
+    // Quarantine, held and released.
+    for quarantined in [true, false] {
+        c.check(&Quarantine {
+            v,
+            machine: "mac-07".into(),
+            quarantined,
+            strikes: 2,
+            reason: "2 of its results outvoted by check runs on other machines".into(),
+            by: "watchdog-ops".into(),
+            at_ms: 1_767_225_612_345,
         })?;
     }
     Ok(())
@@ -883,6 +943,8 @@ fn wire_md_documents_every_field_and_tag() -> Res {
         "ManifestShard",
         "WorkerRecord",
         "WorkerState",
+        "Quarantine",
+        "VerdictOutcome",
         "Priority",
         "Requirements",
         "TeamPolicy",

@@ -142,6 +142,8 @@ fn shipped_s3_policies_allow_each_role_what_it_needs_and_no_more() -> Result<()>
     let model_name = keys::model_name(&name);
     let outputs = keys::job_outputs(&job);
     let checkpoint = keys::shard_checkpoint(&job, 3);
+    let check = keys::shard_check(&job, 3, 1);
+    let check_checkpoint = keys::shard_check_checkpoint(&job, 3, 1);
     let folded = keys::watchdog_checkpoint(42);
     // (policy, action, key, allowed?)
     let cases: Vec<(&str, &serde_json::Value, &str, &str, bool)> = vec![
@@ -169,7 +171,24 @@ fn shipped_s3_policies_allow_each_role_what_it_needs_and_no_more() -> Result<()>
         ("watchdog", &watchdog, get, &model_manifest, true),
         ("watchdog", &watchdog, put, &manifest, true),
         ("watchdog", &watchdog, get, &input, false),
-        ("watchdog", &watchdog, put, &output, false),
+        // A done is checked against its output and a check run's output
+        // against the shard's; an outvoted output is replaced by the
+        // majority's, a quarantined machine's is removed.
+        ("watchdog", &watchdog, get, &output, true),
+        ("watchdog", &watchdog, get, &check, true),
+        ("watchdog", &watchdog, put, &output, true),
+        ("watchdog", &watchdog, "s3:DeleteObject", &output, true),
+        ("watchdog", &watchdog, put, &check, false),
+        ("worker", &worker, put, &check, true),
+        ("worker", &worker, get, &check, true),
+        ("worker", &worker, put, &check_checkpoint, true),
+        (
+            "worker",
+            &worker,
+            "s3:DeleteObject",
+            &check_checkpoint,
+            true,
+        ),
         ("watchdog", &watchdog, put, &spec, false),
         ("watchdog", &watchdog, get, &folded, true),
         ("watchdog", &watchdog, put, &folded, true),
@@ -196,6 +215,7 @@ fn shipped_s3_policies_allow_each_role_what_it_needs_and_no_more() -> Result<()>
         ("producer", &producer, list, keys::MODEL_NAMES, true),
         ("producer", &producer, put, &output, false),
         ("producer", &producer, put, &checkpoint, false),
+        ("producer", &producer, put, &check, false),
         ("producer", &producer, put, &manifest, false),
     ];
     let mut wrong = Vec::new();

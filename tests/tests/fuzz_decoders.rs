@@ -104,6 +104,7 @@ fn hash() -> R<ModelHash> {
 fn spec() -> R<JobSpec> {
     Ok(JobSpec {
         submitter: String::new(),
+        verify_ppm: None,
         v: SCHEMA_VERSION,
         job: job()?,
         model_name: ModelName::new("minilm")?,
@@ -505,6 +506,8 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
         done: 1,
         failed: 1,
         rejected: 1,
+        verified: 2,
+        disagreements: 1,
         shards: vec![
             ManifestShard {
                 shard: 0,

@@ -232,6 +232,16 @@ async fn each_worker_machine_may_do_its_job_and_nothing_else() -> Result<()> {
                 ),
                 ("publish the schedule", "pub", "minions.sched"),
                 (
+                    "lift its own quarantine",
+                    "pub",
+                    "$KV.MINIONS_QUARANTINE.w1",
+                ),
+                (
+                    "read another machine's quarantine record",
+                    "pub",
+                    "$JS.API.DIRECT.GET.KV_MINIONS_QUARANTINE.$KV.MINIONS_QUARANTINE.w2",
+                ),
+                (
                     "read the events stream through a consumer",
                     "pub",
                     "$JS.API.CONSUMER.CREATE.MINIONS_EVENTS",
@@ -340,6 +350,9 @@ async fn each_worker_machine_may_do_its_job_and_nothing_else() -> Result<()> {
     ] {
         js.get_stream(s).await?;
     }
+    // Its own machine's quarantine record (none here).
+    let q = js.get_key_value(streams::QUARANTINE_BUCKET).await?;
+    assert!(q.get("w1").await?.is_none());
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         w1.refusal_count(),
@@ -514,6 +527,10 @@ async fn the_producer_and_watchdog_identities_may_do_their_jobs_and_nothing_else
     let kv = wjs.get_key_value(streams::WORKERS_BUCKET).await?;
     kv.put("w1-0a1b2c3d", "x".into()).await?;
     assert!(kv.get("w1-0a1b2c3d").await?.is_some());
+    // It quarantines machines.
+    let q = wjs.get_key_value(streams::QUARANTINE_BUCKET).await?;
+    q.put("w9", "x".into()).await?;
+    assert!(q.get("w9").await?.is_some());
     let ack = wjs
         .publish("minions.dead.allowed.0", "x".into())
         .await?

@@ -38,7 +38,7 @@ use crate::jobs::{RestoreError, SavedTracker, SavedTrackerRef, Tracker};
 use crate::view::jobs::{SavedJobs, SavedJobsRef};
 
 /// The checkpoint format this build writes and reads.
-pub const FORMAT: u16 = 3;
+pub const FORMAT: u16 = 4;
 /// How many checkpoints are kept in the store (older ones are deleted after
 /// a new one is written): a corrupt newest one falls back to the next.
 pub const KEEP: usize = 3;

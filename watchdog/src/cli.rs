@@ -82,16 +82,64 @@ pub struct WatchdogArgs {
     /// may write one ledger. Also the settings file's `ledger` key.
     #[arg(long, env = "MINIONS_LEDGER")]
     pub ledger: Option<String>,
+    /// Share of each job's shards run a second time on another machine to
+    /// check the result, for jobs submitted without `minions submit
+    /// --verify` (0 to 1; default 0, or the settings file's `verify`).
+    /// Which shards is decided after each result arrives, by a keyed hash
+    /// that workers cannot predict; a disagreement goes to a third machine
+    /// and the majority decides.
+    #[arg(long, env = "MINIONS_VERIFY")]
+    pub verify: Option<f64>,
+    /// The secret that picks checked shards: the same for every watchdog
+    /// of the fleet, never given to workers (or the settings file's
+    /// `verify_key`). Without one, a built-in key is used and a worker that
+    /// knows it could tell which of its shards are checked.
+    #[arg(long, env = "MINIONS_VERIFY_KEY", hide_env_values = true)]
+    pub verify_key: Option<String>,
+    /// Results outvoted by check runs (strikes) that quarantine a machine:
+    /// its workers pull nothing until `minions worker release`, and its
+    /// results in open jobs run again elsewhere.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub quarantine_after: u32,
 }
+
+/// A flag value the watchdog cannot use.
+#[derive(Debug, thiserror::Error)]
+pub enum ArgsError {
+    /// `--verify` outside 0..=1.
+    #[error("--verify {0}: a share of shards, from 0 to 1 (0.02 checks 2 %)")]
+    Verify(f64),
+}
+
+/// The key used when the fleet gives none (see `--verify-key`).
+const BUILT_IN_VERIFY_KEY: &str = "minions built-in verify key";
 
 /// The dashboard's default address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
 
 impl WatchdogArgs {
     /// The configuration these flags describe.
-    pub fn into_config(self) -> WatchdogConfig {
+    pub fn into_config(self) -> Result<WatchdogConfig, ArgsError> {
         use minions_schemas::endpoints::host;
-        WatchdogConfig {
+        let verify = self.verify.unwrap_or(0.0);
+        if !(0.0..=1.0).contains(&verify) {
+            return Err(ArgsError::Verify(verify));
+        }
+        let verify_key = match self.verify_key.filter(|k| !k.is_empty()) {
+            Some(k) => k.into_bytes(),
+            None => {
+                if verify > 0.0 {
+                    tracing::warn!(
+                        "no --verify-key (MINIONS_VERIFY_KEY): checked shards are picked with a built-in key that a worker could know"
+                    );
+                }
+                BUILT_IN_VERIFY_KEY.as_bytes().to_vec()
+            }
+        };
+        Ok(WatchdogConfig {
+            verify_ppm: (verify * 1e6).round() as u32,
+            verify_key,
+            quarantine_after: self.quarantine_after,
             nats_url: self.nats,
             nats_security: self.security,
             replicas: usize::from(self.replication.replicas),
@@ -119,6 +167,6 @@ impl WatchdogArgs {
             name: self.name.unwrap_or_else(|| {
                 format!("watchdog-{}", host::id_prefix(&host::host_name(), "host"))
             }),
-        }
+        })
     }
 }

@@ -39,29 +39,80 @@ pub async fn on_max_deliveries(
         Err(_) => return Ok(()),
     };
     let task: Option<ShardTask> = decode("shard task", &msg.payload, limits::MAX_TASK_BYTES).ok();
-    if let Some(task) = task.as_ref().filter(|t| t.check > 0) {
+    let again = msg
+        .headers
+        .get(async_nats::header::NATS_MESSAGE_ID)
+        .and_then(|id| id.as_str().rsplit_once("/again-"))
+        .and_then(|(_, n)| n.parse::<u32>().ok())
+        .unwrap_or(0);
+    if let Some(task) = task
+        .as_ref()
+        .filter(|t| t.check > 0 && again < CHECK_REQUEUES)
+    {
+        // A check run handed back by the machines it avoids as often as
+        // the consumer allows (each pull may reach one of them): queued
+        // anew, a few times, before it is given up.
+        let bytes = encode("shard task", task).map_err(|e| e.to_string())?;
+        minions_schemas::endpoints::resilient::publish_once(
+            js,
+            &subjects::work(&task.job, task.shard),
+            &format!(
+                "{}/check/{}/again-{}",
+                subjects::msg_id(&task.job, task.shard),
+                task.check,
+                again + 1
+            ),
+            bytes.into(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        tracing::info!(job = %task.job, shard = task.shard, check = task.check, again = again + 1,
+            "a check run reached max deliveries; queued anew");
+    } else if let Some(task) = task.as_ref().filter(|t| t.check > 0) {
         // A check run no other machine took: the shard's own result stands
-        // unchecked; nothing failed.
+        // unchecked; nothing failed. The verdict closes the check, so that
+        // the job can complete.
+        let event = watchdog_event(
+            task,
+            watchdog,
+            u64::from(task.check),
+            EventKind::Verdict {
+                round: task.check,
+                outcome: minions_schemas::messages::VerdictOutcome::Undecided,
+                outvoted: Vec::new(),
+                stands: None,
+                sha256: String::new(),
+                detail: format!(
+                    "no other machine ran the check run in {} deliveries (avoiding {})",
+                    adv.deliveries,
+                    task.avoid.join(", ")
+                ),
+            },
+        );
+        let bytes = encode("shard event", &event).map_err(|e| e.to_string())?;
+        minions_schemas::endpoints::resilient::publish_once(
+            js,
+            &subjects::event(&task.job, task.shard, &event.worker),
+            &event.msg_id(),
+            bytes.into(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
         tracing::warn!(job = %task.job, shard = task.shard, check = task.check, deliveries = adv.deliveries,
             avoid = ?task.avoid, "no other machine ran a check run of the shard; it stays unchecked");
     } else if let Some(task) = task {
-        let event = ShardEvent {
-            energy: None,
-            v: SCHEMA_VERSION,
-            job: task.job.clone(),
-            shard: task.shard,
-            worker: watchdog.clone(),
-            host: minions_schemas::messages::WATCHDOG_HOST.to_owned(),
-            attempt: adv.deliveries,
-            at_ms: now_ms(),
-            kind: EventKind::Failed {
+        let event = watchdog_event(
+            &task,
+            watchdog,
+            adv.deliveries,
+            EventKind::Failed {
                 reason: format!(
                     "no worker finished it in {} deliveries (each worker died, hung or was stopped)",
                     adv.deliveries
                 ),
                 permanent: true,
             },
-        };
+        );
         let bytes = encode("shard event", &event).map_err(|e| e.to_string())?;
         minions_schemas::endpoints::resilient::publish_once(
             js,
@@ -83,6 +134,30 @@ pub async fn on_max_deliveries(
     }
     Ok(())
 }
+
+/// An event about `task`'s shard sent by this watchdog.
+fn watchdog_event(
+    task: &ShardTask,
+    watchdog: &WorkerId,
+    attempt: u64,
+    kind: EventKind,
+) -> ShardEvent {
+    ShardEvent {
+        energy: None,
+        v: SCHEMA_VERSION,
+        job: task.job.clone(),
+        shard: task.shard,
+        worker: watchdog.clone(),
+        host: minions_schemas::messages::WATCHDOG_HOST.to_owned(),
+        attempt,
+        at_ms: now_ms(),
+        kind,
+    }
+}
+
+/// How many times a check run that reached max deliveries is queued anew
+/// before it is given up (`undecided`).
+const CHECK_REQUEUES: u32 = 1000;
 
 /// The max-deliveries advisory subject of every job consumer.
 pub fn advisory_subject() -> String {

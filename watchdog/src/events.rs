@@ -164,9 +164,9 @@ pub async fn start(
                         fold.write().await;
                     }
                 }
-                r = fold.tracker.next_check(), if fold.tracker.checks_running() => {
+                r = fold.tracker.next_finished(), if fold.tracker.checks_running() => {
                     if let Some(r) = r {
-                        fold.tracker.checked(r).await;
+                        fold.tracker.finished(r).await;
                     }
                 }
                 _ = tick.tick() => {

@@ -30,6 +30,10 @@ use serde::{Deserialize, Serialize};
 use crate::trust::backing::{Backing, BackingError};
 use crate::view::View;
 
+mod verify;
+use verify::CheckTrack;
+pub use verify::JudgeResult;
+
 #[derive(Debug, Default, Clone)]
 struct ShardTrack {
     done: Option<(WorkerId, String, u64)>,
@@ -38,6 +42,8 @@ struct ShardTrack {
     hosts: Vec<String>,
     /// What made its output: an index into its job's `makers`.
     maker: Option<u32>,
+    /// Its check by other machines, once one was queued or ran.
+    check: Option<Box<CheckTrack>>,
 }
 
 impl ShardTrack {
@@ -72,6 +78,15 @@ struct JobTrack {
     /// before are not checked again: its outputs may be gone (collected
     /// and removed) long after.
     sealed: Option<bool>,
+    /// Shards whose check is open (the manifest waits for them).
+    open_checks: u32,
+    /// Shards whose result a check confirmed or a majority decided.
+    verified: u32,
+    /// Check runs that disagreed with the result they checked.
+    disagreements: u32,
+    /// Workers outvoted by verdicts folded and not yet counted as strikes
+    /// by the tracker: (worker, shard).
+    outvoted: Vec<(WorkerId, u32)>,
 }
 
 impl JobTrack {
@@ -81,11 +96,15 @@ impl JobTrack {
         let maker = match &e.kind {
             EventKind::Done {
                 made_by: Some(p), ..
+            }
+            | EventKind::Checked {
+                made_by: Some(p), ..
             } => Some(self.intern(p)),
             _ => None,
         };
         let s = self.shards.entry(e.shard).or_default();
         let before = s.outcome();
+        let was_open = s.check.as_ref().is_some_and(|c| c.open());
         s.attempts = s.attempts.max(e.attempt);
         let mut dead = None;
         match &e.kind {
@@ -105,22 +124,74 @@ impl JobTrack {
             }
             EventKind::Requeued => s.failed = None,
             // The tracker does not count a done it has not checked (see
-            // `Tracker::apply`), so a rejection changes no shard here.
-            EventKind::Rejected { .. } => {
-                if e.host == minions_schemas::messages::WATCHDOG_HOST {
+            // `Tracker::apply`), so a rejection of an unbacked done changes
+            // no shard here; one of a counted result (made on a machine
+            // quarantined since) withdraws it.
+            EventKind::Rejected { sha256, .. } => {
+                if e.from_watchdog() {
                     self.rejected += 1;
+                    if s.done.as_ref().is_some_and(|d| d.1 == *sha256) {
+                        s.done = None;
+                        s.maker = None;
+                        self.manifest = None;
+                    }
+                }
+            }
+            EventKind::CheckQueued { round, .. } => {
+                if e.from_watchdog() {
+                    let c = s.check.get_or_insert_with(Default::default);
+                    c.round = c.round.max(*round);
+                }
+            }
+            EventKind::Checked { round, sha256, .. } => {
+                if e.from_worker() {
+                    s.check
+                        .get_or_insert_with(Default::default)
+                        .record(*round, &e.worker, sha256, maker);
+                }
+            }
+            EventKind::Verdict {
+                round,
+                outcome,
+                outvoted,
+                stands,
+                sha256,
+                ..
+            } => {
+                if e.from_watchdog() {
+                    let c = s.check.get_or_insert_with(Default::default);
+                    if c.judge(*round, *outcome) {
+                        use minions_schemas::messages::VerdictOutcome as O;
+                        match outcome {
+                            O::Agreed | O::Decided => self.verified += 1,
+                            O::Disagreed => self.disagreements += 1,
+                            O::Undecided => {}
+                        }
+                        self.outvoted
+                            .extend(outvoted.iter().map(|w| (w.clone(), e.shard)));
+                        if let (Some(w), Some(d)) = (stands, s.done.as_mut()) {
+                            *d = (w.clone(), sha256.clone(), d.2);
+                            s.maker = c.maker_of(w, sha256);
+                            self.manifest = None;
+                        }
+                    }
                 }
             }
             EventKind::HandedBack { .. }
             | EventKind::Submitted { .. }
-            | EventKind::Progress { .. }
-            | EventKind::Checked { .. } => {}
+            | EventKind::Progress { .. } => {}
             EventKind::Failed { reason, permanent } => {
                 if *permanent && s.done.is_none() && s.failed.is_none() {
                     s.failed = Some(reason.clone());
                     dead = Some((reason.clone(), s.clone()));
                 }
             }
+        }
+        let is_open = s.check.as_ref().is_some_and(|c| c.open());
+        match (was_open, is_open) {
+            (false, true) => self.open_checks += 1,
+            (true, false) => self.open_checks = self.open_checks.saturating_sub(1),
+            _ => {}
         }
         let after = s.outcome();
         for (was, is, count) in [
@@ -134,6 +205,14 @@ impl JobTrack {
             }
         }
         dead
+    }
+
+    /// Withdraws the result that the rejection `e` names, without counting
+    /// the rejection (its copy from the stream counts it).
+    fn withdraw(&mut self, e: &ShardEvent) {
+        let before = self.rejected;
+        self.fold(e);
+        self.rejected = before;
     }
 
     /// The index of `p` in the job's makers, added when new.
@@ -176,7 +255,7 @@ pub struct PendingDead {
 
 /// One shard's track as a checkpoint saves it:
 /// `(shard, done by (worker, sha256, ms), failed reason, attempts, hosts,
-/// maker)`.
+/// maker, check)`.
 type SavedShard = (
     u32,
     Option<(WorkerId, String, u64)>,
@@ -184,17 +263,18 @@ type SavedShard = (
     u64,
     Vec<String>,
     Option<u32>,
+    Option<Box<CheckTrack>>,
 );
 
 struct SavedShardsRef<'a>(&'a BTreeMap<u32, ShardTrack>);
 
 impl Serialize for SavedShardsRef<'_> {
     fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
-        ser.collect_seq(
-            self.0
-                .iter()
-                .map(|(i, s)| (i, &s.done, &s.failed, s.attempts, &s.hosts, s.maker)),
-        )
+        ser.collect_seq(self.0.iter().map(|(i, s)| {
+            (
+                i, &s.done, &s.failed, s.attempts, &s.hosts, s.maker, &s.check,
+            )
+        }))
     }
 }
 
@@ -206,6 +286,7 @@ pub(crate) struct SavedJobRef<'a> {
     manifest: Option<(u32, u32)>,
     makers: &'a [Provenance],
     rejected: u32,
+    disagreements: u32,
 }
 
 #[derive(Deserialize)]
@@ -217,6 +298,8 @@ struct SavedJob {
     makers: Vec<Provenance>,
     #[serde(default)]
     rejected: u32,
+    #[serde(default)]
+    disagreements: u32,
 }
 
 /// The tracker's state as a checkpoint saves it, borrowed; jobs sorted by
@@ -226,6 +309,8 @@ struct SavedJob {
 pub struct SavedTrackerRef<'a> {
     pub(crate) jobs: Vec<SavedJobRef<'a>>,
     pub(crate) pending_dead: &'a [PendingDead],
+    /// Strikes per machine: the (job, shard) of each result outvoted.
+    pub(crate) strikes: &'a BTreeMap<String, std::collections::BTreeSet<(JobId, u32)>>,
 }
 
 /// The tracker's state as a checkpoint holds it; see [`Tracker::restore`].
@@ -233,6 +318,8 @@ pub struct SavedTrackerRef<'a> {
 pub struct SavedTracker {
     jobs: Vec<SavedJob>,
     pending_dead: Vec<PendingDead>,
+    #[serde(default)]
+    strikes: BTreeMap<String, std::collections::BTreeSet<(JobId, u32)>>,
 }
 
 #[cfg(test)]
@@ -288,6 +375,23 @@ pub struct Tracker {
     /// Whether workers' done events are checked against their outputs
     /// (always, but in tests of other things).
     check_outputs: bool,
+    /// Check rounds being judged now (each reads up to three outputs).
+    judging: tokio::task::JoinSet<JudgeResult>,
+    /// Check runs' events whose judgement could not be finished or acted
+    /// on (the store or NATS failed); judged again each tick.
+    pending_judgements: Vec<ShardEvent>,
+    /// Check rounds that could not be queued yet: (job, shard, round,
+    /// machines to avoid).
+    pending_rounds: Vec<(JobId, u32, u8, Vec<String>)>,
+    /// Machines whose quarantine could not be written yet.
+    pending_quarantine: Vec<String>,
+    /// Strikes per machine: the (job, shard) of each of its results that a
+    /// majority outvoted.
+    strikes: BTreeMap<String, std::collections::BTreeSet<(JobId, u32)>>,
+    /// Machines this watchdog quarantined, with the strikes then: a result
+    /// one of them finishes afterwards (a shard it ran while it learnt of
+    /// its quarantine) is withdrawn as well, unless it was released.
+    quarantined: BTreeMap<String, u32>,
 }
 
 /// Output checks run at once, at most.
@@ -295,6 +399,14 @@ const MAX_CHECKS: usize = 32;
 
 /// A finished output check: the done event and what the store said.
 pub type CheckResult = (ShardEvent, Result<Backing, BackingError>);
+
+/// A finished output check or judgement.
+pub enum Finished {
+    /// An output check.
+    Check(CheckResult),
+    /// A judgement of a check run.
+    Judgement(JudgeResult),
+}
 
 /// What the tracker needs to act on a rejected result: its own name (the
 /// sender of rejection events) and how job consumers are made (a rejected
@@ -308,6 +420,16 @@ pub struct Judge {
     /// Whether workers' done events are checked against their outputs
     /// (off only for benchmarks of the watchdog on synthetic events).
     pub check: bool,
+    /// The fleet's share of shards checked by a second machine, parts per
+    /// million, for jobs that do not set theirs.
+    pub verify_ppm: u32,
+    /// The secret that picks which shards are checked (shared by the
+    /// fleet's watchdogs, never by workers).
+    pub verify_key: Vec<u8>,
+    /// Strikes (results outvoted) that quarantine a machine.
+    pub quarantine_after: u32,
+    /// The quarantine bucket (None: machines are never quarantined).
+    pub quarantine: Option<jetstream::kv::Store>,
 }
 
 /// What reading a job's spec found.
@@ -329,29 +451,14 @@ impl Tracker {
         view: std::sync::Arc<View>,
         judge: Judge,
     ) -> Self {
-        Self {
-            jobs: HashMap::new(),
-            js: Some(js),
-            store,
-            view,
-            pending_dead: Vec::new(),
-            lossy: None,
-            check_outputs: judge.check,
-            judge: Some(judge),
-            pending_checks: Vec::new(),
-            checking: tokio::task::JoinSet::new(),
-            queued_checks: VecDeque::new(),
-        }
+        let mut t = Self::empty(store, view);
+        t.js = Some(js);
+        t.check_outputs = judge.check;
+        t.judge = Some(judge);
+        t
     }
 
-    /// A tracker without NATS: dead letters are never written, only kept
-    /// pending; done events are counted unchecked (see
-    /// [`Tracker::checking`]).
-    #[cfg(test)]
-    pub(crate) fn offline(
-        store: std::sync::Arc<dyn ObjectStore>,
-        view: std::sync::Arc<View>,
-    ) -> Self {
+    fn empty(store: std::sync::Arc<dyn ObjectStore>, view: std::sync::Arc<View>) -> Self {
         Self {
             jobs: HashMap::new(),
             js: None,
@@ -364,7 +471,24 @@ impl Tracker {
             checking: tokio::task::JoinSet::new(),
             queued_checks: VecDeque::new(),
             check_outputs: false,
+            judging: tokio::task::JoinSet::new(),
+            pending_judgements: Vec::new(),
+            pending_rounds: Vec::new(),
+            pending_quarantine: Vec::new(),
+            strikes: BTreeMap::new(),
+            quarantined: BTreeMap::new(),
         }
+    }
+
+    /// A tracker without NATS: dead letters are never written, only kept
+    /// pending; done events are counted unchecked (see
+    /// [`Tracker::checking`]).
+    #[cfg(test)]
+    pub(crate) fn offline(
+        store: std::sync::Arc<dyn ObjectStore>,
+        view: std::sync::Arc<View>,
+    ) -> Self {
+        Self::empty(store, view)
     }
 
     /// An offline tracker that checks done events against their outputs
@@ -388,12 +512,14 @@ impl Tracker {
                 manifest: t.manifest,
                 makers: &t.makers,
                 rejected: t.rejected,
+                disagreements: t.disagreements,
             })
             .collect();
         jobs.sort_by(|a, b| a.job.cmp(b.job));
         SavedTrackerRef {
             jobs,
             pending_dead: &self.pending_dead,
+            strikes: &self.strikes,
         }
     }
 
@@ -418,19 +544,25 @@ impl Tracker {
                 manifest: j.manifest,
                 makers: j.makers,
                 rejected: j.rejected,
+                disagreements: j.disagreements,
                 ..Default::default()
             };
-            for (shard, done, failed, attempts, hosts, maker) in j.shards {
+            for (shard, done, failed, attempts, hosts, maker, check) in j.shards {
                 let s = ShardTrack {
                     done,
                     failed,
                     attempts,
                     hosts,
                     maker: maker.filter(|&m| (m as usize) < makers),
+                    check,
                 };
                 let (d, f) = s.outcome();
                 t.done += u32::from(d);
                 t.failed += u32::from(f);
+                if let Some(c) = &s.check {
+                    t.open_checks += u32::from(c.open());
+                    t.verified += u32::from(c.verified());
+                }
                 if t.shards.insert(shard, s).is_some() {
                     return Err(RestoreError::DuplicateShard(j.job, shard));
                 }
@@ -442,6 +574,7 @@ impl Tracker {
         let view = crate::view::jobs::JobsView::restore(view)?;
         self.jobs = jobs;
         self.pending_dead = tracker.pending_dead;
+        self.strikes = tracker.strikes;
         *self.view.jobs() = view;
         Ok(())
     }
@@ -454,7 +587,16 @@ impl Tracker {
             return Some(why.clone());
         }
         let waiting = self.pending_checks.len() + self.checking.len() + self.queued_checks.len();
-        (waiting > 0).then(|| format!("{waiting} done events wait for the check of their output"))
+        if waiting > 0 {
+            return Some(format!(
+                "{waiting} done events wait for the check of their output"
+            ));
+        }
+        let judging = self.judging.len()
+            + self.pending_judgements.len()
+            + self.pending_rounds.len()
+            + self.pending_quarantine.len();
+        (judging > 0).then(|| format!("{judging} check rounds or quarantines wait to be acted on"))
     }
 
     /// Does what folded events asked for and is not done yet: dead-letter
@@ -465,6 +607,7 @@ impl Tracker {
         self.drain_checks().await;
         self.retry_checks().await;
         self.drain_checks().await;
+        self.drain_judgements().await;
         for p in std::mem::take(&mut self.pending_dead) {
             let s = self
                 .jobs
@@ -549,6 +692,7 @@ impl Tracker {
     /// They are taken in order and the round stops at the first that waits
     /// again (the store or NATS still failing would fail the rest too).
     pub async fn retry_checks(&mut self) {
+        self.retry_judgements().await;
         let mut waiting = std::mem::take(&mut self.pending_checks).into_iter();
         // The first is checked here and now: when it waits again, so do the
         // rest; else they go to the running checks.
@@ -566,10 +710,40 @@ impl Tracker {
         }
     }
 
-    /// Whether output checks are running (then [`Tracker::next_check`]
-    /// resolves).
+    /// Whether output checks or judgements are running (then
+    /// [`Tracker::next_finished`] resolves).
     pub fn checks_running(&self) -> bool {
-        !self.checking.is_empty()
+        !self.checking.is_empty() || !self.judging.is_empty()
+    }
+
+    /// The next output check or judgement to finish (None when none runs).
+    pub async fn next_finished(&mut self) -> Option<Finished> {
+        loop {
+            let r = tokio::select! {
+                Some(r) = self.checking.join_next() => r.map(Finished::Check),
+                Some(r) = self.judging.join_next() => r.map(Finished::Judgement),
+                else => return None,
+            };
+            match r {
+                Ok(f) => return Some(f),
+                // Not expected (neither panics); its event is lost to this
+                // watchdog until a restart folds it again.
+                Err(e) => {
+                    tracing::error!(error = %e, "an output check or judgement failed to run");
+                    if self.lossy.is_none() {
+                        self.lossy = Some(format!("a check failed to run: {e}"));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Acts on what [`Tracker::next_finished`] returned.
+    pub async fn finished(&mut self, f: Finished) {
+        match f {
+            Finished::Check(r) => self.checked(r).await,
+            Finished::Judgement(r) => self.judged(r).await,
+        }
     }
 
     /// The next output check to finish (None when none runs).
@@ -643,7 +817,17 @@ impl Tracker {
     /// checked) and writes what that completes.
     async fn fold_counted(&mut self, e: ShardEvent) {
         let job = e.job.clone();
-        let dead = self.jobs.entry(job.clone()).or_default().fold(&e);
+        let t = self.jobs.entry(job.clone()).or_default();
+        let dead = t.fold(&e);
+        let outvoted = std::mem::take(&mut t.outvoted);
+        for (w, shard) in outvoted {
+            self.strike(&w, &job, shard).await;
+        }
+        match &e.kind {
+            EventKind::Done { .. } => self.maybe_verify(&e).await,
+            EventKind::Checked { .. } => self.maybe_judge(&e).await,
+            _ => {}
+        }
         if let Some((reason, s)) = dead {
             let payload = match self.spec(&job).await {
                 SpecRead::Found(spec) => encode("shard task", &spec.task(e.shard)).ok(),
@@ -937,6 +1121,10 @@ impl Tracker {
             return;
         };
         let (done, failed) = (track.done, track.failed);
+        // Open checks may still replace a result or withdraw it.
+        if track.open_checks > 0 {
+            return;
+        }
         if track.manifest == Some((done, failed))
             || track
                 .spec
@@ -962,6 +1150,8 @@ impl Tracker {
             done,
             failed,
             rejected: track.rejected,
+            verified: track.verified,
+            disagreements: track.disagreements,
             shards: (0..spec.shards)
                 .map(|i| {
                     let s = track.shards.get(&i).cloned().unwrap_or_default();
@@ -1000,15 +1190,21 @@ impl Tracker {
         }
     }
 
-    /// Writes the manifest unless one with the same outcome is there; a
-    /// manifest is replaced only by one with more shards done (after a retry).
+    /// Writes the manifest unless one with the same content is there; a
+    /// manifest is never replaced by one with fewer shards done (a retry
+    /// adds done shards; a verdict or a quarantine re-run changes which
+    /// results stand).
     async fn write_manifest(&self, m: &JobManifest) -> bool {
         let key = StorePath::from(keys::job_manifest(&m.job));
         if let Ok(got) = self.store.get(&key).await
             && let Ok(bytes) = got.bytes().await
             && let Ok(old) =
                 decode::<JobManifest>("job manifest", &bytes, limits::MAX_SPEC_BYTES * 64)
-            && old.done >= m.done
+            && (old.done > m.done
+                || JobManifest {
+                    completed_ms: m.completed_ms,
+                    ..old
+                } == *m)
         {
             return true;
         }
@@ -1016,11 +1212,7 @@ impl Tracker {
             return false;
         };
         let opts = PutOptions {
-            mode: if m.failed == 0 {
-                PutMode::Overwrite
-            } else {
-                PutMode::Create
-            },
+            mode: PutMode::Overwrite,
             ..Default::default()
         };
         match self.store.put_opts(&key, bytes.into(), opts).await {

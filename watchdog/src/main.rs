@@ -23,7 +23,15 @@ async fn run() -> anyhow::Result<()> {
         )?
         .ledger;
     }
-    let config = args.into_config();
+    let (verify, verify_key) =
+        minions_schemas::endpoints::config_file::trust_defaults(args.security.config.as_deref())?;
+    if args.verify.is_none() {
+        args.verify = verify;
+    }
+    if args.verify_key.is_none() {
+        args.verify_key = verify_key;
+    }
+    let config = args.into_config()?;
     let shutdown = CancellationToken::new();
     tokio::spawn(minions_schemas::endpoints::signals::cancel_on_signal(
         shutdown.clone(),

@@ -75,6 +75,13 @@ pub struct WatchdogConfig {
     /// Whether workers' done events are checked against their outputs
     /// (see [`crate::jobs::Judge`]); off only for benchmarks.
     pub check_results: bool,
+    /// The fleet's share of shards checked by a second machine, parts per
+    /// million, for jobs that do not set theirs.
+    pub verify_ppm: u32,
+    /// The secret that picks checked shards.
+    pub verify_key: Vec<u8>,
+    /// Strikes that quarantine a machine.
+    pub quarantine_after: u32,
 }
 
 fn follow_err<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> WatchdogError {
@@ -162,12 +169,16 @@ async fn start(
     }
     let view = Arc::new(View::new(config.name.clone(), registry));
     let stop_side = shutdown.child_token();
-    let poller = tokio::spawn(queue::poll(
-        js.clone(),
-        view.clone(),
-        config.queue_poll,
-        stop_side.clone(),
-    ));
+    let poller = tokio::spawn({
+        let (js, view, stop) = (js.clone(), view.clone(), stop_side.clone());
+        let every = config.queue_poll;
+        async move {
+            tokio::join!(
+                queue::poll(js.clone(), view.clone(), every, stop.clone()),
+                crate::trust::quarantined::poll(js, view, every * 3, stop),
+            );
+        }
+    });
     let scheduler = tokio::spawn(crate::schedule::run(
         js.clone(),
         client.clone(),
@@ -226,6 +237,10 @@ async fn start(
             name: me.clone(),
             work: work_settings.clone(),
             check: config.check_results,
+            verify_ppm: config.verify_ppm,
+            verify_key: config.verify_key.clone(),
+            quarantine_after: config.quarantine_after,
+            quarantine: Some(streams::quarantine_kv(&js, config.replicas).await?),
         },
         stop_events.clone(),
     )

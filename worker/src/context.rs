@@ -57,6 +57,8 @@ pub(crate) struct Ctx {
     pub(crate) operator_hold: Mutex<bool>,
     /// Why the owner's policy holds the worker back, if it does.
     pub(crate) owner_hold: Mutex<Option<String>>,
+    /// Why the fleet quarantined this machine, if it did ([`crate::quarantine`]).
+    pub(crate) quarantine_hold: Mutex<Option<String>>,
     /// Mean shard wall time so far, ms (0 before the first).
     pub(crate) mean_shard_ms: AtomicU64,
     /// The chip that runs shards, for the record (empty when unknown).
@@ -101,7 +103,9 @@ impl Ctx {
     }
 
     fn refresh_pulling(&self) {
-        let held = *lock(&self.operator_hold) || lock(&self.owner_hold).is_some();
+        let held = *lock(&self.operator_hold)
+            || lock(&self.owner_hold).is_some()
+            || lock(&self.quarantine_hold).is_some();
         let changed = self.pulling.send_if_modified(|p| {
             let changed = *p == held;
             *p = !held;
@@ -125,6 +129,19 @@ impl Ctx {
         self.refresh_pulling();
     }
 
+    /// Sets or clears the quarantine hold, with its reason; true when it
+    /// changed.
+    pub(crate) fn set_quarantine_hold(&self, reason: Option<String>) -> bool {
+        let changed = {
+            let mut q = lock(&self.quarantine_hold);
+            let changed = q.is_some() != reason.is_some();
+            *q = reason;
+            changed
+        };
+        self.refresh_pulling();
+        changed
+    }
+
     /// The owner state as heartbeats report it.
     pub(crate) fn owner_state(&self) -> String {
         match &*lock(&self.owner_hold) {
@@ -137,6 +154,8 @@ impl Ctx {
     pub(crate) fn hand_back_reason(&self, job: &str, shard: u32) -> String {
         if lock(&self.preempted).remove(&(job.to_owned(), shard)) {
             "preempted: other work was waiting".to_owned()
+        } else if let Some(reason) = &*lock(&self.quarantine_hold) {
+            format!("quarantined: {reason}")
         } else if let Some(reason) = &*lock(&self.owner_hold) {
             format!("owner: {reason}")
         } else if *lock(&self.operator_hold) {

@@ -37,6 +37,7 @@ pub mod model;
 pub mod owner;
 pub mod process_env;
 mod provenance;
+mod quarantine;
 pub mod run;
 mod schedule;
 pub mod service;

@@ -231,6 +231,7 @@ pub async fn run(
         pulling: watch::Sender::new(true),
         operator_hold: Mutex::new(false),
         owner_hold: Mutex::new(None),
+        quarantine_hold: Mutex::new(None),
         mean_shard_ms: AtomicU64::new(0),
         duty_cycle: config.policy.as_ref().map_or(1.0, |p| p.max_duty_cycle),
         beat_now: tokio::sync::Notify::new(),
@@ -272,6 +273,7 @@ pub async fn run(
         ))
     });
     let schedule = tokio::spawn(crate::schedule::run(ctx.clone(), stop_control.clone()));
+    let quarantine = tokio::spawn(crate::quarantine::run(ctx.clone(), stop_control.clone()));
     let stop_pulling = shutdown.child_token();
     let mut slots = JoinSet::new();
     for slot in 0..config.slots {
@@ -316,6 +318,7 @@ pub async fn run(
     stop_control.cancel();
     let _ = controls.await;
     let _ = schedule.await;
+    let _ = quarantine.await;
     if let Some(owner) = owner {
         let _ = owner.await;
     }

@@ -56,6 +56,10 @@ pub(crate) struct Handled {
     pub settling: Option<JoinHandle<()>>,
 }
 
+/// How long a check run of this machine's own result stays away after it
+/// is handed back, at least (up to 200 ms more, at random).
+const AVOIDED_NAK: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Handles one delivery: runs it unless it is handed back or its job
 /// cancelled first, then settles it (ack, nak or term) and reports it. A
 /// failure is settled before this returns; a success's settlement is handed
@@ -88,12 +92,17 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) -> Handled {
     let me = ctx.worker_id();
     if !task.may_run_on(subjects::machine(&me)) {
         // A check run of a shard this machine ran: another machine takes it.
-        tracing::debug!(job = %task.job, shard = task.shard, check = task.check,
+        // It stays away for a moment (so that this slot's next pull gets
+        // other work), a random one: machines that hand back each other's
+        // check runs would otherwise meet them again in step.
+        let jitter = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos())
+            % 200;
+        let delay = AVOIDED_NAK + std::time::Duration::from_millis(u64::from(jitter));
+        tracing::debug!(job = %task.job, shard = task.shard, check = task.check, delay_ms = delay.as_millis() as u64,
             "check run of this machine's own result handed back");
-        if let Err(e) = msg
-            .ack_with(AckKind::Nak(Some(std::time::Duration::from_secs(1))))
-            .await
-        {
+        if let Err(e) = msg.ack_with(AckKind::Nak(Some(delay))).await {
             tracing::warn!(error = %e, "nak not sent; the task returns after the ack wait");
         }
         return Handled::nothing();

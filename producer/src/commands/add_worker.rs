@@ -73,6 +73,7 @@ pub fn entry(name: &str, public_key: &str) -> String {
     // A key-value bucket is stored in the stream `KV_<bucket>`.
     let registry = format!("KV_{}", streams::WORKERS_BUCKET);
     let teams = format!("KV_{}", streams::TEAMS_BUCKET);
+    let quarantine = format!("KV_{}", streams::QUARANTINE_BUCKET);
     let info: Vec<String> = [
         streams::WORK_STREAM,
         streams::EVENTS_STREAM,
@@ -80,6 +81,7 @@ pub fn entry(name: &str, public_key: &str) -> String {
         streams::DEAD_STREAM,
         registry.as_str(),
         teams.as_str(),
+        quarantine.as_str(),
     ]
     .iter()
     .map(|s| format!("\"$JS.API.STREAM.INFO.{s}\""))
@@ -90,10 +92,12 @@ pub fn entry(name: &str, public_key: &str) -> String {
          publish: {{ allow: [ {info},\n            \
          \"$JS.API.CONSUMER.LIST.{w}\", \"$JS.API.CONSUMER.INFO.{w}.*\", \"$JS.API.CONSUMER.MSG.NEXT.{w}.*\",\n            \
          \"$JS.API.DIRECT.GET.{teams}.>\", \"$JS.API.STREAM.MSG.GET.{teams}\",\n            \
+         \"$JS.API.DIRECT.GET.{quarantine}.$KV.{q}.{name}\",\n            \
          \"$JS.ACK.{w}.*.>\", \"minions.hb.{name}.>\", \"minions.events.*.*.{name}\" ] }}\n          \
          subscribe: {{ allow: [ \"_INBOX.>\", \"minions.ctl.{name}.>\", \"minions.cancel.>\", \"minions.sched\" ] }}\n          \
          allow_responses: true }} }}\n",
-        info = info.join(", ")
+        info = info.join(", "),
+        q = streams::QUARANTINE_BUCKET,
     )
 }
 

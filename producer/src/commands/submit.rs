@@ -258,6 +258,7 @@ pub async fn submit(
         priority: sharing.priority,
         preemptible: args.preemptible,
         needs: sharing.needs,
+        verify_ppm: args.verify.map(|v| (v * 1e6).round() as u32),
     };
     let resubmit = write_spec(store.as_ref(), &spec).await?;
     // The job's own consumer, before any of its shards is queued.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use async_nats::jetstream;
 use minions_schemas::endpoints::snapshot;
-use minions_schemas::messages::{Control, ControlCommand, ControlReply, WorkerRecord};
+use minions_schemas::messages::{Control, ControlCommand, ControlReply, Quarantine, WorkerRecord};
 use minions_schemas::time::now_ms;
 use minions_schemas::{SCHEMA_VERSION, WorkerId, decode, encode, limits, streams, subjects};
 use serde::Serialize;
@@ -33,6 +33,9 @@ pub struct WorkerRow {
     pub done: u64,
     /// Milliseconds since the last heartbeat.
     pub last_beat_ms: u64,
+    /// Why its machine is quarantined, if it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quarantined: Option<String>,
 }
 
 async fn connect(
@@ -49,6 +52,7 @@ pub async fn list(endpoints: &Endpoints, json: bool) -> anyhow::Result<String> {
     let (_client, js) = connect(endpoints, "minions worker list").await?;
     let kv = streams::workers_kv(&js, usize::from(endpoints.replication.replicas)).await?;
     let beats = snapshot::last_heartbeats(&js).await?;
+    let quarantined = quarantined(&js).await;
     let mut rows = BTreeMap::new();
     for hb in beats {
         let age = now_ms().saturating_sub(hb.at_ms);
@@ -64,6 +68,10 @@ pub async fn list(endpoints: &Endpoints, json: bool) -> anyhow::Result<String> {
         {
             state = rec.state.as_str().to_owned();
         }
+        let q = quarantined.get(subjects::machine(&hb.worker)).cloned();
+        if q.is_some() && !matches!(state.as_str(), "dead" | "left" | "silent") {
+            state = "quarantined".to_owned();
+        }
         rows.insert(
             hb.worker.to_string(),
             WorkerRow {
@@ -75,6 +83,7 @@ pub async fn list(endpoints: &Endpoints, json: bool) -> anyhow::Result<String> {
                 running: hb.in_flight.len(),
                 done: hb.done,
                 last_beat_ms: age,
+                quarantined: q,
             },
         );
     }
@@ -89,6 +98,16 @@ pub async fn list(endpoints: &Endpoints, json: bool) -> anyhow::Result<String> {
         "{:<28} {:<20} {:<8} {:<9} {:>7} {:>8} {:>10}\n",
         "WORKER", "HOST", "DEVICE", "STATE", "RUNNING", "DONE", "LAST BEAT"
     );
+    let notes: Vec<String> = rows
+        .iter()
+        .filter_map(|r| {
+            r.quarantined
+                .as_ref()
+                .map(|why| format!("{} is quarantined: {why}", machine_of(&r.worker)))
+        })
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
     for r in rows {
         out.push_str(&format!(
             "{:<28} {:<20} {:<8} {:<9} {:>7} {:>8} {:>8.1}s\n",
@@ -101,7 +120,78 @@ pub async fn list(endpoints: &Endpoints, json: bool) -> anyhow::Result<String> {
             r.last_beat_ms as f64 / 1000.0
         ));
     }
+    for n in notes {
+        out.push_str(&format!(
+            "machine {n} (`minions worker release` lifts it)\n"
+        ));
+    }
     Ok(out.trim_end().to_owned())
+}
+
+/// The quarantined machines and why, from the quarantine bucket (empty when
+/// it cannot be read).
+async fn quarantined(js: &jetstream::Context) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let Ok(kv) = js.get_key_value(streams::QUARANTINE_BUCKET).await else {
+        return out;
+    };
+    let Ok(mut keys) = kv.keys().await else {
+        return out;
+    };
+    use futures::StreamExt;
+    while let Some(Ok(k)) = keys.next().await {
+        if let Ok(Some(bytes)) = kv.get(&k).await
+            && let Ok(q) =
+                decode::<Quarantine>("quarantine record", &bytes, limits::MAX_QUARANTINE_BYTES)
+            && q.quarantined
+        {
+            out.insert(k, q.reason);
+        }
+    }
+    out
+}
+
+/// Lifts the quarantine of `machine` (a machine name or a worker id on it):
+/// rewrites its record as released, keeping its strike count, so that a
+/// watchdog quarantines it again only after new strikes.
+pub async fn release(endpoints: &Endpoints, machine: &str) -> anyhow::Result<String> {
+    let (_client, js) = connect(endpoints, "minions worker release").await?;
+    let kv = streams::quarantine_kv(&js, usize::from(endpoints.replication.replicas)).await?;
+    let mut name = machine.to_owned();
+    let mut entry = kv.get(&name).await?;
+    if entry.is_none()
+        && let Ok(id) = WorkerId::new(machine)
+    {
+        name = subjects::machine(&id).to_owned();
+        entry = kv.get(&name).await?;
+    }
+    let Some(bytes) = entry else {
+        bail!("machine {machine} is not quarantined (no record; see `minions worker list`)");
+    };
+    let old: Quarantine = decode("quarantine record", &bytes, limits::MAX_QUARANTINE_BYTES)
+        .with_context(|| format!("the quarantine record of {name}"))?;
+    if !old.quarantined {
+        return Ok(format!(
+            "machine {name} is not quarantined (released before)"
+        ));
+    }
+    let by = endpoints.security.identity_name();
+    let new = Quarantine {
+        v: SCHEMA_VERSION,
+        machine: name.clone(),
+        quarantined: false,
+        strikes: old.strikes,
+        reason: format!("released by {by} (was: {})", old.reason),
+        by,
+        at_ms: now_ms(),
+    };
+    kv.put(&name, encode("quarantine record", &new)?.into())
+        .await
+        .with_context(|| format!("writing the release of {name}"))?;
+    Ok(format!(
+        "machine {name} released ({} strikes so far); its workers pull again within a few seconds",
+        old.strikes
+    ))
 }
 
 /// Sends a control request to one worker and waits for its answer.
@@ -134,4 +224,13 @@ pub async fn control(
         "worker {}: {} ({} shards handed back)",
         r.worker, r.status, r.handed_back
     ))
+}
+
+/// The machine part of a worker id as text (the id itself when it is not
+/// a valid one).
+fn machine_of(worker: &str) -> String {
+    WorkerId::new(worker).map_or_else(
+        |_| worker.to_owned(),
+        |id| subjects::machine(&id).to_owned(),
+    )
 }

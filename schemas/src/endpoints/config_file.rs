@@ -67,6 +67,26 @@ pub struct ConnectionFile {
     /// The energy price `minions usage` costs kWh at without
     /// `--price-per-kwh` (in whatever currency the reader thinks in).
     pub price_per_kwh: Option<f64>,
+    /// The fleet's share of shards that `minions-watchdog` has checked by a
+    /// second machine, for jobs submitted without `--verify` (`--verify`).
+    pub verify: Option<f64>,
+    /// The secret the fleet's watchdogs pick checked shards with
+    /// (`MINIONS_VERIFY_KEY`); keep the file readable by its owner only.
+    pub verify_key: Option<String>,
+}
+
+/// The result-checking defaults of the settings file in use (`--config`,
+/// `MINIONS_CONFIG` or the user's), if any: `(verify, verify_key)`.
+pub fn trust_defaults(
+    explicit: Option<&Path>,
+) -> Result<(Option<f64>, Option<String>), ConfigFileError> {
+    match chosen(explicit) {
+        Some(path) => {
+            let f = read(&path)?;
+            Ok((f.verify, f.verify_key))
+        }
+        None => Ok((None, None)),
+    }
 }
 
 /// The submit defaults of the settings file in use (`--config`,

@@ -47,6 +47,13 @@ pub struct JobManifest {
     /// their output: forged or corrupt); each of those shards ran again.
     #[serde(default)]
     pub rejected: u32,
+    /// Shards whose result a check run on another machine confirmed (or
+    /// the majority of three decided).
+    #[serde(default)]
+    pub verified: u32,
+    /// Check runs that disagreed with the result they checked.
+    #[serde(default)]
+    pub disagreements: u32,
     /// Every shard, in order.
     pub shards: Vec<ManifestShard>,
     /// When the manifest was written (ms since the epoch).

@@ -70,6 +70,11 @@ pub struct JobSpec {
     /// submitting OS user at the host (absent in older specs: empty).
     #[serde(default)]
     pub submitter: String,
+    /// Share of its shards run a second time on another machine to check
+    /// the result, parts per million (None: the fleet's default; absent in
+    /// older specs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify_ppm: Option<u32>,
 }
 
 /// The team of a job submitted without one.
@@ -113,6 +118,7 @@ impl JobSpec {
 pub(crate) fn test_spec() -> Result<JobSpec, crate::IdError> {
     Ok(JobSpec {
         submitter: String::new(),
+        verify_ppm: None,
         v: crate::SCHEMA_VERSION,
         job: crate::JobId::new("j")?,
         model_name: crate::ModelName::new("m")?,

@@ -87,6 +87,35 @@ pub enum EventKind {
         /// What the store holds instead, in words.
         reason: String,
     },
+    /// A watchdog queued a check run of the shard (round `round`): another
+    /// machine runs it again and the outputs are compared. The job is not
+    /// complete until a [`EventKind::Verdict`] of the same round closes it.
+    /// Sent by a watchdog (host [`WATCHDOG_HOST`]).
+    CheckQueued {
+        /// The round (1: the first check; 2: the tie-break).
+        round: u8,
+        /// Machines that may not run it (those that ran the shard already).
+        avoid: Vec<String>,
+    },
+    /// A watchdog's verdict on a check round of the shard. Sent by a
+    /// watchdog (host [`WATCHDOG_HOST`]).
+    Verdict {
+        /// The round it closes.
+        round: u8,
+        /// What it found.
+        outcome: VerdictOutcome,
+        /// Workers whose result lost to the majority (a strike each against
+        /// their machine); empty unless `decided`.
+        #[serde(default)]
+        outvoted: Vec<WorkerId>,
+        /// The result that stands: its worker (None: unchanged).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stands: Option<WorkerId>,
+        /// SHA-256 of the output that stands, hex.
+        sha256: String,
+        /// What was compared and found, in words.
+        detail: String,
+    },
     /// The shard failed on this delivery.
     Failed {
         /// Why, in words a person can act on.
@@ -94,6 +123,42 @@ pub enum EventKind {
         /// True when it will never be retried (bad input, unknown model).
         permanent: bool,
     },
+}
+
+/// What a watchdog's check round found ([`EventKind::Verdict`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerdictOutcome {
+    /// The check run agrees with the shard's result: verified, closed.
+    Agreed,
+    /// The check run disagrees: a further round on a third machine decides
+    /// (queued with this verdict); not closed.
+    Disagreed,
+    /// The tie-break sided with one of the two: the other is outvoted, and
+    /// when that was the shard's result, the majority's output replaced it.
+    /// Closed.
+    Decided,
+    /// Nothing could be decided (no other machine ran the check, or all
+    /// disagree, or the result was withdrawn meanwhile): the shard's result
+    /// stands unverified. Closed.
+    Undecided,
+}
+
+impl VerdictOutcome {
+    /// The outcome as a word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Agreed => "agreed",
+            Self::Disagreed => "disagreed",
+            Self::Decided => "decided",
+            Self::Undecided => "undecided",
+        }
+    }
+
+    /// Whether it closes its check (no further round runs).
+    pub fn closes(self) -> bool {
+        !matches!(self, Self::Disagreed)
+    }
 }
 
 /// An event about one shard, published on [`crate::subjects::event`] into the
@@ -150,6 +215,8 @@ impl EventKind {
             Self::Failed { .. } => "failed",
             Self::Rejected { .. } => "rejected",
             Self::Checked { .. } => "checked",
+            Self::CheckQueued { .. } => "check-queued",
+            Self::Verdict { .. } => "verdict",
         }
     }
 }
@@ -164,6 +231,12 @@ impl ShardEvent {
     /// watchdog.
     pub fn from_worker(&self) -> bool {
         self.host != CLI_SENDER && self.host != WATCHDOG_HOST
+    }
+
+    /// Whether a watchdog sent it (rejections, check rounds and verdicts
+    /// count only from one).
+    pub fn from_watchdog(&self) -> bool {
+        self.host == WATCHDOG_HOST
     }
 
     /// The event's message id: the same for every retried publish of this
@@ -181,6 +254,17 @@ impl ShardEvent {
                 self.attempt,
                 sha256.chars().take(64).collect::<String>()
             );
+        }
+        // One record per check round, whichever watchdog (and however many)
+        // queued or judged it.
+        match &self.kind {
+            EventKind::CheckQueued { round, .. } => {
+                return format!("{}/{}/check-queued/{round}", self.job, self.shard);
+            }
+            EventKind::Verdict { round, .. } => {
+                return format!("{}/{}/verdict/{round}", self.job, self.shard);
+            }
+            _ => {}
         }
         format!(
             "{}/{}/{}/{}/{}/{}",

@@ -688,6 +688,7 @@ async fn scale(n: usize, secs: u64) -> Result<String> {
     std::fs::create_dir_all(key.parent().ok_or("no parent")?)?;
     let spec = minions_schemas::messages::JobSpec {
         submitter: String::new(),
+        verify_ppm: None,
         v: SCHEMA_VERSION,
         job: job.clone(),
         model_name: minions_schemas::ModelName::new("noop")?,

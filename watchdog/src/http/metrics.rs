@@ -89,6 +89,32 @@ pub fn render(s: &Snapshot, ledger: Option<&LedgerStatus>) -> String {
         o.sample("minions_shards_total", &[("outcome", outcome)], n as f64);
     }
     o.one(
+        "minions_machines_quarantined",
+        "gauge",
+        "Machines quarantined because their results lost to the majority of check runs too often (their workers pull nothing until released).",
+        s.quarantined.len() as f64,
+    );
+    o.family(
+        "minions_machine_quarantined",
+        "gauge",
+        "1 for each quarantined machine.",
+    );
+    for machine in s.quarantined.keys() {
+        o.sample("minions_machine_quarantined", &[("machine", machine)], 1.0);
+    }
+    o.family(
+        "minions_checks_total",
+        "counter",
+        "Sampled checks of results by a second machine: verified counts shards whose result a check run confirmed (or a majority of three decided); disagreed counts check runs that disagreed; outvoted counts results that lost to a majority (a strike against their machine).",
+    );
+    for (outcome, n) in [
+        ("verified", c.verified),
+        ("disagreed", c.disagreements),
+        ("outvoted", c.outvoted),
+    ] {
+        o.sample("minions_checks_total", &[("outcome", outcome)], n as f64);
+    }
+    o.one(
         "minions_records_total",
         "counter",
         "Records of shards done.",

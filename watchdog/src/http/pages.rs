@@ -286,7 +286,21 @@ pub fn fleet(s: &Snapshot) -> String {
         out.push_str(&card(&n(k).to_string(), k));
     }
     out.push_str(&card(&s.owner_active.to_string(), "owner using it"));
-    out.push_str("</div></section>");
+    out.push_str(&card(
+        &s.quarantined.len().to_string(),
+        "machines quarantined",
+    ));
+    out.push_str("</div>");
+    for (machine, why) in &s.quarantined {
+        let _ = write!(
+            out,
+            "<p class=\"owner-away\">Machine <b>{}</b> is quarantined: {} (its workers pull nothing until <code>minions worker release {}</code>)</p>",
+            esc(machine),
+            esc(why),
+            esc(machine)
+        );
+    }
+    out.push_str("</section>");
 
     out.push_str("<section><h2>Queue</h2><div class=\"cards\">");
     if !q.ok {

@@ -168,7 +168,11 @@ impl Plan {
         w.2 = w.2.max(e.at_ms);
         if matches!(
             e.kind,
-            EventKind::Progress { .. } | EventKind::Submitted { .. } | EventKind::Rejected { .. }
+            EventKind::Progress { .. }
+                | EventKind::Submitted { .. }
+                | EventKind::Rejected { .. }
+                | EventKind::CheckQueued { .. }
+                | EventKind::Verdict { .. }
         ) {
             return;
         }
@@ -250,7 +254,9 @@ impl Plan {
             EventKind::Requeued
             | EventKind::Progress { .. }
             | EventKind::Submitted { .. }
-            | EventKind::Rejected { .. } => {}
+            | EventKind::Rejected { .. }
+            | EventKind::CheckQueued { .. }
+            | EventKind::Verdict { .. } => {}
         }
     }
 }

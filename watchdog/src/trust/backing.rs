@@ -42,7 +42,27 @@ pub async fn check(
     sha256: &str,
     rows: u64,
 ) -> Result<Backing, BackingError> {
-    let key = StorePath::from(keys::shard_output(job, shard));
+    check_at(
+        store,
+        keys::shard_output(job, shard),
+        job,
+        shard,
+        sha256,
+        rows,
+    )
+    .await
+}
+
+/// [`check`] of the output at `key` (a check run's, [`keys::shard_check`]).
+pub async fn check_at(
+    store: &dyn ObjectStore,
+    key: String,
+    job: &JobId,
+    shard: u32,
+    sha256: &str,
+    rows: u64,
+) -> Result<Backing, BackingError> {
+    let key = StorePath::from(key);
     let err = |source| BackingError {
         job: job.clone(),
         shard,

@@ -82,6 +82,13 @@ pub struct Counters {
     /// Results rejected by a watchdog: `done` events that their output
     /// does not back (forged or corrupt); each such shard runs again.
     pub rejected: u64,
+    /// Shards whose result a check run on another machine confirmed, or a
+    /// majority of three decided.
+    pub verified: u64,
+    /// Check runs that disagreed with the result they checked.
+    pub disagreements: u64,
+    /// Results outvoted by a majority (a strike against their machine).
+    pub outvoted: u64,
     /// Wall time of shards done, seconds.
     pub durations: Histogram,
 }
@@ -98,6 +105,9 @@ impl Default for Counters {
             tokens: 0,
             redeliveries: 0,
             rejected: 0,
+            verified: 0,
+            disagreements: 0,
+            outvoted: 0,
             durations: Histogram::new(&DURATION_BOUNDS),
         }
     }
@@ -117,6 +127,12 @@ struct SavedCounters {
     redeliveries: u64,
     #[serde(default)]
     rejected: u64,
+    #[serde(default)]
+    verified: u64,
+    #[serde(default)]
+    disagreements: u64,
+    #[serde(default)]
+    outvoted: u64,
     durations: SavedHistogram,
 }
 
@@ -149,6 +165,9 @@ impl<'de> Deserialize<'de> for Counters {
             tokens: s.tokens,
             redeliveries: s.redeliveries,
             rejected: s.rejected,
+            verified: s.verified,
+            disagreements: s.disagreements,
+            outvoted: s.outvoted,
             durations: Histogram {
                 bounds: &DURATION_BOUNDS,
                 counts: h.counts,

@@ -149,8 +149,22 @@ impl JobsView {
                 }
             }
             EventKind::Rejected { .. } => {
-                if e.host == minions_schemas::messages::WATCHDOG_HOST {
+                if e.from_watchdog() {
                     c.rejected += 1;
+                }
+            }
+            EventKind::CheckQueued { .. } => {}
+            EventKind::Verdict {
+                outcome, outvoted, ..
+            } => {
+                if e.from_watchdog() {
+                    use minions_schemas::messages::VerdictOutcome as O;
+                    match outcome {
+                        O::Agreed | O::Decided => c.verified += 1,
+                        O::Disagreed => c.disagreements += 1,
+                        O::Undecided => {}
+                    }
+                    c.outvoted += outvoted.len() as u64;
                 }
             }
             EventKind::HandedBack { reason } => {
@@ -328,6 +342,7 @@ pub(crate) mod fixtures {
     pub(crate) fn spec(job: &str, shards: u32, records: u64) -> Result<JobSpec, IdError> {
         Ok(JobSpec {
             submitter: String::new(),
+            verify_ppm: None,
             v: SCHEMA_VERSION,
             job: JobId::new(job)?,
             model_name: ModelName::new("m")?,

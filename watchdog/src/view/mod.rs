@@ -39,6 +39,7 @@ pub struct View {
     queue: Mutex<QueueInfo>,
     schedule: Mutex<Option<std::sync::Arc<minions_schemas::messages::Schedule>>>,
     heartbeats: AtomicU64,
+    quarantined: Mutex<BTreeMap<String, String>>,
 }
 
 /// One worker as the dashboard shows it.
@@ -111,6 +112,8 @@ pub struct Snapshot {
     pub heartbeats: u64,
     /// Teams with work or a policy, from the last schedule.
     pub teams: Vec<TeamRow>,
+    /// Quarantined machines and why (their workers pull nothing).
+    pub quarantined: BTreeMap<String, String>,
 }
 
 impl View {
@@ -124,6 +127,7 @@ impl View {
             queue: Mutex::new(QueueInfo::default()),
             schedule: Mutex::new(None),
             heartbeats: AtomicU64::new(0),
+            quarantined: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -155,6 +159,11 @@ impl View {
     /// The schedule last published, if any.
     pub fn schedule(&self) -> Option<std::sync::Arc<minions_schemas::messages::Schedule>> {
         lock(&self.schedule).clone()
+    }
+
+    /// Replaces the quarantined machines (machine → reason).
+    pub fn set_quarantined(&self, q: BTreeMap<String, String>) {
+        *lock(&self.quarantined) = q;
     }
 
     /// Counts a heartbeat received.
@@ -249,6 +258,7 @@ impl View {
             history,
             heartbeats: self.heartbeats.load(Ordering::Relaxed),
             teams: self.teams(),
+            quarantined: lock(&self.quarantined).clone(),
         }
     }
 
