@@ -6,6 +6,8 @@
 //! that every decode of untrusted bytes is held to.
 //!
 //! Layout:
+//! - [`canary`] — the known shard every worker runs before it pulls work,
+//!   its known answer, and how an answer is judged.
 //! - [`ids`] — validated identifiers (job, worker, model names and hashes); every
 //!   subject and object key is built only from these.
 //! - [`codec`] — MessagePack encode/decode with a size limit, a depth limit and a
@@ -19,6 +21,7 @@
 //! - [`endpoints`] — connecting to NATS (with the server version check) and
 //!   opening the object store from a URL.
 
+pub mod canary;
 pub mod codec;
 pub mod endpoints;
 pub mod ids;

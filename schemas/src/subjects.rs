@@ -130,6 +130,22 @@ pub fn control(worker: &WorkerId) -> String {
     format!("minions.ctl.{}.{worker}", machine(worker))
 }
 
+/// Where a worker sends its canary answers, under its own machine name:
+/// `minions.canary.<machine>`. A watchdog answers (one of a queue group).
+pub fn canary(worker: &WorkerId) -> String {
+    format!("minions.canary.{}", machine(worker))
+}
+
+/// Every machine's canary subject, for the watchdogs' queue group.
+pub const CANARY_ALL: &str = "minions.canary.*";
+
+/// The machine a canary subject names, if it is one.
+pub fn canary_machine(subject: &str) -> Option<&str> {
+    subject
+        .strip_prefix("minions.canary.")
+        .filter(|m| !m.is_empty() && !m.contains('.'))
+}
+
 /// The `Nats-Msg-Id` of a shard task: `job/shard`, so that publishing the same
 /// shard twice inside the stream's duplicate window stores it once.
 pub fn msg_id(job: &JobId, shard: u32) -> String {

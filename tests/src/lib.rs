@@ -1238,6 +1238,41 @@ impl Fleet {
         Ok(dir)
     }
 
+    /// Collects `job` and compares it, row for row and bit for bit, with
+    /// the model in `model` run in-process one text at a time (as the
+    /// fleet runs shards of one record), at f32.
+    pub fn collected_equals_in_process(
+        &self,
+        job: &str,
+        model: &Path,
+        texts: &[String],
+    ) -> Result<()> {
+        let npy = self.dir.path().join(format!("{job}.npy"));
+        self.cli(&["collect", job, "--output", &npy.display().to_string()])?;
+        let (rows, dim, got) = read_npy_f32(&npy)?;
+        if rows != texts.len() {
+            return Err(format!("collected {rows} rows for {} records", texts.len()).into());
+        }
+        let embedder = minions_worker::model::BertEmbedder::load(
+            model,
+            &candle_core::Device::Cpu,
+            minions_worker::model::Precision::F32,
+        )?;
+        let want = embedder.embed(texts, minions_worker::model::Batching::texts(1))?;
+        let differing: Vec<usize> = (0..rows)
+            .filter(|&r| got[r * dim..(r + 1) * dim] != want[r * dim..(r + 1) * dim])
+            .collect();
+        if !differing.is_empty() {
+            return Err(format!(
+                "{} collected rows differ from the in-process result, the first {:?}",
+                differing.len(),
+                &differing[..differing.len().min(10)]
+            )
+            .into());
+        }
+        Ok(())
+    }
+
     /// Collects `job` and checks every vector against the same model code
     /// run in-process on `texts` (max abs diff ≤ 1e-5): what an undisturbed
     /// run gives.

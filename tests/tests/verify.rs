@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use minions_schemas::messages::{EventKind, JobManifest, Quarantine, VerdictOutcome};
 use minions_schemas::{decode, limits, streams, subjects};
-use minions_tests::{Fleet, Result, read_npy_f32, write_corpus};
+use minions_tests::{Fleet, Result, write_corpus};
 use minions_worker::model::tiny::TinySpec;
 
 /// The faulty worker's machine: workers are named w1, w2, ... in start
@@ -103,37 +103,6 @@ async fn check_counts(fleet: &Fleet, job: &str, machine: &str) -> Result<(usize,
     Ok((queued, disagreed, outvoted))
 }
 
-/// Collects `job` and compares it, row for row and bit for bit, with the
-/// model run in-process one text at a time (as the fleet runs shards of
-/// one record).
-fn collected_equals_in_process(
-    fleet: &Fleet,
-    job: &str,
-    model: &std::path::Path,
-    texts: &[String],
-) -> Result<()> {
-    let npy = fleet.dir.path().join(format!("{job}.npy"));
-    fleet.cli(&["collect", job, "--output", &npy.display().to_string()])?;
-    let (rows, dim, got) = read_npy_f32(&npy)?;
-    assert_eq!(rows, texts.len());
-    let embedder = minions_worker::model::BertEmbedder::load(
-        model,
-        &candle_core::Device::Cpu,
-        minions_worker::model::Precision::F32,
-    )?;
-    let want = embedder.embed(texts, minions_worker::model::Batching::texts(1))?;
-    let differing: Vec<usize> = (0..rows)
-        .filter(|&r| got[r * dim..(r + 1) * dim] != want[r * dim..(r + 1) * dim])
-        .collect();
-    assert!(
-        differing.is_empty(),
-        "{} collected rows differ from the in-process result, the first {:?}",
-        differing.len(),
-        &differing[..differing.len().min(10)]
-    );
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_faulty_machine_is_caught_quarantined_and_its_shards_run_again() -> Result<()> {
     let mut fleet = Fleet::local()?;
@@ -186,7 +155,7 @@ async fn always_wrong(fleet: &mut Fleet) -> Result<()> {
     assert_eq!(by_faulty, 0, "results of the quarantined machine remain");
     assert_eq!((manifest.done, manifest.failed), (2000, 0));
     assert!(manifest.disagreements as usize >= disagreed.min(1));
-    collected_equals_in_process(fleet, "verified", &model, &texts)?;
+    fleet.collected_equals_in_process("verified", &model, &texts)?;
 
     // /metrics shows the checks; the quarantined worker pulls nothing.
     let (_, metrics) = minions_tests::web::get(&format!("{}/metrics", fleet.dashboards[0]))?;
@@ -299,7 +268,7 @@ async fn sometimes_wrong(fleet: &mut Fleet) -> Result<()> {
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
-        collected_equals_in_process(fleet, job, &model, &texts)?;
+        fleet.collected_equals_in_process(job, &model, &texts)?;
     }
     Ok(())
 }

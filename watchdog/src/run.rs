@@ -169,13 +169,26 @@ async fn start(
     }
     let view = Arc::new(View::new(config.name.clone(), registry));
     let stop_side = shutdown.child_token();
+    let quarantine = streams::quarantine_kv(&js, config.replicas).await?;
+    let canaries = crate::trust::canary::listen(&client)
+        .await
+        .map_err(follow_err("canaries"))?;
     let poller = tokio::spawn({
         let (js, view, stop) = (js.clone(), view.clone(), stop_side.clone());
         let every = config.queue_poll;
+        let canaries = crate::trust::canary::serve(
+            client.clone(),
+            canaries,
+            quarantine.clone(),
+            view.clone(),
+            config.name.clone(),
+            stop.clone(),
+        );
         async move {
             tokio::join!(
                 queue::poll(js.clone(), view.clone(), every, stop.clone()),
                 crate::trust::quarantined::poll(js, view, every * 3, stop),
+                canaries,
             );
         }
     });
@@ -240,7 +253,7 @@ async fn start(
             verify_ppm: config.verify_ppm,
             verify_key: config.verify_key.clone(),
             quarantine_after: config.quarantine_after,
-            quarantine: Some(streams::quarantine_kv(&js, config.replicas).await?),
+            quarantine: Some(quarantine),
         },
         stop_events.clone(),
     )

@@ -68,14 +68,46 @@ async fn energy(out: &mut String, device: &str, power_watts: Option<f64>) {
     }
 }
 
+/// The canary line: the known shard run here and judged against the known
+/// answer this build carries (as a worker does when no watchdog answers).
+async fn canary(
+    out: &mut String,
+    device: Option<candle_core::Device>,
+    cache_dir: &std::path::Path,
+) {
+    let Some(device) = device else {
+        let _ = writeln!(out, "canary       not run: no device");
+        return;
+    };
+    let dir = cache_dir.join(format!("canary-doctor-{}", std::process::id()));
+    let line = match crate::canary::run_on(device, &dir).await {
+        Ok(answers) => match minions_schemas::canary::judge(&answers) {
+            Ok(how) => format!("ok: {how}"),
+            Err(why) => format!(
+                "FAILED: {why}; this build, device or kernel path gives wrong answers, and a worker here would be refused"
+            ),
+        },
+        Err(e) => format!("FAILED: {e}"),
+    };
+    let _ = writeln!(out, "canary       {line}");
+    if minions_engine::kernel_fault() {
+        let _ = writeln!(
+            out,
+            "fault switch ON: {} is set; this worker's kernels give wrong answers on purpose (tests only): unset it",
+            minions_engine::KERNEL_FAULT_ENV
+        );
+    }
+}
+
 /// Runs every check and returns the report; never fails (each problem is a line).
 pub async fn report(config: &WorkerConfig) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "minions-worker {} doctor", env!("CARGO_PKG_VERSION"));
     // The energy meter is chosen for the device opened (the CPU when none is).
-    let device_name = match select_device(config.device) {
+    let opened = select_device(config.device);
+    let device_name = match &opened {
         Ok(d) => {
-            let name = describe_device(&d);
+            let name = describe_device(d);
             let _ = writeln!(out, "device       ok: {name}");
             name
         }
@@ -89,6 +121,7 @@ pub async fn report(config: &WorkerConfig) -> String {
         "cpu kernels  ok: {}",
         minions_engine::CpuPath::describe()
     );
+    canary(&mut out, opened.ok(), &config.cache_dir).await;
     if let Some(p) = crate::fault::Perturb::from_env() {
         let _ = writeln!(
             out,

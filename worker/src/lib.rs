@@ -9,6 +9,7 @@
 //! Layout:
 //! - [`cli`] / [`config`] — flags and the configuration they build.
 //! - [`run`] — connect, pull loop with bounded slots, drain on shutdown.
+//! - `canary`: the known shard run before any work, and its verdict.
 //! - [`doctor`] — what this machine brings and what stands in the way.
 //! - [`service`] — install as a systemd user unit or launchd LaunchAgent.
 //! - `shard`: one delivery from message to settlement.
@@ -22,6 +23,7 @@
 //! - [`energy`] — the energy meters, each delivery's share, the
 //!   heartbeat's power.
 
+mod canary;
 mod chip;
 pub mod cli;
 pub mod config;

@@ -34,6 +34,19 @@ pub enum WorkerError {
     /// The compute device could not be opened.
     #[error("cannot open compute device: {0}")]
     Device(#[from] candle_core::Error),
+    /// The canary shard gave wrong answers on this machine (or could not
+    /// run): its kernels are not trusted with real work.
+    #[error(
+        "this machine failed its canary, judged by {by}: {detail}. Its build, device or kernel path gives wrong answers, so it pulls no work. Check it with `minions-worker doctor` (a driver, a build, MINIONS_CPU_PATH); where a watchdog judged it, machine {machine:?} is quarantined too, until `minions worker release {machine}` once it is fixed"
+    )]
+    Canary {
+        /// Who judged: a watchdog's name, or this worker.
+        by: String,
+        /// Which answer was wrong, and how.
+        detail: String,
+        /// The machine.
+        machine: String,
+    },
     /// The NATS identity may not publish this worker's heartbeats: it was
     /// issued for another machine name.
     #[error(
@@ -197,6 +210,12 @@ pub async fn run(
     let chip = crate::chip::detect(&device_name).await;
     let made_by = crate::provenance::detect(&device_name).await;
     tracing::info!(build = %made_by.build, kernel = %made_by.kernel, "outputs record their maker");
+    if minions_engine::kernel_fault() {
+        tracing::warn!(
+            variable = minions_engine::KERNEL_FAULT_ENV,
+            "KERNEL FAULT SWITCH ON: this worker's kernels give wrong answers on purpose, for tests only"
+        );
+    }
     let perturb = crate::fault::Perturb::from_env();
     if let Some(p) = perturb {
         tracing::warn!(switch = ?p, variable = crate::fault::PERTURB_VAR,
@@ -247,6 +266,23 @@ pub async fn run(
     let controls = tokio::spawn(control::run(ctx.clone(), stop_control.clone(), ready));
     let _ = listening.await;
     if let Err(e) = check_identity(&ctx, config.heartbeat_interval, started_ms).await {
+        stop_control.cancel();
+        let _ = controls.await;
+        stop_energy.cancel();
+        ctx.energy.join().await;
+        return Err(e);
+    }
+    if let Err(e) = crate::canary::gate(&ctx, &config.cache_dir).await {
+        // Leave at once: the watchdogs need not wait for missed beats.
+        heartbeat::send(
+            &ctx,
+            config.heartbeat_interval,
+            started_ms,
+            true,
+            heartbeat::memory_mb(),
+        )
+        .await;
+        let _ = ctx.client.flush().await;
         stop_control.cancel();
         let _ = controls.await;
         stop_energy.cancel();

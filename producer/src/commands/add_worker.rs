@@ -93,7 +93,8 @@ pub fn entry(name: &str, public_key: &str) -> String {
          \"$JS.API.CONSUMER.LIST.{w}\", \"$JS.API.CONSUMER.INFO.{w}.*\", \"$JS.API.CONSUMER.MSG.NEXT.{w}.*\",\n            \
          \"$JS.API.DIRECT.GET.{teams}.>\", \"$JS.API.STREAM.MSG.GET.{teams}\",\n            \
          \"$JS.API.DIRECT.GET.{quarantine}.$KV.{q}.{name}\",\n            \
-         \"$JS.ACK.{w}.*.>\", \"minions.hb.{name}.>\", \"minions.events.*.*.{name}\" ] }}\n          \
+         \"$JS.ACK.{w}.*.>\", \"minions.hb.{name}.>\", \"minions.events.*.*.{name}\",\n            \
+         \"minions.canary.{name}\" ] }}\n          \
          subscribe: {{ allow: [ \"_INBOX.>\", \"minions.ctl.{name}.>\", \"minions.cancel.>\", \"minions.sched\" ] }}\n          \
          allow_responses: true }} }}\n",
         info = info.join(", "),

@@ -2,6 +2,7 @@
 //! and is encoded with [`crate::encode`] and decoded with [`crate::decode`]
 //! under the limit named beside it.
 
+mod canary;
 mod control;
 mod dead_letter;
 mod generation;
@@ -19,6 +20,7 @@ mod shard_io;
 mod shard_task;
 mod worker_record;
 
+pub use canary::{CanaryAnswer, CanaryReport, CanaryVerdict};
 pub use control::{Control, ControlCommand, ControlReply};
 pub use dead_letter::DeadLetter;
 pub use generation::{

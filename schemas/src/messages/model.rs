@@ -75,6 +75,17 @@ impl Precision {
             Self::Int8 => "int8",
         }
     }
+
+    /// The least cosine two runs of one embedding at this precision reach
+    /// on any device and kernel path: CPU kernel paths agree bit for bit,
+    /// but Metal, CUDA and CPU sum in different orders, and int8 quantises
+    /// activations per product. A faulty machine falls far below.
+    pub fn min_cosine(self) -> f64 {
+        match self {
+            Self::F32 => 0.9999,
+            Self::Int8 => 0.999,
+        }
+    }
 }
 
 impl std::fmt::Display for Precision {

@@ -114,6 +114,14 @@ pub fn render(s: &Snapshot, ledger: Option<&LedgerStatus>) -> String {
     ] {
         o.sample("minions_checks_total", &[("outcome", outcome)], n as f64);
     }
+    o.family(
+        "minions_canaries_total",
+        "counter",
+        "Canaries this watchdog judged: the known shard a worker runs when it starts, before any work; a machine that fails is quarantined.",
+    );
+    for (outcome, n) in [("passed", s.canaries[0]), ("failed", s.canaries[1])] {
+        o.sample("minions_canaries_total", &[("outcome", outcome)], n as f64);
+    }
     o.one(
         "minions_records_total",
         "counter",

@@ -24,11 +24,9 @@ pub struct Tolerance {
 impl Tolerance {
     /// The tolerance for embeddings made at `precision`.
     pub fn for_precision(precision: Precision) -> Self {
-        let min_cosine = match precision {
-            Precision::F32 => 0.9999,
-            Precision::Int8 => 0.999,
-        };
-        Self { min_cosine }
+        Self {
+            min_cosine: precision.min_cosine(),
+        }
     }
 }
 

@@ -39,6 +39,8 @@ pub struct View {
     queue: Mutex<QueueInfo>,
     schedule: Mutex<Option<std::sync::Arc<minions_schemas::messages::Schedule>>>,
     heartbeats: AtomicU64,
+    /// Canaries judged by this watchdog: passed, failed.
+    canaries: [AtomicU64; 2],
     quarantined: Mutex<BTreeMap<String, String>>,
 }
 
@@ -110,6 +112,8 @@ pub struct Snapshot {
     pub history: Vec<u64>,
     /// Heartbeats received.
     pub heartbeats: u64,
+    /// Canaries this watchdog judged since it started: passed, failed.
+    pub canaries: [u64; 2],
     /// Teams with work or a policy, from the last schedule.
     pub teams: Vec<TeamRow>,
     /// Quarantined machines and why (their workers pull nothing).
@@ -127,6 +131,7 @@ impl View {
             queue: Mutex::new(QueueInfo::default()),
             schedule: Mutex::new(None),
             heartbeats: AtomicU64::new(0),
+            canaries: [AtomicU64::new(0), AtomicU64::new(0)],
             quarantined: Mutex::new(BTreeMap::new()),
         }
     }
@@ -164,6 +169,11 @@ impl View {
     /// Replaces the quarantined machines (machine → reason).
     pub fn set_quarantined(&self, q: BTreeMap<String, String>) {
         *lock(&self.quarantined) = q;
+    }
+
+    /// Counts a canary judged.
+    pub fn count_canary(&self, passed: bool) {
+        self.canaries[usize::from(!passed)].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a heartbeat received.
@@ -257,6 +267,10 @@ impl View {
             counters,
             history,
             heartbeats: self.heartbeats.load(Ordering::Relaxed),
+            canaries: [
+                self.canaries[0].load(Ordering::Relaxed),
+                self.canaries[1].load(Ordering::Relaxed),
+            ],
             teams: self.teams(),
             quarantined: lock(&self.quarantined).clone(),
         }

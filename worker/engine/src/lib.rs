@@ -14,8 +14,10 @@
 //! - `kernels` — our CPU kernels behind candle's custom-op interface.
 //! - [`device`](select_device) — which candle device a worker runs on.
 //! - [`tiny`] — tiny random-weight models for tests.
+//! - [`canary`] — the known shard a worker runs before it pulls work.
 
 mod bert;
+pub mod canary;
 mod device;
 mod encoder;
 mod error;
@@ -31,7 +33,7 @@ use minions_schemas::messages::{Generation, GenerationRecord, ModelFamily, Outpu
 pub use bert::BertEmbedder;
 pub use device::{DeviceChoice, describe_device, select_device};
 pub use error::ModelError;
-pub use kernels::{CPU_PATH_ENV, CpuPath};
+pub use kernels::{CPU_PATH_ENV, CpuPath, KERNEL_FAULT_ENV, kernel_fault};
 pub use minions_schemas::messages::Precision;
 
 /// How a shard's texts are cut into forward passes: sorted by length, then

@@ -103,6 +103,17 @@ fn tokenizer_json(vocab: &BTreeMap<String, u32>) -> serde_json::Value {
 
 /// Writes a tiny random-weight `bert-embedding` model folder into `dir`.
 pub fn write_tiny_bert(dir: &Path, spec: TinySpec) -> Result<(), ModelError> {
+    write_bert(dir, spec, |_| Ok(()))
+}
+
+/// Writes a tiny `bert-embedding` model folder into `dir`, its weights
+/// random, then set by `fill` (which may overwrite any of them) before they
+/// are saved.
+pub(crate) fn write_bert(
+    dir: &Path,
+    spec: TinySpec,
+    fill: impl FnOnce(&VarMap) -> Result<(), ModelError>,
+) -> Result<(), ModelError> {
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let vocab = vocab();
     let config = Config {
@@ -148,6 +159,7 @@ pub fn write_tiny_bert(dir: &Path, spec: TinySpec) -> Result<(), ModelError> {
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
     BertModel::load(vb, &config)?;
+    fill(&varmap)?;
     varmap.save(dir.join("model.safetensors"))?;
     Ok(())
 }

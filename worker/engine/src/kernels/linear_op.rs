@@ -57,7 +57,9 @@ fn checked<W: LinearKernel>(
     {
         candle_core::bail!("{op}: layer norm of {} after {n} outputs", norm.len());
     }
-    w.run(x, residual, act, norm)
+    let mut out = w.run(x, residual, act, norm)?;
+    super::fault::apply(&mut out, n);
+    Ok(out)
 }
 
 /// The op: the weight, the activation, and the layer norm after it.
