@@ -265,24 +265,27 @@ pub async fn run(
     let (ready, listening) = tokio::sync::oneshot::channel();
     let controls = tokio::spawn(control::run(ctx.clone(), stop_control.clone(), ready));
     let _ = listening.await;
-    if let Err(e) = check_identity(&ctx, config.heartbeat_interval, started_ms).await {
-        stop_control.cancel();
-        let _ = controls.await;
-        stop_energy.cancel();
-        ctx.energy.join().await;
-        return Err(e);
-    }
-    if let Err(e) = crate::canary::gate(&ctx, &config.cache_dir).await {
-        // Leave at once: the watchdogs need not wait for missed beats.
-        heartbeat::send(
-            &ctx,
-            config.heartbeat_interval,
-            started_ms,
-            true,
-            heartbeat::memory_mb(),
-        )
-        .await;
-        let _ = ctx.client.flush().await;
+    // Admitted: the server takes this identity's heartbeats, then the
+    // canary passes. A refused canary leaves at once (the watchdogs need
+    // not wait for missed beats); a refused identity cannot beat at all.
+    let admitted = match check_identity(&ctx, config.heartbeat_interval, started_ms).await {
+        Ok(()) => crate::canary::gate(&ctx, &config.cache_dir)
+            .await
+            .map_err(|e| (e, true)),
+        Err(e) => Err((e, false)),
+    };
+    if let Err((e, leave)) = admitted {
+        if leave {
+            heartbeat::send(
+                &ctx,
+                config.heartbeat_interval,
+                started_ms,
+                true,
+                heartbeat::memory_mb(),
+            )
+            .await;
+            let _ = ctx.client.flush().await;
+        }
         stop_control.cancel();
         let _ = controls.await;
         stop_energy.cancel();

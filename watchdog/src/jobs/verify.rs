@@ -522,14 +522,7 @@ impl Tracker {
             by: judge.name.to_string(),
             at_ms: now_ms(),
         };
-        let put = match encode("quarantine record", &record) {
-            Ok(bytes) => kv
-                .put(machine, bytes.into())
-                .await
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        if let Err(e) = put {
+        if let Err(e) = crate::trust::quarantined::put(&kv, &record).await {
             tracing::warn!(machine, error = %e, "the quarantine could not be written; will retry");
             self.pending_quarantine.push(machine.to_owned());
             return;

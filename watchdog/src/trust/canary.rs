@@ -134,14 +134,7 @@ async fn quarantine_machine(kv: &kv::Store, machine: &str, verdict: &CanaryVerdi
         by: me.to_owned(),
         at_ms: now_ms(),
     };
-    let put = match encode("quarantine record", &record) {
-        Ok(bytes) => kv
-            .put(machine, bytes.into())
-            .await
-            .map_err(|e| e.to_string()),
-        Err(e) => Err(e.to_string()),
-    };
-    match put {
+    match super::quarantined::put(kv, &record).await {
         Ok(_) => tracing::error!(machine, reason = %record.reason,
             "machine quarantined: its workers pull nothing until `minions worker release`"),
         Err(e) => tracing::warn!(machine, error = %e,

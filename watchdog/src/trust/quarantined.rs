@@ -33,6 +33,15 @@ pub async fn read(js: &jetstream::Context) -> Option<BTreeMap<String, String>> {
     Some(out)
 }
 
+/// Writes `record` under its machine; the error in words.
+pub async fn put(kv: &jetstream::kv::Store, record: &Quarantine) -> Result<(), String> {
+    let bytes = minions_schemas::encode("quarantine record", record).map_err(|e| e.to_string())?;
+    kv.put(&record.machine, bytes.into())
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
 /// Keeps the view's quarantined machines current until `stop`.
 pub async fn poll(
     js: jetstream::Context,
