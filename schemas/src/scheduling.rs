@@ -4,9 +4,14 @@
 //!
 //! JetStream has no per-message priority and a work-queue stream allows no
 //! overlapping consumers, so every job gets its own durable consumer
-//! ([`job_consumer`], filter [`crate::subjects::job_work`]) whose metadata
-//! carries the job's team, priority, preemptibility and needs. A worker slot
-//! never waits on a consumer: it [`pick`]s a job from the latest
+//! ([`job_consumer`], filter [`crate::subjects::job_shards`]) whose metadata
+//! carries the job's team, priority, preemptibility and needs. A job whose
+//! results are checked gets a second one for its check runs
+//! ([`check_consumer`], filter [`crate::subjects::job_checks`]); the
+//! schedule counts both under the job and says how many checks wait
+//! ([`QueuedJob::checks`]), and a worker pulls those first, so that checks
+//! run beside the job's shards rather than after the last of them. A worker
+//! slot never waits on a consumer: it [`pick`]s a job from the latest
 //! [`Schedule`] and fetches one message from that job's consumer without
 //! waiting; when the fetch comes back empty it picks again without that job.
 //!
@@ -38,9 +43,18 @@ pub fn job_consumer(job: &JobId) -> String {
     format!("job-{job}")
 }
 
-/// The job a consumer name belongs to, if it is a job consumer.
+/// The work-stream consumer of one job's check runs.
+pub fn check_consumer(job: &JobId) -> String {
+    format!("checks-{job}")
+}
+
+/// The job a consumer name belongs to, if it is a job's consumer (of its
+/// shards or of its check runs).
 pub fn consumer_job(name: &str) -> Option<JobId> {
-    JobId::new(name.strip_prefix("job-")?).ok()
+    let id = name
+        .strip_prefix("job-")
+        .or_else(|| name.strip_prefix("checks-"))?;
+    JobId::new(id).ok()
 }
 
 const META_JOB: &str = "minions.job";
@@ -51,6 +65,7 @@ const META_MEMORY: &str = "minions.memory_mb";
 const META_DEVICES: &str = "minions.devices";
 const META_MODEL: &str = "minions.model";
 const META_CREATED: &str = "minions.created_ms";
+const META_CHECKS: &str = "minions.checks";
 
 /// The configuration of `spec`'s consumer: the work settings, the job's
 /// subjects only, and the job's scheduling facts as metadata.
@@ -72,11 +87,35 @@ pub fn job_consumer_config(settings: &WorkSettings, spec: &JobSpec) -> consumer:
         max_deliver: settings.max_deliver,
         max_ack_pending: settings.max_ack_pending,
         max_waiting: settings.max_waiting,
-        filter_subject: crate::subjects::job_work(&spec.job),
+        filter_subject: crate::subjects::job_shards(&spec.job),
         num_replicas: settings.replicas,
         metadata,
         ..Default::default()
     }
+}
+
+/// The configuration of `spec`'s check consumer: as its job consumer's, on
+/// the job's check subjects, marked as the checks'.
+pub fn check_consumer_config(settings: &WorkSettings, spec: &JobSpec) -> consumer::pull::Config {
+    let mut config = job_consumer_config(settings, spec);
+    config.durable_name = Some(check_consumer(&spec.job));
+    config.description = Some(format!(
+        "Minions job {} (team {}): check runs",
+        spec.job, spec.team
+    ));
+    config.filter_subject = crate::subjects::job_checks(&spec.job);
+    config
+        .metadata
+        .insert(META_CHECKS.to_owned(), "true".to_owned());
+    config
+}
+
+/// Whether a consumer's info is a job's check consumer.
+fn is_checks(info: &consumer::Info) -> bool {
+    info.config
+        .metadata
+        .get(META_CHECKS)
+        .is_some_and(|c| c == "true")
 }
 
 /// Reads a job consumer's info into a schedule entry (`None` for consumers
@@ -106,7 +145,22 @@ pub fn queued_job(info: &consumer::Info) -> Option<QueuedJob> {
         created_ms: meta.get(META_CREATED)?.parse().ok()?,
         pending: info.num_pending,
         running: info.num_ack_pending as u64,
+        // Out and unacknowledged counts too: a check run handed back by a
+        // machine it avoids waits as a redelivery, not as pending.
+        checks: if is_checks(info) {
+            info.num_pending + info.num_ack_pending as u64
+        } else {
+            0
+        },
     })
+}
+
+/// Adds a job's check consumer's counts into its entry (made from either
+/// consumer, whichever was listed first).
+fn merge(into: &mut QueuedJob, other: QueuedJob) {
+    into.pending += other.pending;
+    into.running += other.running;
+    into.checks += other.checks;
 }
 
 /// Why the queue could not be read.
@@ -114,18 +168,22 @@ pub fn queued_job(info: &consumer::Info) -> Option<QueuedJob> {
 #[error("cannot list the work consumers: {0}")]
 pub struct ScheduleError(pub String);
 
-/// Every job consumer of the work stream, with its counts.
+/// Every job of the work stream with a consumer, with its counts: a job's
+/// check consumer counts under the job.
 pub async fn list_jobs(js: &jetstream::Context) -> Result<Vec<QueuedJob>, ScheduleError> {
     let stream = js
         .get_stream(WORK_STREAM)
         .await
         .map_err(|e| ScheduleError(e.to_string()))?;
     let mut infos = stream.consumers();
-    let mut jobs = Vec::new();
+    let mut jobs: Vec<QueuedJob> = Vec::new();
     while let Some(info) = infos.next().await {
         let info = info.map_err(|e| ScheduleError(e.to_string()))?;
         if let Some(q) = queued_job(&info) {
-            jobs.push(q);
+            match jobs.iter_mut().find(|j| j.job == q.job) {
+                Some(j) => merge(j, q),
+                None => jobs.push(q),
+            }
         }
     }
     Ok(jobs)
@@ -435,6 +493,7 @@ mod tests {
             created_ms: created,
             pending,
             running,
+            checks: 0,
         }
     }
 

@@ -356,7 +356,32 @@ pub async fn ensure_job_consumer(
     settings: &WorkSettings,
     spec: &crate::messages::JobSpec,
 ) -> Result<consumer::PullConsumer, EnsureError> {
-    let name = crate::scheduling::job_consumer(&spec.job);
+    ensure_consumer(js, settings, spec, false).await
+}
+
+/// Creates `spec`'s check consumer where missing and returns it. Fails
+/// where the job's consumer takes every subject of the job (made before
+/// check runs had their own); their check runs then go on the job's own
+/// subjects.
+pub async fn ensure_check_consumer(
+    js: &jetstream::Context,
+    settings: &WorkSettings,
+    spec: &crate::messages::JobSpec,
+) -> Result<consumer::PullConsumer, EnsureError> {
+    ensure_consumer(js, settings, spec, true).await
+}
+
+async fn ensure_consumer(
+    js: &jetstream::Context,
+    settings: &WorkSettings,
+    spec: &crate::messages::JobSpec,
+    checks: bool,
+) -> Result<consumer::PullConsumer, EnsureError> {
+    let name = if checks {
+        crate::scheduling::check_consumer(&spec.job)
+    } else {
+        crate::scheduling::job_consumer(&spec.job)
+    };
     // A team's quota caps each of its jobs exactly (the server counts the
     // job's unacknowledged deliveries); across several jobs of the team the
     // schedule keeps it. Unreadable policies cap nothing.
@@ -375,6 +400,11 @@ pub async fn ensure_job_consumer(
         },
         ..settings.clone()
     };
+    let config = if checks {
+        crate::scheduling::check_consumer_config(settings, spec)
+    } else {
+        crate::scheduling::job_consumer_config(settings, spec)
+    };
     crate::endpoints::resilient::patiently(
         "creating the job's consumer",
         crate::endpoints::resilient::PATIENCE,
@@ -383,15 +413,12 @@ pub async fn ensure_job_consumer(
                 .get_stream(WORK_STREAM)
                 .await
                 .map_err(|e| EnsureError::WorkStream(e.to_string()))?;
-            work.get_or_create_consumer(
-                &name,
-                crate::scheduling::job_consumer_config(settings, spec),
-            )
-            .await
-            .map_err(|source| EnsureError::Consumer {
-                name: name.clone(),
-                source,
-            })
+            work.get_or_create_consumer(&name, config.clone())
+                .await
+                .map_err(|source| EnsureError::Consumer {
+                    name: name.clone(),
+                    source,
+                })
         },
     )
     .await

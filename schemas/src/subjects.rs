@@ -54,9 +54,28 @@ pub fn work(job: &JobId, shard: u32) -> String {
     format!("minions.work.{job}.{shard}")
 }
 
-/// Filter for all of one job's shard tasks.
+/// Filter for all of one job's work messages: its shard tasks and its
+/// check runs (purges and counts use it).
 pub fn job_work(job: &JobId) -> String {
     format!("minions.work.{job}.>")
+}
+
+/// Filter for one job's shard tasks only (its consumer's filter; one token
+/// after the job, so it does not overlap [`job_checks`]).
+pub fn job_shards(job: &JobId) -> String {
+    format!("minions.work.{job}.*")
+}
+
+/// The subject a check run of one shard is queued on (any round): beside
+/// the job's shards in the work stream, under a consumer of its own so that
+/// workers pull checks ahead of the job's remaining shards.
+pub fn check_work(job: &JobId, shard: u32) -> String {
+    format!("minions.work.{job}.check.{shard}")
+}
+
+/// Filter for one job's check runs (its check consumer's filter).
+pub fn job_checks(job: &JobId) -> String {
+    format!("minions.work.{job}.check.*")
 }
 
 /// The subject of one shard's events (started, done, failed) sent by
@@ -161,6 +180,9 @@ mod tests {
         let j = JobId::new("j1")?;
         assert_eq!(work(&j, 7), "minions.work.j1.7");
         assert_eq!(job_work(&j), "minions.work.j1.>");
+        assert_eq!(job_shards(&j), "minions.work.j1.*");
+        assert_eq!(check_work(&j, 7), "minions.work.j1.check.7");
+        assert_eq!(job_checks(&j), "minions.work.j1.check.*");
         let w = WorkerId::new("mac-01-3f9a2b7c")?;
         assert_eq!(event(&j, 7, &w), "minions.events.j1.7.mac-01");
         assert_eq!(msg_id(&j, 7), "j1/7");

@@ -750,6 +750,7 @@ fn check_all(c: &mut Checker) -> Res {
         created_ms: 1_767_225_600_000,
         pending: 1_200,
         running: 8,
+        checks: 0,
     };
     c.check(&queued)?;
     let share = TeamShare {

@@ -31,6 +31,29 @@ async fn the_core_path_job_runs_with_one_identity_per_role() -> Result<()> {
     eprintln!("retry as producer: {retried}");
     let cancelled = fleet.cli(&["cancel", "core1"])?;
     eprintln!("cancel as producer: {cancelled}");
+    // A job with every shard checked: the watchdog makes the job's check
+    // consumer and queues check runs on their subjects, the other machine
+    // pulls and runs them.
+    fleet.add_watchdog(&[])?;
+    let input = fleet.dir.path().join("checked.jsonl");
+    minions_tests::write_corpus(&input, 20)?;
+    fleet.cli(&[
+        "submit",
+        "--model",
+        "tiny",
+        "--input",
+        &input.display().to_string(),
+        "--job",
+        "checked1",
+        "--shard-size",
+        "1",
+        "--verify",
+        "1",
+    ])?;
+    let status = fleet.wait_job("checked1", Duration::from_secs(300))?;
+    assert_eq!(status["done"], 20, "{status}");
+    assert_eq!(status["verified"], 20, "{status}");
+    eprintln!("20 shards, each checked on the other machine, as watchdog and workers");
     // Every program did all of the above without one refused action.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let log = std::fs::read_to_string(&fleet.nats.proc.log)?;

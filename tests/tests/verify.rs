@@ -150,6 +150,22 @@ async fn always_wrong(fleet: &mut Fleet) -> Result<()> {
     );
     eprintln!("status: {}", fleet.cli(&["status", "verified"])?);
     eprintln!("worker list:\n{}", fleet.cli(&["worker", "list"])?);
+    // Check runs are pulled ahead of the job's remaining shards (queued
+    // behind them, none could start before every shard was handed out).
+    let events = fleet.events("verified").await?;
+    let first_check = events
+        .iter()
+        .position(|e| matches!(e.kind, EventKind::Checked { .. }))
+        .ok_or("no check run finished")?;
+    let done_before = events[..first_check]
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::Done { .. }))
+        .count();
+    eprintln!("the first check run finished after {done_before} of the job's 2000 shards");
+    assert!(
+        done_before < 1000,
+        "check runs waited behind the job's shards: the first finished after {done_before} of 2000"
+    );
     assert!(queued >= 40, "{queued} checks queued at 5 % of 2000");
     assert!(disagreed >= 2 && outvoted >= 2);
     assert_eq!(by_faulty, 0, "results of the quarantined machine remain");

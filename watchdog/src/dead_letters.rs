@@ -51,11 +51,18 @@ pub async fn on_max_deliveries(
     {
         // A check run handed back by the machines it avoids as often as
         // the consumer allows (each pull may reach one of them): queued
-        // anew, a few times, before it is given up.
+        // anew on the subject it had (the job's check subjects, or its
+        // shard's own for an older job), a few times, before it is given up.
+        let checks = subjects::check_work(&task.job, task.shard);
+        let subject = if msg.subject.as_str() == checks {
+            checks
+        } else {
+            subjects::work(&task.job, task.shard)
+        };
         let bytes = encode("shard task", task).map_err(|e| e.to_string())?;
         minions_schemas::endpoints::resilient::publish_once(
             js,
-            &subjects::work(&task.job, task.shard),
+            &subject,
             &format!(
                 "{}/check/{}/again-{}",
                 subjects::msg_id(&task.job, task.shard),

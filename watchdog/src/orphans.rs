@@ -85,6 +85,7 @@ impl OrphanSweep {
                 .split('.')
                 .nth(2)
                 .and_then(|j| JobId::new(j).ok());
+            let check_run = msg.subject.as_str().split('.').nth(3) == Some("check");
             if let Some(j) = &job
                 && (known.contains(j) || adopted.contains(j))
             {
@@ -97,6 +98,11 @@ impl OrphanSweep {
             handled += 1;
             match spec {
                 Some(spec) => {
+                    if check_run
+                        && let Err(e) = streams::ensure_check_consumer(js, settings, &spec).await
+                    {
+                        tracing::warn!(job = %spec.job, error = %e, "cannot make a check consumer for queued check runs");
+                    }
                     match streams::ensure_job_consumer(js, settings, &spec).await {
                         Ok(_) => tracing::warn!(job = %spec.job,
                             "shards queued without a job consumer (queued before jobs had their own): consumer made"),

@@ -177,6 +177,11 @@ pub async fn run(
     }
 }
 
+/// Whether a consumer deletion failed because there was none.
+fn is_not_found(e: &jetstream::stream::ConsumerError) -> bool {
+    e.to_string().contains("not found")
+}
+
 /// Removes the consumers of jobs with nothing queued or running for
 /// [`IDLE_CONSUMER`].
 async fn forget_idle(
@@ -198,6 +203,16 @@ async fn forget_idle(
         let Ok(stream) = js.get_stream(streams::WORK_STREAM).await else {
             return;
         };
+        // The check consumer first: while the job's own remains, the job
+        // stays listed and this is tried again.
+        if let Err(e) = stream
+            .delete_consumer(&scheduling::check_consumer(&q.job))
+            .await
+            && !is_not_found(&e)
+        {
+            tracing::debug!(job = %q.job, error = %e, "check consumer not removed");
+            continue;
+        }
         match stream
             .delete_consumer(&scheduling::job_consumer(&q.job))
             .await
@@ -334,6 +349,7 @@ mod tests {
             created_ms: 1,
             pending,
             running,
+            checks: 0,
         }
     }
 

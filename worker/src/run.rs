@@ -405,7 +405,7 @@ async fn quiet_pause(ctx: &Ctx, busy_ms: u64, stop: &CancellationToken) {
 }
 
 /// One slot: picks the job to pull from (the schedule's rule), fetches one
-/// shard of it without waiting (never more than it can run, so no ack timer
+/// shard of it (a waiting check run of it first) without waiting (never more than it can run, so no ack timer
 /// starts for a shard that waits in a local buffer), runs it, repeats; waits
 /// while the worker is drained or nothing it can run is queued; ends when
 /// told to stop pulling. A finished shard's settlement (done event stored,
@@ -435,11 +435,21 @@ async fn slot_loop(
             }
             continue;
         };
-        let consumer = match ctx.sched.consumer(&ctx.js, &job).await {
+        // Check runs first, while the schedule says some wait: they run
+        // beside the job's shards rather than after its last one.
+        let checks = ctx.sched.checks_waiting(&job);
+        let nothing_there = || {
+            if checks {
+                ctx.sched.mark_checks_seen(&job);
+            } else {
+                ctx.sched.mark_empty(&job);
+            }
+        };
+        let consumer = match ctx.sched.consumer(&ctx.js, &job, checks).await {
             Ok(c) => c,
             Err(e) => {
-                tracing::debug!(slot, job = %job, error = %e, "job consumer not found");
-                ctx.sched.mark_empty(&job);
+                tracing::debug!(slot, job = %job, checks, error = %e, "job consumer not found");
+                nothing_there();
                 continue;
             }
         };
@@ -447,9 +457,9 @@ async fn slot_loop(
         let mut batch = match batch {
             Ok(b) => b,
             Err(e) => {
-                tracing::debug!(slot, job = %job, error = %e, "fetch failed");
+                tracing::debug!(slot, job = %job, checks, error = %e, "fetch failed");
                 ctx.sched.forget(&job);
-                ctx.sched.mark_empty(&job);
+                nothing_there();
                 continue;
             }
         };
@@ -464,15 +474,20 @@ async fn slot_loop(
                 Ok(msg) => {
                     got = true;
                     previous_team = Some(team.clone());
-                    // The delivery says how many of the job's shards are
-                    // still undelivered: none, and the slots here stop
+                    // The delivery says how many of the consumer's messages
+                    // are still undelivered: none, and the slots here stop
                     // asking until the next schedule.
                     if msg.info().is_ok_and(|i| i.pending == 0) {
-                        ctx.sched.mark_empty(&job);
+                        nothing_there();
                     }
                     ctx.sched.count(&job, 1);
                     let handled = shard::handle(&ctx, msg).await;
                     ctx.sched.count(&job, -1);
+                    if handled.avoided {
+                        // The check runs next in line are not for this
+                        // machine: its slots pull the job's shards.
+                        ctx.sched.mark_checks_seen(&job);
+                    }
                     if let Some(prev) = handled.settling.and_then(|s| settling.replace(s)) {
                         let _ = prev.await;
                     }
@@ -482,7 +497,7 @@ async fn slot_loop(
             }
         }
         if !got {
-            ctx.sched.mark_empty(&job);
+            nothing_there();
         }
     }
     if let Some(last) = settling {

@@ -32,7 +32,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub(crate) struct Scheduler {
     current: watch::Sender<Arc<Schedule>>,
     since: Mutex<Since>,
-    consumers: Mutex<HashMap<JobId, PullConsumer>>,
+    /// Consumers looked up: (job, of its check runs) to consumer.
+    consumers: Mutex<HashMap<(JobId, bool), PullConsumer>>,
+    /// Jobs whose check consumer had nothing this worker may run, since
+    /// the latest schedule.
+    checks_seen: Mutex<std::collections::HashSet<JobId>>,
     /// Memory this worker lends to models, MB (0 = unknown).
     pub(crate) lend_mb: u64,
     /// How often a schedule arrives, ms (the watchdog's period, or this
@@ -52,6 +56,7 @@ impl Scheduler {
             ))),
             since: Mutex::new(Since::default()),
             consumers: Mutex::new(HashMap::new()),
+            checks_seen: Mutex::new(Default::default()),
             lend_mb,
             period_ms: std::sync::atomic::AtomicU64::new(OWN_READ_EVERY.as_millis() as u64),
         }
@@ -68,6 +73,7 @@ impl Scheduler {
     /// Takes a new schedule: what this worker did before it is in it.
     fn set(&self, schedule: Schedule) {
         *lock(&self.since) = Since::default();
+        lock(&self.checks_seen).clear();
         self.current.send_replace(Arc::new(schedule));
     }
 
@@ -117,6 +123,21 @@ impl Scheduler {
         lock(&self.since).empty.insert(job.clone());
     }
 
+    /// Whether a slot that picked `job` should first pull from its check
+    /// consumer: the schedule says check runs wait, and none that this
+    /// worker may run was missing from it since.
+    pub(crate) fn checks_waiting(&self, job: &JobId) -> bool {
+        let schedule = self.current.borrow().clone();
+        schedule.jobs.iter().any(|j| &j.job == job && j.checks > 0)
+            && !lock(&self.checks_seen).contains(job)
+    }
+
+    /// `job`'s check consumer had nothing, or only a check run this
+    /// machine must not run: pull the job's shards until the next schedule.
+    pub(crate) fn mark_checks_seen(&self, job: &JobId) {
+        lock(&self.checks_seen).insert(job.clone());
+    }
+
     /// Waits until a new schedule arrives or `within` passes.
     pub(crate) async fn changed(&self, within: Duration) {
         let mut rx = self.current.subscribe();
@@ -124,34 +145,42 @@ impl Scheduler {
         let _ = tokio::time::timeout(within, rx.changed()).await;
     }
 
-    /// `job`'s consumer (looked up once, then kept).
+    /// `job`'s consumer of its shards, or of its check runs when `checks`
+    /// (looked up once, then kept).
     pub(crate) async fn consumer(
         &self,
         js: &jetstream::Context,
         job: &JobId,
+        checks: bool,
     ) -> Result<PullConsumer, String> {
-        if let Some(c) = lock(&self.consumers).get(job) {
+        let key = (job.clone(), checks);
+        if let Some(c) = lock(&self.consumers).get(&key) {
             return Ok(c.clone());
         }
         let stream = js
             .get_stream(streams::WORK_STREAM)
             .await
             .map_err(|e| e.to_string())?;
+        let name = if checks {
+            scheduling::check_consumer(job)
+        } else {
+            scheduling::job_consumer(job)
+        };
         let c: PullConsumer = stream
-            .get_consumer(&scheduling::job_consumer(job))
+            .get_consumer(&name)
             .await
             .map_err(|e| e.to_string())?;
         let mut all = lock(&self.consumers);
         // Forget consumers of jobs no longer queued.
         let schedule = self.current.borrow().clone();
-        all.retain(|j, _| schedule.jobs.iter().any(|q| &q.job == j));
-        all.insert(job.clone(), c.clone());
+        all.retain(|(j, _), _| schedule.jobs.iter().any(|q| &q.job == j));
+        all.insert(key, c.clone());
         Ok(c)
     }
 
-    /// Forgets `job`'s consumer (it failed; it may have been removed).
+    /// Forgets `job`'s consumers (one failed; it may have been removed).
     pub(crate) fn forget(&self, job: &JobId) {
-        lock(&self.consumers).remove(job);
+        lock(&self.consumers).retain(|(j, _), _| j != job);
     }
 
     /// Preemption: with the schedule's probability, hands back each running

@@ -54,6 +54,8 @@ pub(crate) struct Handled {
     /// still running: its output is written, so the slot may pull the next
     /// shard meanwhile. Awaiting it is what makes the shard acked.
     pub settling: Option<JoinHandle<()>>,
+    /// A check run this machine must not run, handed back unrun.
+    pub avoided: bool,
 }
 
 /// How long a check run of this machine's own result stays away after it
@@ -79,7 +81,9 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) -> Handled {
             return Handled::nothing();
         }
     };
-    if msg.subject.as_str() != subjects::work(&task.job, task.shard) {
+    let routed = msg.subject.as_str() == subjects::work(&task.job, task.shard)
+        || (task.check > 0 && msg.subject.as_str() == subjects::check_work(&task.job, task.shard));
+    if !routed {
         let reason = format!(
             "shard message for job {} shard {} arrived on subject {}; terminated",
             task.job, task.shard, msg.subject
@@ -105,7 +109,10 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) -> Handled {
         if let Err(e) = msg.ack_with(AckKind::Nak(Some(delay))).await {
             tracing::warn!(error = %e, "nak not sent; the task returns after the ack wait");
         }
-        return Handled::nothing();
+        return Handled {
+            avoided: true,
+            ..Handled::nothing()
+        };
     }
     let reply = msg
         .reply
@@ -153,6 +160,7 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) -> Handled {
         return Handled {
             busy_ms,
             settling: Some(settling),
+            avoided: false,
         };
     }
     settle(ctx, &msg, &task, attempt, duration_ms, result, energy).await;
@@ -160,6 +168,7 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) -> Handled {
     Handled {
         busy_ms,
         settling: None,
+        avoided: false,
     }
 }
 
@@ -169,6 +178,7 @@ impl Handled {
         Self {
             busy_ms: 0,
             settling: None,
+            avoided: false,
         }
     }
 }

@@ -114,6 +114,15 @@ pub struct QueuedJob {
     /// Shards delivered and not yet acknowledged (running, or waiting to be
     /// redelivered).
     pub running: u64,
+    /// Check runs on the job's check consumer, which workers pull first:
+    /// queued (part of `pending`) or out (part of `running`, a handed-back
+    /// one waiting to be redelivered among them); absent when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub checks: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A team in the schedule.

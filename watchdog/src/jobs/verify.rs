@@ -99,6 +99,30 @@ impl CheckTrack {
     }
 }
 
+/// Where a check run of `spec`'s `shard` is queued: on the job's check
+/// subjects, under their own consumer (made here where missing), which
+/// workers pull ahead of the job's remaining shards; on the shard's own
+/// subject where the job's consumer takes all of the job's subjects (a job
+/// queued before check runs had a consumer of their own).
+async fn check_subject(
+    js: &async_nats::jetstream::Context,
+    work: &minions_schemas::streams::WorkSettings,
+    spec: &JobSpec,
+    shard: u32,
+) -> Result<String, String> {
+    use minions_schemas::streams;
+    let jobs = streams::ensure_job_consumer(js, work, spec)
+        .await
+        .map_err(|e| e.to_string())?;
+    if jobs.cached_info().config.filter_subject == subjects::job_work(&spec.job) {
+        return Ok(subjects::work(&spec.job, shard));
+    }
+    streams::ensure_check_consumer(js, work, spec)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(subjects::check_work(&spec.job, shard))
+}
+
 /// How close two outputs of a job's shard must be (generations compare
 /// record by record, exactly, whatever this says).
 fn tolerance(spec: &JobSpec) -> Tolerance {
@@ -185,9 +209,7 @@ impl Tracker {
             SpecRead::Missing => return Err("the job's spec is missing".to_owned()),
             SpecRead::Failed(why) => return Err(format!("reading the job's spec: {why}")),
         };
-        minions_schemas::streams::ensure_job_consumer(&js, &judge.work, &spec)
-            .await
-            .map_err(|e| e.to_string())?;
+        let subject = check_subject(&js, &judge.work, &spec, shard).await?;
         let queued = self
             .publish_event(
                 job,
@@ -205,7 +227,7 @@ impl Tracker {
         let bytes = encode("shard task", &task).map_err(|e| e.to_string())?;
         resilient::publish_once(
             &js,
-            &subjects::work(job, shard),
+            &subject,
             &format!("{}/check/{round}", subjects::msg_id(job, shard)),
             bytes.into(),
         )
