@@ -404,6 +404,11 @@ async fn quiet_pause(ctx: &Ctx, busy_ms: u64, stop: &CancellationToken) {
     }
 }
 
+/// How long a slot waits for the server's answer to a pull before it asks
+/// again (an answer takes milliseconds; a pull lost in a server restart or a
+/// consumer leader's move gets none, and would hold the slot for good).
+const PULL_UNANSWERED: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// One slot: picks the job to pull from (the schedule's rule), fetches one
 /// shard of it (a waiting check run of it first) without waiting (never more than it can run, so no ack timer
 /// starts for a shard that waits in a local buffer), runs it, repeats; waits
@@ -453,18 +458,42 @@ async fn slot_loop(
                 continue;
             }
         };
-        let batch = consumer.fetch().max_messages(1).messages().await;
+        let batch =
+            tokio::time::timeout(PULL_UNANSWERED, consumer.fetch().max_messages(1).messages())
+                .await;
         let mut batch = match batch {
-            Ok(b) => b,
-            Err(e) => {
+            Ok(Ok(b)) => b,
+            Ok(Err(e)) => {
                 tracing::debug!(slot, job = %job, checks, error = %e, "fetch failed");
                 ctx.sched.forget(&job);
                 nothing_there();
                 continue;
             }
+            Err(_) => {
+                tracing::warn!(slot, job = %job, checks, wait_s = PULL_UNANSWERED.as_secs(),
+                    "pull request not sent in time; asking again");
+                ctx.sched.forget(&job);
+                continue;
+            }
         };
         let mut got = false;
-        while let Some(item) = batch.next().await {
+        loop {
+            // A pull that the server never answers (lost in a restart or a
+            // consumer leader's move) must not hold the slot for good: the
+            // fetch asks for what is there now, answered in milliseconds.
+            let item = match tokio::time::timeout(PULL_UNANSWERED, batch.next()).await {
+                Ok(Some(item)) => item,
+                Ok(None) => break,
+                Err(_) => {
+                    tracing::warn!(slot, job = %job, checks, wait_s = PULL_UNANSWERED.as_secs(),
+                        "pull request unanswered (a server restart or leader move?); asking again");
+                    ctx.sched.forget(&job);
+                    // Not marked empty: the job may well have shards. A
+                    // delivery that arrives late returns after the ack wait.
+                    got = true;
+                    break;
+                }
+            };
             match item {
                 Ok(msg) if stop_pulling.is_cancelled() || ctx.draining() => {
                     // Arrived as we stopped or drained: hand it straight back.
