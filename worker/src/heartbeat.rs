@@ -61,6 +61,16 @@ pub(crate) fn beat(
     }
 }
 
+/// Publishes the leaving heartbeat (with this moment's memory figures),
+/// then flushes, so that the watchdog sees the worker go before the
+/// connection closes; a failed flush is logged.
+pub(crate) async fn send_leaving(ctx: &Ctx, interval: Duration, started_ms: u64) {
+    send(ctx, interval, started_ms, true, memory_mb()).await;
+    if let Err(e) = ctx.client.flush().await {
+        tracing::warn!(error = %e, "final flush to NATS failed");
+    }
+}
+
 /// Publishes one heartbeat with memory figures `mem` (see [`beat`]).
 pub(crate) async fn send(
     ctx: &Ctx,

@@ -276,15 +276,7 @@ pub async fn run(
     };
     if let Err((e, leave)) = admitted {
         if leave {
-            heartbeat::send(
-                &ctx,
-                config.heartbeat_interval,
-                started_ms,
-                true,
-                heartbeat::memory_mb(),
-            )
-            .await;
-            let _ = ctx.client.flush().await;
+            heartbeat::send_leaving(&ctx, config.heartbeat_interval, started_ms).await;
         }
         stop_control.cancel();
         let _ = controls.await;
@@ -364,17 +356,7 @@ pub async fn run(
     // The sampler's last read goes into the leaving beat.
     stop_energy.cancel();
     ctx.energy.join().await;
-    heartbeat::send(
-        &ctx,
-        config.heartbeat_interval,
-        started_ms,
-        true,
-        heartbeat::memory_mb(),
-    )
-    .await;
-    if let Err(e) = client.flush().await {
-        tracing::warn!(error = %e, "final flush to NATS failed");
-    }
+    heartbeat::send_leaving(&ctx, config.heartbeat_interval, started_ms).await;
     let summary = RunSummary {
         worker: ctx.worker_id().to_string(),
         done: ctx.done.load(Ordering::Relaxed),
