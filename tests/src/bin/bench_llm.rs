@@ -39,6 +39,8 @@ Usage: bench_llm --llama-bin DIR [--write] [FLAGS]
   --parallel LIST   llama-server --parallel settings to try (4,8,16,32)
   --llama-bin DIR   folder with llama-server and llama-batched-bench
   --engine-only     only the engine in-process against llama-batched-bench (no --write)
+  --ours-only       only our engine in-process, no llama.cpp (no --llama-bin; for profiling)
+  --width LIST      with --ours-only: sequences per pass to measure (1,32)
   --write           put the Markdown into BENCHMARKS.md between its markers
 ";
 
@@ -326,6 +328,19 @@ fn main() -> Result<()> {
         return Ok(());
     }
     let started = Instant::now();
+    if flag("--ours-only") {
+        let g = GgufGenerator::load(&real_gguf()?, &candle_core::Device::Cpu)?;
+        let widths: Vec<usize> = arg("--width")
+            .unwrap_or_else(|| "1,32".into())
+            .split(',')
+            .map(|s| s.trim().parse())
+            .collect::<std::result::Result<_, _>>()?;
+        for w in widths {
+            let (pp, tg) = ours_in_process(&g, w)?;
+            out!("Minions engine {w} wide: prompt {pp:.1} tokens/s, generated {tg:.1} tokens/s");
+        }
+        return Ok(());
+    }
     let n = num("--prompts", 200)? as usize;
     let max = num("--max-tokens", 32)?;
     let workers = num("--workers", 2)?;

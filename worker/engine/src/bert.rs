@@ -13,6 +13,7 @@ use tokenizers::{Tokenizer, TruncationParams};
 
 use super::encoder::{Encoder, mean_pool_normalise};
 use super::{Batching, Model, ModelError};
+use crate::kernels::in_pool;
 use minions_schemas::messages::Precision;
 
 const FAMILY: &str = "bert-embedding";
@@ -101,6 +102,15 @@ impl BertEmbedder {
     /// `batching` says, so each pass pads little; rows are put back in
     /// input order.
     pub fn embed(&self, texts: &[String], batching: Batching) -> Result<Vec<f32>, ModelError> {
+        if self.model.device().is_cpu() {
+            in_pool(|| self.embed_here(texts, batching))
+        } else {
+            self.embed_here(texts, batching)
+        }
+    }
+
+    /// [`BertEmbedder::embed`] on this thread.
+    fn embed_here(&self, texts: &[String], batching: Batching) -> Result<Vec<f32>, ModelError> {
         let encodings = self
             .tokenizer
             .encode_batch(texts.to_vec(), true)

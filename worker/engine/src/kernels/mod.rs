@@ -13,6 +13,7 @@ mod lanes;
 mod layer_norm;
 mod linear_op;
 mod peak;
+mod pool;
 mod quant;
 mod softmax;
 
@@ -24,6 +25,7 @@ pub(crate) use gelu::bias_gelu;
 pub(crate) use ggml_math::{Math, RmsWeight, rms_norm, swiglu};
 pub(crate) use int8::{Activation, Int8Weight, available as int8_available, linear as int8_linear};
 pub(crate) use layer_norm::{NormParams, layer_norm};
+pub(crate) use pool::in_pool;
 pub(crate) use quant::{QuantWeight, quant_linear};
 pub(crate) use softmax::masked_softmax;
 

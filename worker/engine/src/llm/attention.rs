@@ -209,50 +209,53 @@ pub(crate) fn attend(
     let parts: &[SeqPart<'_>] = parts;
     let group = d.heads / d.kv_heads;
     let math = Math::detect();
-    let one_row = |out: &mut [f32], &(s, t): &(usize, usize)| {
+    // One head of one row, into its `hd` outputs, with scratch buffers of
+    // at least the row's length (`scores`), `hd` and `32 · hd`.
+    let one_head = |out: &mut [f32],
+                    (s, t): (usize, usize),
+                    h: usize,
+                    (scores, qh, acc): (&mut Vec<f32>, &mut [f32], &mut [f32])| {
         let p = &parts[s];
         let row = p.row + t;
         let len = p.start + t + 1;
         let qk_order = Order::for_step(p.n, hd);
         let pv_order = Order::for_step(p.n, 8);
-        let mut scores = vec![0f32; len];
-        let mut qh = vec![0f32; hd];
-        let mut acc = vec![0f32; 32 * hd];
-        for h in 0..d.heads {
-            let kvh = h / group;
-            let qsrc = &q[(row * d.heads + h) * hd..][..hd];
-            for (o, &x) in qh.iter_mut().zip(qsrc) {
-                *o = round16(x);
-            }
-            let keys = &p.kv.k[kvh * p.cap * hd..][..len * hd];
-            let mut max = f32::NEG_INFINITY;
-            for (j, s) in scores.iter_mut().enumerate() {
-                *s = dot(&qh, &keys[j * hd..][..hd], qk_order) * d.scale;
-                max = max.max(*s);
-            }
-            let sum = math.exp_sum(&mut scores, max);
-            let inv = (1.0 / sum) as f32;
-            for s in scores.iter_mut() {
-                *s = round16(*s * inv);
-            }
-            let values = &p.kv.v[kvh * p.cap * hd..][..len * hd];
-            weighted_sum(
-                &scores,
-                values,
-                hd,
-                pv_order,
-                &mut acc,
-                &mut out[h * hd..][..hd],
-            );
+        scores.resize(len, 0.0);
+        let kvh = h / group;
+        let qsrc = &q[(row * d.heads + h) * hd..][..hd];
+        for (o, &x) in qh.iter_mut().zip(qsrc) {
+            *o = round16(x);
         }
+        let keys = &p.kv.k[kvh * p.cap * hd..][..len * hd];
+        let mut max = f32::NEG_INFINITY;
+        for (j, s) in scores.iter_mut().enumerate() {
+            *s = dot(qh, &keys[j * hd..][..hd], qk_order) * d.scale;
+            max = max.max(*s);
+        }
+        let sum = math.exp_sum(scores, max);
+        let inv = (1.0 / sum) as f32;
+        for s in scores.iter_mut() {
+            *s = round16(*s * inv);
+        }
+        let values = &p.kv.v[kvh * p.cap * hd..][..len * hd];
+        weighted_sum(scores, values, hd, pv_order, acc, out);
     };
-    if rows.len() == 1 {
-        // One sequence decoding: not worth waking the pool.
-        one_row(&mut out, &rows[0]);
+    let scratch = || (Vec::new(), vec![0f32; hd], vec![0f32; 32 * hd]);
+    if let [one] = rows[..] {
+        // One sequence decoding: its heads split between the threads.
+        out.par_chunks_mut(hd)
+            .enumerate()
+            .for_each_init(scratch, |(scores, qh, acc), (h, out)| {
+                one_head(out, one, h, (scores, qh, acc))
+            });
     } else {
         out.par_chunks_mut(d.heads * hd)
             .zip(rows.par_iter())
-            .for_each(|(out, row)| one_row(out, row));
+            .for_each_init(scratch, |(scores, qh, acc), (out, &row)| {
+                for (h, out) in out.chunks_exact_mut(hd).enumerate() {
+                    one_head(out, row, h, (&mut *scores, &mut *qh, &mut *acc));
+                }
+            });
     }
     out
 }

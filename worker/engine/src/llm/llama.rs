@@ -24,7 +24,7 @@ use candle_core::{DType, Device, IndexOp, Module, Tensor};
 use super::attention::{self, Dims, HostKv, SeqPart};
 use super::gguf::{GgufFile, LlamaConfig};
 use crate::ModelError;
-use crate::kernels::{QuantWeight, RmsWeight, quant_linear, rms_norm, swiglu};
+use crate::kernels::{QuantWeight, RmsWeight, in_pool, quant_linear, rms_norm, swiglu};
 
 /// A quantized linear layer: our kernel on the CPU for the formats it
 /// knows (Q4_1, Q8_0), candle's quantized product otherwise.
@@ -287,6 +287,15 @@ impl Llama {
     /// vocab]` of each sequence's last new token, or with `all` those of
     /// every new token `[tokens, vocab]`, sequences in order.
     pub fn forward(&self, steps: &mut [Step<'_>], all: bool) -> Result<Tensor, ModelError> {
+        if self.device.is_cpu() {
+            in_pool(|| self.forward_here(steps, all))
+        } else {
+            self.forward_here(steps, all)
+        }
+    }
+
+    /// [`Llama::forward`] on this thread.
+    fn forward_here(&self, steps: &mut [Step<'_>], all: bool) -> Result<Tensor, ModelError> {
         let c = &self.cfg;
         let mut ids = Vec::new();
         let mut pos = Vec::new();
