@@ -116,6 +116,41 @@ impl QuantWeight {
         }
         Ok(Some(w))
     }
+
+    /// Output columns.
+    pub(crate) fn n(&self) -> usize {
+        self.n
+    }
+
+    /// The weights of `parts` stacked into one, their output columns one
+    /// after another, when all are of one format and input width; `None`
+    /// otherwise. Each output column is its own dot product over the row,
+    /// so one product of the stack gives each part's values exactly, in
+    /// one pass over the input and one round of the pool instead of one
+    /// per part.
+    pub(crate) fn stack(parts: &[&QuantWeight]) -> Option<QuantWeight> {
+        let first = parts.first()?;
+        if parts.iter().any(|p| p.kind != first.kind || p.k != first.k) {
+            return None;
+        }
+        let mut w = Self {
+            n: parts.iter().map(|p| p.n).sum(),
+            k: first.k,
+            kb: first.kb,
+            d: Vec::new(),
+            m: Vec::new(),
+            q4: Vec::new(),
+            q8: Vec::new(),
+            kind: first.kind,
+        };
+        for p in parts {
+            w.d.extend_from_slice(&p.d);
+            w.m.extend_from_slice(&p.m);
+            w.q4.extend_from_slice(&p.q4);
+            w.q8.extend_from_slice(&p.q8);
+        }
+        Some(w)
+    }
 }
 
 /// Rows of activations quantized per block of 32.
@@ -652,6 +687,43 @@ mod tests {
             let one: Vec<Vec<f32>> = quant_linear(&w, &x.narrow(0, 3, 1)?)?.to_vec2()?;
             assert_eq!(one[0], ours[3]);
         }
+        Ok(())
+    }
+
+    /// A stack's product is its parts' products side by side, bit for
+    /// bit, for one row (decoding) and many; parts of two formats do not
+    /// stack.
+    #[test]
+    fn a_stack_computes_its_parts_exactly() -> candle_core::Result<()> {
+        let k = 96;
+        let weight = |n: usize, seed: u64, dtype| -> candle_core::Result<QuantWeight> {
+            let wf = Tensor::from_vec(random(n * k, seed), (n, k), &Device::Cpu)?;
+            QuantWeight::from_qtensor(&QTensor::quantize(&wf, dtype)?)?
+                .ok_or(candle_core::Error::Msg("unsupported".into()))
+        };
+        let parts = [
+            weight(40, 1, GgmlDType::Q4_1)?,
+            weight(24, 2, GgmlDType::Q4_1)?,
+            weight(56, 3, GgmlDType::Q4_1)?,
+        ];
+        let refs: Vec<&QuantWeight> = parts.iter().collect();
+        let stack = QuantWeight::stack(&refs).ok_or(candle_core::Error::Msg("no stack".into()))?;
+        assert_eq!(stack.n(), 120);
+        for rows in [1, 5] {
+            let x = Tensor::from_vec(random(rows * k, 9), (rows, k), &Device::Cpu)?;
+            let all: Vec<Vec<f32>> = quant_linear(&stack, &x)?.to_vec2()?;
+            let mut at = 0;
+            for p in &parts {
+                let one: Vec<Vec<f32>> = quant_linear(p, &x)?.to_vec2()?;
+                for (r, row) in one.iter().enumerate() {
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(row), bits(&all[r][at..at + p.n()]), "rows {rows}");
+                }
+                at += p.n();
+            }
+        }
+        let q8 = weight(8, 4, GgmlDType::Q8_0)?;
+        assert!(QuantWeight::stack(&[&parts[0], &q8]).is_none());
         Ok(())
     }
 

@@ -51,6 +51,55 @@ impl Linear {
     }
 }
 
+/// Products that read the same input (q, k and v; gate and up): on the
+/// CPU one stacked weight, so one product and one round of the pool serve
+/// all of them with the same values; apart elsewhere, or when their
+/// formats differ.
+enum Group {
+    Stacked { w: QuantWeight, widths: Vec<usize> },
+    Apart(Vec<Linear>),
+}
+
+impl Group {
+    fn new(parts: Vec<QTensor>, device: &Device) -> candle_core::Result<Self> {
+        let linears = parts
+            .into_iter()
+            .map(|t| Linear::new(t, device))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let own: Option<Vec<&QuantWeight>> = linears
+            .iter()
+            .map(|l| match l {
+                Linear::Own(w) => Some(w),
+                Linear::Candle(_) => None,
+            })
+            .collect();
+        if let Some(own) = own
+            && let Some(w) = QuantWeight::stack(&own)
+        {
+            let widths = own.iter().map(|w| w.n()).collect();
+            return Ok(Self::Stacked { w, widths });
+        }
+        Ok(Self::Apart(linears))
+    }
+
+    /// Each part's product of `x`, in the order the parts were given.
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Vec<Tensor>> {
+        match self {
+            Self::Apart(parts) => parts.iter().map(|l| l.forward(x)).collect(),
+            Self::Stacked { w, widths } => {
+                let y = quant_linear(w, x)?;
+                let mut out = Vec::with_capacity(widths.len());
+                let mut at = 0;
+                for &n in widths {
+                    out.push(y.narrow(candle_core::D::Minus1, at, n)?);
+                    at += n;
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
 /// An RMS norm's weights: host values for the CPU's kernel (llama.cpp's
 /// arithmetic), a tensor on other devices.
 enum Norm {
@@ -78,13 +127,12 @@ impl Norm {
 /// One transformer block's weights.
 struct Block {
     attn_norm: Norm,
-    wq: Linear,
-    wk: Linear,
-    wv: Linear,
+    /// q, k and v.
+    qkv: Group,
     wo: Linear,
     ffn_norm: Norm,
-    gate: Linear,
-    up: Linear,
+    /// gate and up.
+    gate_up: Group,
     down: Linear,
 }
 
@@ -153,6 +201,13 @@ fn invalid(reason: impl std::fmt::Display) -> ModelError {
     }
 }
 
+/// A group's `N` products as an array.
+fn parts<const N: usize>(v: Vec<Tensor>) -> Result<[Tensor; N], ModelError> {
+    let got = v.len();
+    v.try_into()
+        .map_err(|_| invalid(format!("{got} products where {N} were expected")))
+}
+
 /// Rounds to f16 and back, as a value stored in llama.cpp's f16 cache is.
 fn f16_round(t: &Tensor) -> candle_core::Result<Tensor> {
     t.to_dtype(DType::F16)?.to_dtype(DType::F32)
@@ -184,19 +239,11 @@ impl Llama {
         )?;
         let mut blocks = Vec::with_capacity(cfg.layers);
         for i in 0..cfg.layers {
-            let mut q = |name: &str| -> Result<Linear, ModelError> {
-                Ok(Linear::new(
-                    file.tensor(&format!("blk.{i}.{name}.weight"), device)?,
-                    device,
-                )?)
-            };
-            let wq = q("attn_q")?;
-            let wk = q("attn_k")?;
-            let wv = q("attn_v")?;
-            let wo = q("attn_output")?;
-            let gate = q("ffn_gate")?;
-            let up = q("ffn_up")?;
-            let down = q("ffn_down")?;
+            let mut t = |name: &str| file.tensor(&format!("blk.{i}.{name}.weight"), device);
+            let qkv = Group::new(vec![t("attn_q")?, t("attn_k")?, t("attn_v")?], device)?;
+            let wo = Linear::new(t("attn_output")?, device)?;
+            let gate_up = Group::new(vec![t("ffn_gate")?, t("ffn_up")?], device)?;
+            let down = Linear::new(t("ffn_down")?, device)?;
             let attn_norm = Norm::new(
                 file.tensor(&format!("blk.{i}.attn_norm.weight"), device)?
                     .dequantize(device)?,
@@ -209,13 +256,10 @@ impl Llama {
             )?;
             blocks.push(Block {
                 attn_norm,
-                wq,
-                wk,
-                wv,
+                qkv,
                 wo,
                 ffn_norm,
-                gate,
-                up,
+                gate_up,
                 down,
             });
         }
@@ -331,9 +375,7 @@ impl Llama {
             .collect();
         for (layer, b) in self.blocks.iter().enumerate() {
             let hn = b.attn_norm.forward(&x)?;
-            let q = b.wq.forward(&hn)?;
-            let k = b.wk.forward(&hn)?;
-            let v = b.wv.forward(&hn)?;
+            let [q, k, v] = parts::<3>(b.qkv.forward(&hn)?)?;
             let o = if host {
                 self.attend_host(layer, steps, &positions, &q, &k, &v)?
             } else {
@@ -341,8 +383,7 @@ impl Llama {
             };
             x = (x + b.wo.forward(&o)?)?;
             let hn = b.ffn_norm.forward(&x)?;
-            let g = b.gate.forward(&hn)?;
-            let u = b.up.forward(&hn)?;
+            let [g, u] = parts::<2>(b.gate_up.forward(&hn)?)?;
             let gu = if host {
                 swiglu(&g, &u)?
             } else {
