@@ -102,11 +102,7 @@ impl BertEmbedder {
     /// `batching` says, so each pass pads little; rows are put back in
     /// input order.
     pub fn embed(&self, texts: &[String], batching: Batching) -> Result<Vec<f32>, ModelError> {
-        if self.model.device().is_cpu() {
-            in_pool(|| self.embed_here(texts, batching))
-        } else {
-            self.embed_here(texts, batching)
-        }
+        in_pool(self.model.device(), || self.embed_here(texts, batching))
     }
 
     /// [`BertEmbedder::embed`] on this thread.

@@ -9,10 +9,15 @@
 //! loops split by work-stealing, and the thread that started them computes
 //! a share.
 
-/// Runs `f` on a thread of rayon's global pool (the one the kernels use),
-/// or right here when this thread is one already; returns what `f` does.
-pub(crate) fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    rayon::scope(|_| f())
+/// Runs `f`, a pass on `device`: on the CPU on a thread of rayon's global
+/// pool (the one the kernels use), or right here when this thread is one
+/// already; on other devices right here. Returns what `f` does.
+pub(crate) fn in_pool<R: Send>(device: &candle_core::Device, f: impl FnOnce() -> R + Send) -> R {
+    if device.is_cpu() {
+        rayon::scope(|_| f())
+    } else {
+        f()
+    }
 }
 
 #[cfg(test)]
@@ -23,9 +28,10 @@ mod tests {
     #[test]
     fn runs_on_a_pool_thread() {
         assert!(rayon::current_thread_index().is_none());
-        let inner = in_pool(|| {
+        let cpu = candle_core::Device::Cpu;
+        let inner = in_pool(&cpu, || {
             let outer = rayon::current_thread_index();
-            (outer, in_pool(rayon::current_thread_index))
+            (outer, in_pool(&cpu, rayon::current_thread_index))
         });
         assert!(inner.0.is_some());
         assert_eq!(inner.0, inner.1);

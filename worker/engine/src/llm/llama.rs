@@ -331,11 +331,7 @@ impl Llama {
     /// vocab]` of each sequence's last new token, or with `all` those of
     /// every new token `[tokens, vocab]`, sequences in order.
     pub fn forward(&self, steps: &mut [Step<'_>], all: bool) -> Result<Tensor, ModelError> {
-        if self.device.is_cpu() {
-            in_pool(|| self.forward_here(steps, all))
-        } else {
-            self.forward_here(steps, all)
-        }
+        in_pool(&self.device, || self.forward_here(steps, all))
     }
 
     /// [`Llama::forward`] on this thread.
