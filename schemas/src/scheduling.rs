@@ -163,6 +163,40 @@ fn merge(into: &mut QueuedJob, other: QueuedJob) {
     into.checks += other.checks;
 }
 
+/// A scheduler's word of submits ([`crate::subjects::QUEUED`]): a job was
+/// just queued, so read the queue now rather than at the next tick.
+/// Without a subscription (it failed) no word ever comes and the tick
+/// alone schedules.
+pub struct Nudges(Option<async_nats::Subscriber>);
+
+impl Nudges {
+    /// Follows submits' nudges on `client`; a failed subscription is
+    /// logged and leaves the tick alone.
+    pub async fn follow(client: &async_nats::Client) -> Self {
+        match client.subscribe(crate::subjects::QUEUED).await {
+            Ok(s) => Self(Some(s)),
+            Err(e) => {
+                tracing::warn!(error = %e, "not following submits; new jobs wait for the tick");
+                Self(None)
+            }
+        }
+    }
+
+    /// Waits for the next nudge (its payload is not read); never returns
+    /// once the subscription has ended.
+    pub async fn next(&mut self) {
+        match self.0.as_mut() {
+            Some(s) => {
+                if s.next().await.is_none() {
+                    self.0 = None;
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending().await,
+        }
+    }
+}
+
 /// Why the queue could not be read.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot list the work consumers: {0}")]

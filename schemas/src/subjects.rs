@@ -18,6 +18,10 @@ pub const HEARTBEAT_ALL: &str = "minions.hb.>";
 pub const DEAD_SUBJECTS: &str = "minions.dead.>";
 /// The schedule the watchdog publishes (core NATS, every worker listens).
 pub const SCHEDULE: &str = "minions.sched";
+/// Told when a job's shards were just queued (core NATS, best effort; the
+/// payload is the job id): schedulers read the queue at once instead of at
+/// their next tick, so a new job starts within milliseconds.
+pub const QUEUED: &str = "minions.queued";
 /// Wildcard for job cancellations (core NATS, every worker listens).
 pub const CANCEL_ALL: &str = "minions.cancel.>";
 

@@ -263,7 +263,9 @@ pub fn wait_workers(fleet: &crate::Fleet, n: usize) -> crate::Result<()> {
 }
 
 /// Submits the texts as job `job` and waits for it: texts/s from submit to
-/// done. Checks that every text has its vector.
+/// the last shard's `done` event, followed live (as `minions watch` sees
+/// it: no polling, which would add its interval and take CPU from the
+/// worker). Checks that the job is done and every text has its vector.
 pub fn job(
     fleet: &crate::Fleet,
     texts: &std::path::Path,
@@ -272,6 +274,10 @@ pub fn job(
     shard: u64,
     precision: &str,
 ) -> crate::Result<f64> {
+    let rt = tokio::runtime::Runtime::new()?;
+    let client = rt.block_on(fleet.client())?;
+    let mut watch = rt.block_on(JobWatch::new(&client, job))?;
+    let shards = n.div_ceil(shard.max(1) as usize);
     let started = std::time::Instant::now();
     let id = fleet.cli(&[
         "submit",
@@ -286,8 +292,9 @@ pub fn job(
         "--precision",
         precision,
     ])?;
-    let status = fleet.wait_job(&id, std::time::Duration::from_secs(3600))?;
+    rt.block_on(watch.all_done(shards, Duration::from_secs(3600)))?;
     let secs = started.elapsed().as_secs_f64();
+    let status = fleet.wait_job(&id, Duration::from_secs(60))?;
     if status["state"] != "done" {
         return Err(format!("job {id} ended {status}").into());
     }

@@ -254,6 +254,7 @@ async fn each_worker_machine_may_do_its_job_and_nothing_else() -> Result<()> {
                     "$JS.API.CONSUMER.CREATE.MINIONS_WORK.job-x.minions.work.x.>",
                 ),
                 ("publish the schedule", "pub", "minions.sched"),
+                ("make the schedulers reschedule", "pub", "minions.queued"),
                 (
                     "lift its own quarantine",
                     "pub",

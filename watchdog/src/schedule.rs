@@ -115,10 +115,16 @@ pub async fn run(
     let mut last: Option<Instant> = None;
     let mut regular_waited = false;
     let mut idle_since: HashMap<JobId, Instant> = HashMap::new();
+    // A submit's nudge: the schedule is rebuilt at once, so a new job
+    // starts without waiting for the tick.
+    let mut queued = scheduling::Nudges::follow(&client).await;
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
             _ = tick.tick() => {}
+            () = queued.next() => {
+                tick.reset();
+            }
         }
         let jobs = match scheduling::list_jobs(&js).await {
             Ok(j) => j,

@@ -221,6 +221,9 @@ pub(crate) async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
             None
         }
     };
+    // A submit's nudge: with no watchdog to follow, the queue is read at
+    // once, so a new job starts without waiting for the tick.
+    let mut queued = scheduling::Nudges::follow(&ctx.client).await;
     let mut last_remote = tokio::time::Instant::now() - WATCHDOG_SILENCE;
     let mut own = tokio::time::interval(OWN_READ_EVERY);
     own.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -244,6 +247,12 @@ pub(crate) async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
                         ctx.sched.set(s);
                     }
                     Err(e) => tracing::warn!(error = %e, "ignoring a schedule that does not decode"),
+                }
+            }
+            () = queued.next() => {
+                // The watchdog, where one publishes, answers the nudge.
+                if last_remote.elapsed() >= WATCHDOG_SILENCE {
+                    own.reset_immediately();
                 }
             }
             _ = own.tick() => {

@@ -95,7 +95,7 @@ pub fn entry(name: &str, public_key: &str) -> String {
          \"$JS.API.DIRECT.GET.{quarantine}.$KV.{q}.{name}\",\n            \
          \"$JS.ACK.{w}.*.>\", \"minions.hb.{name}.>\", \"minions.events.*.*.{name}\",\n            \
          \"minions.canary.{name}\" ] }}\n          \
-         subscribe: {{ allow: [ \"_INBOX.>\", \"minions.ctl.{name}.>\", \"minions.cancel.>\", \"minions.sched\" ] }}\n          \
+         subscribe: {{ allow: [ \"_INBOX.>\", \"minions.ctl.{name}.>\", \"minions.cancel.>\", \"minions.sched\",\n            \"minions.queued\" ] }}\n          \
          allow_responses: true }} }}\n",
         info = info.join(", "),
         q = streams::QUARANTINE_BUCKET,

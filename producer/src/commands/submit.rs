@@ -124,7 +124,7 @@ pub async fn submit(
         ))?,
     };
     let sharing = sharing(endpoints, args, record.bytes)?;
-    let (_, js) = endpoints.connect("minions submit").await?;
+    let (client, js) = endpoints.connect("minions submit").await?;
     let settings =
         minions_schemas::streams::ensure(&js, &endpoints.replication.work_settings()).await?;
 
@@ -337,6 +337,20 @@ pub async fn submit(
     }
     while let Some(a) = acks.next().await {
         count(a.settle(&js).await, &mut published, &mut duplicates)?;
+    }
+    if published > 0 {
+        // Schedulers read the queue now rather than at their next tick; a
+        // lost nudge costs only that wait.
+        let told = match client
+            .publish(subjects::QUEUED, job.to_string().into())
+            .await
+        {
+            Ok(()) => client.flush().await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = told {
+            tracing::debug!(job = %job, error = %e, "schedulers not told of the new shards");
+        }
     }
     let report = SubmitReport {
         job,

@@ -202,9 +202,19 @@ fn flags_shown() -> String {
 
 /// `--ours-only`: our precisions alone, for profiling; int8 is compared
 /// with f32.
-fn ours_only(model_dir: &Path, device: &Device, texts: &[String], batch: Batching) -> Result<()> {
+fn ours_only(
+    model_dir: &Path,
+    device: &Device,
+    texts_path: &Path,
+    texts: &[String],
+    batch: Batching,
+) -> Result<()> {
     let mut runs = Vec::new();
     let only = arg("--precision");
+    let mut fleet = match flag("--fleet") && device.is_cpu() {
+        true => Some(LocalFleet::start(model_dir, texts_path)?),
+        false => None,
+    };
     for precision in [Precision::F32, Precision::Int8] {
         if only.as_deref().is_some_and(|p| p != precision.as_str()) {
             continue;
@@ -212,6 +222,14 @@ fn ours_only(model_dir: &Path, device: &Device, texts: &[String], batch: Batchin
         let model = BertEmbedder::load(model_dir, device, precision)?;
         let r = ours(precision.as_str(), &model, texts, batch)?;
         out!("{}: {:.1} texts/s", r.name, r.texts_per_s);
+        if let Some(f) = &mut fleet {
+            let rate = f.run(texts_path, texts.len(), precision)?;
+            out!(
+                "fleet {}: {:.3}× in-process",
+                precision.as_str(),
+                rate / r.texts_per_s
+            );
+        }
         runs.push((r, model.dim()));
     }
     if let [(f, dim), (q, _)] = &runs[..] {
@@ -253,7 +271,8 @@ Usage: bench_inference [--python PATH] [--onnx-python PATH] [--write] [FLAGS]
                      nats-server and store; the workspace's release binaries) in each round,
                      after ours in the same precision
   --paths            also run ours once per CPU kernel path this CPU has (MINIONS_CPU_PATH)
-  --ours-only        our precisions only, no reference runs (for profiling)
+  --ours-only        our precisions only, no reference runs (for profiling; with --fleet, each
+                     precision's job follows its in-process run)
   --precision P      with --ours-only: f32 or int8 alone
   --shard N          our code embeds N texts per call, as a worker per shard (all in one)
   --write            put the Markdown into BENCHMARKS.md between its markers
@@ -351,16 +370,57 @@ impl LocalFleet {
                 p,
             )?;
         }
-        let rate = job(
-            &self.fleet,
-            texts,
-            n,
-            &format!("fleet-{p}-{}", self.jobs),
-            256,
-            p,
-        )?;
+        let name = format!("fleet-{p}-{}", self.jobs);
+        let submitted = minions_schemas::time::now_ms();
+        let rate = job(&self.fleet, texts, n, &name, 256, p)?;
+        let seen = submitted + (n as f64 / rate * 1000.0) as u64;
         out!("Minions fleet, one worker ({p}): {rate:.1} texts/s");
+        self.breakdown(&name, submitted, seen)?;
         Ok(rate)
+    }
+
+    /// Where a job's time went, from its events: the submit, the wait for
+    /// the first shard, the shards' runs (and their inference alone), the
+    /// gaps between shards, and the wait to see it done.
+    fn breakdown(&self, job: &str, submitted: u64, seen: u64) -> Result<()> {
+        use minions_schemas::messages::EventKind;
+        let events = tokio::runtime::Runtime::new()?.block_on(self.fleet.events(job))?;
+        let at = |pick: fn(&EventKind) -> bool| events.iter().filter(move |e| pick(&e.kind));
+        let published = at(|k| matches!(k, EventKind::Submitted { .. }))
+            .map(|e| e.at_ms)
+            .min();
+        let first = at(|k| matches!(k, EventKind::Started))
+            .map(|e| e.at_ms)
+            .min();
+        let last = at(|k| matches!(k, EventKind::Done { .. }))
+            .map(|e| e.at_ms)
+            .max();
+        let (mut run, mut compute) = (0u64, 0u64);
+        for e in &events {
+            if let EventKind::Done {
+                duration_ms,
+                compute_ms,
+                ..
+            } = e.kind
+            {
+                run += duration_ms;
+                compute += compute_ms;
+            }
+        }
+        let (Some(published), Some(first), Some(last)) = (published, first, last) else {
+            return Err(format!("job {job}: no submitted, started or done event").into());
+        };
+        let ms = |a: u64, b: u64| b.saturating_sub(a);
+        out!(
+            "  {job}: {} ms in all: submit {} ms, to the first shard {} ms, shards' runs {run} ms \
+             (inference {compute} ms), between shards {} ms, seen done after {} ms",
+            ms(submitted, seen),
+            ms(submitted, published),
+            ms(published, first),
+            ms(first, last).saturating_sub(run),
+            ms(last, seen),
+        );
+        Ok(())
     }
 }
 
@@ -430,7 +490,7 @@ fn main() -> Result<()> {
         other => return Err(format!("--device {other}: expected cpu, metal or cuda").into()),
     };
     if flag("--ours-only") {
-        return ours_only(&model_dir, &device, &texts, ours_batch);
+        return ours_only(&model_dir, &device, &texts_path, &texts, ours_batch);
     }
     let on = match &device {
         Device::Cpu => format!("CPU, {} kernels", CpuPath::get().name()),
