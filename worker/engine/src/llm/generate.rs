@@ -8,6 +8,13 @@
 //! A prompt is always read in the same chunks ([`GenLimits::prefill_chunk`]),
 //! whatever else shares the pass, so a record's tokens never depend on its
 //! batch.
+//!
+//! A prefix that most of the records' prompts share (a system prompt, a
+//! few-shot preamble) is read once, and its keys and values are copied into
+//! each of those records' caches ([`shared_prefix`]). It always ends at
+//! least two tokens short of the record's first chunk, so that chunk's rest
+//! is still read in a step of several tokens: the same sums in the same
+//! order, the same bits as reading the chunk whole.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -93,10 +100,27 @@ pub fn generate(
     done: &mut dyn FnMut(usize, Generation),
 ) -> Result<(), ModelError> {
     let per_token = model.config().kv_bytes_per_token();
+    let chunk = limits.prefill_chunk.max(1);
+    let mut used = 0usize;
+    let shared = shared_prefix(&work, chunk);
+    let prefix = match work.first() {
+        Some(first) if shared > 0 => {
+            let tokens = first.prompt[..shared].to_vec();
+            let mut cache = model.new_cache(shared)?;
+            model.forward(
+                &mut [Step {
+                    cache: &mut cache,
+                    tokens: &tokens,
+                }],
+                false,
+            )?;
+            used += shared * per_token;
+            Some((tokens, cache))
+        }
+        _ => None,
+    };
     let mut pending: VecDeque<Prepared> = work.into();
     let mut active: Vec<Active> = Vec::new();
-    let mut used = 0usize;
-    let chunk = limits.prefill_chunk.max(1);
     loop {
         if control.stop.load(Ordering::Relaxed) {
             return Ok(());
@@ -109,7 +133,7 @@ pub fn generate(
                 break;
             }
             let Some(p) = pending.pop_front() else { break };
-            let cache = match model.new_cache(tokens) {
+            let mut cache = match model.new_cache(tokens) {
                 Ok(c) => c,
                 Err(ModelError::BadInput(m)) => {
                     done(p.index, Generation::failed(m));
@@ -117,12 +141,23 @@ pub fn generate(
                 }
                 Err(e) => return Err(e),
             };
+            let mut read = 0;
+            if let Some((tokens, from)) = &prefix
+                && p.prompt.starts_with(tokens)
+                && tokens.len() <= shareable(p.prompt.len(), chunk)
+            {
+                model.copy_prefix(&mut cache, from, tokens.len())?;
+                read = tokens.len();
+                control
+                    .prompt_read
+                    .fetch_add(read as u64, Ordering::Relaxed);
+            }
             used += bytes;
             active.push(Active {
                 index: p.index,
                 sampler: Sampler::new(&p.params),
                 prompt: p.prompt,
-                read: 0,
+                read,
                 cache,
                 out: Vec::new(),
                 params: p.params,
@@ -148,7 +183,9 @@ pub fn generate(
             if p.is_some() {
                 continue;
             }
-            let n = chunk.min(a.prompt.len() - a.read);
+            // Chunks end at multiples of `chunk`, so a shared prefix
+            // shortens only the first.
+            let n = (chunk - a.read % chunk).min(a.prompt.len() - a.read);
             if n <= room || !planned_any {
                 *p = Some(Plan::Prefill(a.read..a.read + n));
                 room = room.saturating_sub(n);
@@ -204,6 +241,46 @@ pub fn generate(
     }
 }
 
+/// The shortest prefix worth reading once for several records.
+const MIN_SHARED: usize = 4;
+
+/// How many leading tokens of a prompt of `len` tokens may come from a
+/// shared prefix: all but two of its first chunk, so the rest of that chunk
+/// is still read in a step of several tokens.
+fn shareable(len: usize, chunk: usize) -> usize {
+    len.min(chunk).saturating_sub(2)
+}
+
+/// How many leading tokens of the first record's prompt to read once and
+/// share: the length that saves the most reading, that is the length times
+/// the records whose prompts start with it (and may share it), less the
+/// one read of it; 0 when that length is under [`MIN_SHARED`] tokens or
+/// sharing saves nothing.
+fn shared_prefix(work: &[Prepared], chunk: usize) -> usize {
+    let Some(first) = work.first() else { return 0 };
+    let mut usable: Vec<usize> = work
+        .iter()
+        .map(|w| {
+            let common = first
+                .prompt
+                .iter()
+                .zip(&w.prompt)
+                .take_while(|(a, b)| a == b)
+                .count();
+            common.min(shareable(w.prompt.len(), chunk))
+        })
+        .collect();
+    usable.sort_unstable_by(|a, b| b.cmp(a));
+    // The i+1 longest can all take a prefix of usable[i]: i reads saved.
+    let (mut best, mut saved) = (0, 0);
+    for (i, &len) in usable.iter().enumerate() {
+        if len * i > saved {
+            (best, saved) = (len, len * i);
+        }
+    }
+    if best >= MIN_SHARED { best } else { 0 }
+}
+
 /// Takes the sampled token `next`; returns the record's result when it has
 /// ended.
 fn advance(a: &mut Active, next: u32, tokenizer: &GgufTokenizer) -> Option<Generation> {
@@ -240,4 +317,61 @@ fn advance(a: &mut Active, next: u32, tokenizer: &GgufTokenizer) -> Option<Gener
         return Some(finish(&a.out, text, FinishReason::Length));
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(prompt: &[u32]) -> Prepared {
+        Prepared {
+            index: 0,
+            prompt: prompt.to_vec(),
+            params: SamplingParams {
+                max_tokens: 1,
+                temperature: 0.0,
+                top_p: 1.0,
+                top_k: 0,
+                seed: 0,
+                stop: vec![],
+            },
+        }
+    }
+
+    #[test]
+    fn the_prefix_shared_is_the_one_that_saves_the_most_reading() {
+        let sys: Vec<u32> = (1..=10).collect();
+        let with = |tail: &[u32]| record(&[&sys[..], tail].concat());
+        // Three records share 10 tokens; each keeps two of its own.
+        let work = [with(&[50, 51]), with(&[60, 61, 62]), with(&[70, 71])];
+        assert_eq!(shared_prefix(&work, 256), 10);
+        // A record without the prefix does not stop the others sharing it.
+        let odd = [
+            with(&[50, 51]),
+            record(&[9, 9, 9, 9, 9, 9]),
+            with(&[70, 71]),
+        ];
+        assert_eq!(shared_prefix(&odd, 256), 10);
+        // A record of one token after it would read that token in a step
+        // of one: it may take only 9, and all three sharing 9 save more
+        // than two sharing 10.
+        let short = [with(&[50, 51]), with(&[60]), with(&[70, 71])];
+        assert_eq!(shared_prefix(&short, 256), 9);
+        // Four sharing 10 save more than five sharing 5.
+        let five = [
+            with(&[1, 1]),
+            with(&[2, 2]),
+            with(&[3, 3]),
+            with(&[4, 4]),
+            record(&sys[..7]),
+        ];
+        assert_eq!(shared_prefix(&five, 256), 10);
+        // The first chunk keeps two tokens of its own.
+        assert_eq!(shared_prefix(&work, 8), 6);
+        // Nothing to share: one record, or prefixes under the minimum.
+        assert_eq!(shared_prefix(&work[..1], 256), 0);
+        let tiny = [record(&[1, 2, 3, 4, 5]), record(&[1, 2, 3, 9, 9])];
+        assert_eq!(shared_prefix(&tiny, 256), 0);
+        assert_eq!(shared_prefix(&[], 256), 0);
+    }
 }

@@ -327,6 +327,42 @@ impl Llama {
         })
     }
 
+    /// Gives the empty cache `to` the first `n` tokens of `from` (a prompt
+    /// prefix they share, read once): the same keys and values, bit for
+    /// bit, as reading those tokens into `to` in one step of several.
+    pub fn copy_prefix(
+        &self,
+        to: &mut KvCache,
+        from: &KvCache,
+        n: usize,
+    ) -> Result<(), ModelError> {
+        if !to.is_empty() || n > from.len || n > to.cap {
+            return Err(invalid(format!(
+                "a prefix of {n} tokens copied from a cache holding {} into one holding {} of {}",
+                from.len, to.len, to.cap
+            )));
+        }
+        let hd = self.cfg.head_dim;
+        for (dst, src) in to.layers.iter_mut().zip(&from.layers) {
+            match (dst, src) {
+                (LayerKv::Host(d), LayerKv::Host(s)) => {
+                    for h in 0..self.cfg.kv_heads {
+                        let (at, from_at) = (h * to.cap * hd, h * from.cap * hd);
+                        d.k[at..at + n * hd].copy_from_slice(&s.k[from_at..from_at + n * hd]);
+                        d.v[at..at + n * hd].copy_from_slice(&s.v[from_at..from_at + n * hd]);
+                    }
+                }
+                (LayerKv::Device { k: dk, v: dv }, LayerKv::Device { k: sk, v: sv }) => {
+                    dk.slice_set(&sk.narrow(1, 0, n)?.contiguous()?, 1, 0)?;
+                    dv.slice_set(&sv.narrow(1, 0, n)?.contiguous()?, 1, 0)?;
+                }
+                _ => return Err(invalid("a prefix copied between host and device caches")),
+            }
+        }
+        to.len = n;
+        Ok(())
+    }
+
     /// Runs one forward pass over `steps`; returns the logits `[sequences,
     /// vocab]` of each sequence's last new token, or with `all` those of
     /// every new token `[tokens, vocab]`, sequences in order.
