@@ -92,7 +92,14 @@ struct JobTrack {
 impl JobTrack {
     /// Folds one shard event into the job's shards and counts. Returns the
     /// reason and state of a shard that this event made fail for good.
-    fn fold(&mut self, e: &ShardEvent) -> Option<(String, ShardTrack)> {
+    ///
+    /// A done counts as made by its sender, except a delivery's report of
+    /// an output it found already written (`already_done`): that result
+    /// stays with whoever the shard's record already names for it, else
+    /// goes to `made_on`, the writer the output names, when known. A
+    /// quarantine must withdraw a result from the machine that made it,
+    /// whichever delivery reported it last.
+    fn fold(&mut self, e: &ShardEvent, made_on: Option<&WorkerId>) -> Option<(String, ShardTrack)> {
         let maker = match &e.kind {
             EventKind::Done {
                 made_by: Some(p), ..
@@ -116,10 +123,18 @@ impl JobTrack {
             EventKind::Done {
                 sha256,
                 duration_ms,
+                already_done,
                 ..
             } => {
-                s.done = Some((e.worker.clone(), sha256.clone(), *duration_ms));
-                s.maker = maker;
+                let known = s.done.as_ref().is_some_and(|d| d.1 == *sha256);
+                if !(*already_done && known) {
+                    let by = match made_on {
+                        Some(w) if *already_done => w,
+                        _ => &e.worker,
+                    };
+                    s.done = Some((by.clone(), sha256.clone(), *duration_ms));
+                    s.maker = maker;
+                }
                 s.failed = None;
             }
             EventKind::Requeued => s.failed = None,
@@ -211,7 +226,7 @@ impl JobTrack {
     /// the rejection (its copy from the stream counts it).
     fn withdraw(&mut self, e: &ShardEvent) {
         let before = self.rejected;
-        self.fold(e);
+        self.fold(e, None);
         self.rejected = before;
     }
 
@@ -773,7 +788,7 @@ impl Tracker {
             self.start_check(q);
         }
         match r {
-            Ok(Backing::Backed(_)) => self.fold_counted(e).await,
+            Ok(Backing::Backed(out)) => self.fold_counted(e, Some(&out.worker)).await,
             Ok(Backing::Missing) => {
                 self.reject(&e, "its output is not in the store".to_owned())
                     .await;
@@ -809,16 +824,17 @@ impl Tracker {
         if self.needs_check(&e).await {
             self.start_check(e);
         } else {
-            self.fold_counted(e).await;
+            self.fold_counted(e, None).await;
         }
     }
 
     /// Folds an event that counts as it is (a done: once its output is
-    /// checked) and writes what that completes.
-    async fn fold_counted(&mut self, e: ShardEvent) {
+    /// checked; `made_on`: the writer its output names, when read) and
+    /// writes what that completes.
+    async fn fold_counted(&mut self, e: ShardEvent, made_on: Option<&WorkerId>) {
         let job = e.job.clone();
         let t = self.jobs.entry(job.clone()).or_default();
-        let dead = t.fold(&e);
+        let dead = t.fold(&e, made_on);
         let outvoted = std::mem::take(&mut t.outvoted);
         for (w, shard) in outvoted {
             self.strike(&w, &job, shard).await;
@@ -1346,6 +1362,47 @@ mod tests {
         Ok(())
     }
 
+    /// A delivery that finds a shard's output already written reports it
+    /// (`already_done`), but the result stays the writer's, whether the
+    /// writer reported it first or not at all: a quarantine of the writer
+    /// must find it.
+    #[tokio::test]
+    async fn a_result_is_the_writers_not_the_delivery_that_found_it_written() -> Res {
+        let store: std::sync::Arc<dyn ObjectStore> =
+            std::sync::Arc::new(object_store::memory::InMemory::new());
+        let view = std::sync::Arc::new(View::new("t".into(), crate::registry::Registry::new(3)));
+        let mut t = Tracker::offline(store.clone(), view).checking();
+        let found = |shard, sha: &str| -> Result<ShardEvent, IdError> {
+            let mut e = event(shard, done(10, sha))?;
+            e.worker = WorkerId::new("m-2")?;
+            if let EventKind::Done { already_done, .. } = &mut e.kind {
+                *already_done = true;
+            }
+            Ok(e)
+        };
+        // Shard 0: the writer (m-1) stopped before it reported, only the
+        // finder reports; shard 1: the writer's report, then the finder's.
+        let sha0 = output(store.as_ref(), 0, 10).await?;
+        t.apply(found(0, &sha0)?).await;
+        t.drain_checks().await;
+        let sha1 = output(store.as_ref(), 1, 10).await?;
+        t.apply(event(1, done(10, &sha1))?).await;
+        t.drain_checks().await;
+        t.apply(found(1, &sha1)?).await;
+        t.drain_checks().await;
+        let job = JobId::new("j")?;
+        for shard in [0, 1] {
+            let by = t
+                .jobs
+                .get(&job)
+                .and_then(|j| j.shards.get(&shard))
+                .and_then(|s| s.done.clone())
+                .map(|d| d.0.as_str().to_owned());
+            assert_eq!(by.as_deref(), Some("m-1"), "shard {shard}");
+        }
+        Ok(())
+    }
+
     #[test]
     fn running_counts_match_a_recount() -> Result<(), IdError> {
         let mut t = JobTrack::default();
@@ -1378,7 +1435,7 @@ mod tests {
                     permanent: false,
                 },
             };
-            t.fold(&event(shard, kind)?);
+            t.fold(&event(shard, kind)?, None);
             let done = t.shards.values().filter(|s| s.outcome().0).count() as u32;
             let failed = t.shards.values().filter(|s| s.outcome().1).count() as u32;
             assert_eq!((t.done, t.failed), (done, failed));

@@ -137,22 +137,25 @@ impl Tracker {
         if self.judge.is_none() || !self.check_outputs || !e.from_worker() {
             return;
         }
-        let machine = subjects::machine(&e.worker).to_owned();
+        let EventKind::Done { sha256, .. } = &e.kind else {
+            return;
+        };
+        // Who made the result: the shard's record names the maker when this
+        // event reports the result it holds (a delivery that found the
+        // output already written is not its maker).
+        let maker = self
+            .jobs
+            .get(&e.job)
+            .and_then(|t| t.shards.get(&e.shard))
+            .and_then(|s| s.done.as_ref())
+            .filter(|d| d.1 == *sha256)
+            .map_or_else(|| e.worker.clone(), |d| d.0.clone());
+        let machine = subjects::machine(&maker).to_owned();
         if let Some(&strikes) = self.quarantined.get(&machine) {
             if self.still_quarantined(&machine).await {
-                if let EventKind::Done { sha256, .. } = &e.kind {
-                    let (job, sha256) = (e.job.clone(), sha256.clone());
-                    self.rerun_shard(
-                        &job,
-                        e.shard,
-                        e.worker.clone(),
-                        sha256,
-                        e.attempt,
-                        &machine,
-                        strikes,
-                    )
+                let (job, sha256) = (e.job.clone(), sha256.clone());
+                self.rerun_shard(&job, e.shard, maker, sha256, e.attempt, &machine, strikes)
                     .await;
-                }
                 return;
             }
             self.quarantined.remove(&machine);
@@ -167,7 +170,7 @@ impl Tracker {
         };
         if t.sealed == Some(true)
             || s.check.is_some()
-            || s.done.as_ref().map(|d| &d.0) != Some(&e.worker)
+            || s.done.as_ref().map(|d| (&d.0, &d.1)) != Some((&maker, sha256))
         {
             return;
         }
@@ -176,7 +179,7 @@ impl Tracker {
         if !crate::trust::sample::picked(&key, e.job.as_str(), e.shard, rate) {
             return;
         }
-        let avoid = vec![subjects::machine(&e.worker).to_owned()];
+        let avoid = vec![machine];
         self.queue_round(e.job.clone(), e.shard, 1, avoid).await;
     }
 
@@ -274,7 +277,7 @@ impl Tracker {
     /// Folds an event this watchdog published, at once (its copy from the
     /// stream folds again as a repeat, changing nothing).
     async fn fold_local(&mut self, e: ShardEvent) {
-        Box::pin(self.fold_counted(e)).await;
+        Box::pin(self.fold_counted(e, None)).await;
     }
 
     /// After a check run's `checked` event folded: judges its round when
