@@ -168,9 +168,10 @@ impl Tracker {
         let Some(s) = t.shards.get(&e.shard) else {
             return;
         };
+        // Only the result the record holds is picked (its maker is `maker`).
         if t.sealed == Some(true)
             || s.check.is_some()
-            || s.done.as_ref().map(|d| (&d.0, &d.1)) != Some((&maker, sha256))
+            || s.done.as_ref().map(|d| &d.1) != Some(sha256)
         {
             return;
         }
