@@ -26,12 +26,25 @@ struct Server {
 }
 
 /// `text` with every `127.0.0.1:PORT` whose port is a key of `ports`
-/// pointed at the port it maps to.
+/// pointed at the port it maps to. One pass over the text, each port read
+/// whole: a port written in is never read again, so a free port whose digits
+/// begin with a shipped one (42237 after 4223) is left as it is.
 fn localize(text: &str, ports: &HashMap<u16, u16>) -> String {
-    let mut out = text.to_owned();
-    for (from, to) in ports {
-        out = out.replace(&format!("127.0.0.1:{from}"), &format!("127.0.0.1:{to}"));
+    const HOST: &str = "127.0.0.1:";
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(HOST) {
+        let (head, tail) = rest.split_at(at + HOST.len());
+        out.push_str(head);
+        let digits = tail.bytes().take_while(u8::is_ascii_digit).count();
+        let (port, after) = tail.split_at(digits);
+        match port.parse::<u16>().ok().and_then(|p| ports.get(&p)) {
+            Some(to) => out.push_str(&to.to_string()),
+            None => out.push_str(port),
+        }
+        rest = after;
     }
+    out.push_str(rest);
     out
 }
 
@@ -268,4 +281,14 @@ fn check_vectors(npy: &Path, model: &Path, texts: &[String]) -> Result<()> {
     let diff = max_abs_diff(&got, &want);
     assert!(diff <= 1e-5, "collected vectors differ by {diff}");
     Ok(())
+}
+
+#[test]
+fn localize_reads_each_port_whole_and_once() {
+    let ports = HashMap::from([(6223u16, 42237u16), (4223, 40363), (4230, 4231)]);
+    let text = "a 127.0.0.1:6223\nb 127.0.0.1:4223\nc 127.0.0.1:42230 d 127.0.0.1:4230";
+    assert_eq!(
+        localize(text, &ports),
+        "a 127.0.0.1:42237\nb 127.0.0.1:40363\nc 127.0.0.1:42230 d 127.0.0.1:4231"
+    );
 }
