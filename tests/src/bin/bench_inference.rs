@@ -269,7 +269,7 @@ Usage: bench_inference [--python PATH] [--onnx-python PATH] [--write] [FLAGS]
                      ratios are against sentence-transformers
   --fleet            also run the texts as one job through a local fleet of one worker (its own
                      nats-server and store; the workspace's release binaries) in each round,
-                     after ours in the same precision
+                     beside ours in the same precision, the two taking turns going first
   --paths            also run ours once per CPU kernel path this CPU has (MINIONS_CPU_PATH)
   --ours-only        our precisions only, no reference runs (for profiling; with --fleet, each
                      precision's job follows its in-process run)
@@ -526,18 +526,31 @@ fn main() -> Result<()> {
         false => None,
     };
     let mut through_fleet: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
-    for _ in 0..rounds {
+    for round in 0..rounds {
         for (i, precision) in [Precision::F32, Precision::Int8].into_iter().enumerate() {
             if let Some(r) = onnx(precision)? {
                 out!("{}: {:.1} texts/s", r.name, r.texts_per_s);
                 Runs::add(&mut ort[i], r);
             }
+            // In-process and the fleet take turns going first, so that a
+            // drift of the machine's speed within a round, or what the
+            // run before leaves behind, favours neither side.
+            let fleet_first = round % 2 == 1;
+            let mut through = |fleet: &mut Option<LocalFleet>| -> Result<()> {
+                if let Some(f) = fleet {
+                    through_fleet[i].push(f.run(&texts_path, texts.len(), precision)?);
+                }
+                Ok(())
+            };
+            if fleet_first {
+                through(&mut fleet)?;
+            }
             let name = format!("Minions worker ({}, {on})", precision.as_str());
             let r = ours(&name, &models[i], &texts, ours_batch)?;
             out!("{}: {:.1} texts/s", r.name, r.texts_per_s);
             Runs::add(&mut mine[i], r);
-            if let Some(f) = &mut fleet {
-                through_fleet[i].push(f.run(&texts_path, texts.len(), precision)?);
+            if !fleet_first {
+                through(&mut fleet)?;
             }
         }
     }
@@ -637,7 +650,8 @@ fn main() -> Result<()> {
          length-sorted passes of {onnx_batch} texts and mean pooling; sentence-transformers runs \
          batches of {batch}; ours runs passes of at most {} texts and {} tokens, as a worker does \
          by default. sentence-transformers runs once first; then {rounds} rounds of ONNX Runtime \
-         and ours side by side, precision by precision (texts/s: mean (each run)); each ratio \
+         and ours side by side, precision by precision (texts/s: mean (each run); with the fleet, \
+         ours in-process and the fleet's job take turns going first); each ratio \
          is of means, against {against}. Max abs diff is against \
          sentence-transformers' vectors; cosine against the same engine's f32 vectors, row by \
          row.\n\n\
