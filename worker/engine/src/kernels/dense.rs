@@ -17,7 +17,6 @@ use rayon::prelude::*;
 use super::gelu::gelu;
 use super::int8::Activation;
 use super::layer_norm::{NormParams, normalise};
-use super::zeroed;
 
 /// The op's name in errors.
 const OP: &str = "f32 linear";
@@ -105,26 +104,40 @@ fn run(
         // GELU applies to the product and bias alone; no layer has both.
         candle_core::bail!("{OP}: GELU with a residual");
     }
-    // The bias, plus the residual: the product adds onto it. Filled by
-    // every thread: a pass over tens of megabytes is not one thread's job.
-    let mut out = zeroed(m * w.n);
+    // The bias, plus the residual: the product adds onto it. Written by
+    // every thread, straight into fresh memory: a pass over tens of
+    // megabytes is not one thread's job, and zeroing it first would be a
+    // second pass.
+    let len = m * w.n;
+    let mut out = Vec::with_capacity(len);
     let rows = ROWS_PER_TASK * w.n;
+    let fresh = &mut out.spare_capacity_mut()[..len];
     match residual {
-        Some(r) => out
+        Some(r) => fresh
             .par_chunks_mut(rows)
             .zip(r.par_chunks(rows))
             .for_each(|(o, r)| {
                 for (o, r) in o.chunks_exact_mut(w.n).zip(r.chunks_exact(w.n)) {
                     for ((o, r), b) in o.iter_mut().zip(r).zip(&w.bias) {
-                        *o = r + b;
+                        o.write(r + b);
                     }
                 }
             }),
-        None => out.par_chunks_mut(rows).for_each(|o| {
+        None => fresh.par_chunks_mut(rows).for_each(|o| {
             for o in o.chunks_exact_mut(w.n) {
-                o.copy_from_slice(&w.bias);
+                for (o, &b) in o.iter_mut().zip(&w.bias) {
+                    o.write(b);
+                }
             }
         }),
+    }
+    // SAFETY: `len` is `m` rows of `n`, and chunks of whole rows cover
+    // them; every row of every chunk was written whole above (the residual
+    // holds `m × n` values and the bias `n`, checked by the callers and at
+    // load).
+    #[allow(unsafe_code)]
+    unsafe {
+        out.set_len(len);
     }
     product(w, x, &mut out);
     if act == Activation::Gelu || norm.is_some() {

@@ -28,13 +28,15 @@
 //!
 //! Every path computes the same integer sums, so the same bits.
 
+use std::mem::MaybeUninit;
+
 use candle_core::Tensor;
 use rayon::prelude::*;
 
 use super::CpuPath;
 use super::gelu::gelu;
 use super::layer_norm::{NormParams, normalise};
-use super::{fold8, round_even, zeroed};
+use super::{fold8, round_even};
 
 /// The op's name in errors.
 const OP: &str = "int8 linear";
@@ -375,7 +377,7 @@ fn task<const MR: usize, const NR: usize, T: Tile<MR, NR>>(
     residual: Option<&[f32]>,
     act: Activation,
     norm: Option<&NormParams>,
-    out: &mut [f32],
+    out: &mut [MaybeUninit<f32>],
 ) {
     let groups = w.k.div_ceil(T::G);
     let rows = if T::G == 2 {
@@ -412,6 +414,12 @@ fn task<const MR: usize, const NR: usize, T: Tile<MR, NR>>(
     }
     // The task's rows are whole now, and still in cache.
     if let Some(norm) = norm {
+        // SAFETY: the loops above wrote every value of `out`: its `m`
+        // rows, each panel's columns of each (the panels cover all `n`),
+        // and `out` holds `m × n` values. `MaybeUninit<f32>` has the
+        // layout of `f32`.
+        #[allow(unsafe_code)]
+        let out = unsafe { &mut *(std::ptr::from_mut(out) as *mut [f32]) };
         for row in out.chunks_exact_mut(w.n) {
             normalise(row, norm);
         }
@@ -442,27 +450,34 @@ fn epilogue<const NR: usize>(
 }
 
 /// `o = v (+ res)`, `o` the row's columns of this panel (all of them, or
-/// fewer in the last panel).
+/// fewer in the last panel), written whole: the output starts
+/// uninitialised.
 #[inline(always)]
-fn store<const NR: usize>(v: &[f32; NR], res: Option<&[f32]>, o: &mut [f32]) {
-    if let (Ok(o), Some(Ok(res))) = (
-        <&mut [f32; NR]>::try_from(&mut *o),
-        res.map(<&[f32; NR]>::try_from),
-    ) {
-        for ((o, &v), &r) in o.iter_mut().zip(v).zip(res) {
-            *o = v + r;
+fn store<const NR: usize>(v: &[f32; NR], res: Option<&[f32]>, o: &mut [MaybeUninit<f32>]) {
+    if let Ok(o) = <&mut [MaybeUninit<f32>; NR]>::try_from(&mut *o) {
+        match res.map(<&[f32; NR]>::try_from) {
+            Some(Ok(res)) => {
+                for ((o, &v), &r) in o.iter_mut().zip(v).zip(res) {
+                    o.write(v + r);
+                }
+            }
+            _ => {
+                for (o, &v) in o.iter_mut().zip(v) {
+                    o.write(v);
+                }
+            }
         }
         return;
     }
     match res {
         Some(res) => {
             for ((o, &v), &r) in o.iter_mut().zip(v).zip(res) {
-                *o = v + r;
+                o.write(v + r);
             }
         }
         None => {
             for (o, &v) in o.iter_mut().zip(v) {
-                *o = v;
+                o.write(v);
             }
         }
     }
@@ -475,7 +490,7 @@ struct TaskArgs<'a> {
     residual: Option<&'a [f32]>,
     act: Activation,
     norm: Option<&'a NormParams>,
-    out: &'a mut [f32],
+    out: &'a mut [MaybeUninit<f32>],
 }
 
 /// Rows per micro-tile of `kernel`.
@@ -508,8 +523,12 @@ fn run(
     // Sizes checked by `linear_op::linear`.
     let m = x.len() / w.k;
     let rows_per_task = TILES_PER_TASK * tile_rows(w.kernel);
-    let mut out = zeroed(m * w.n);
-    out.par_chunks_mut(rows_per_task * w.n)
+    // Every value is written by its task, so none is zeroed first (a pass
+    // over tens of megabytes).
+    let len = m * w.n;
+    let mut out = Vec::with_capacity(len);
+    out.spare_capacity_mut()[..len]
+        .par_chunks_mut(rows_per_task * w.n)
         .zip(x.par_chunks(rows_per_task * w.k))
         .enumerate()
         .for_each(|(t, (out, x))| {
@@ -524,6 +543,12 @@ fn run(
                 out,
             });
         });
+    // SAFETY: the chunks cover the first `len` values, and each task wrote
+    // every value of its chunk (`task`: every row, every panel's columns).
+    #[allow(unsafe_code)]
+    unsafe {
+        out.set_len(len);
+    }
     Ok(out)
 }
 
@@ -566,7 +591,7 @@ pub(crate) fn linear(
 /// instructions, so its quantising, epilogue and layer norm are too.
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::{Cell512, Int8Weight, PlainQuads, TaskArgs, Tile, task};
+    use super::{Cell512, Int8Weight, MaybeUninit, PlainQuads, TaskArgs, Tile, task};
     use pulp::bytemuck::cast;
     use pulp::x86::V3;
     use std::arch::x86_64::{
@@ -738,7 +763,7 @@ mod simd {
         residual: Option<&[f32]>,
         act: super::Activation,
         norm: Option<&super::NormParams>,
-        out: &mut [f32],
+        out: &mut [MaybeUninit<f32>],
     ) {
         task::<6, 16, _>(AvxVnni, w, panels, x, residual, act, norm, out);
     }
@@ -767,7 +792,7 @@ mod simd {
         residual: Option<&[f32]>,
         act: super::Activation,
         norm: Option<&super::NormParams>,
-        out: &mut [f32],
+        out: &mut [MaybeUninit<f32>],
     ) {
         task::<MR512, 64, _>(Avx512Vnni, w, panels, x, residual, act, norm, out);
     }
@@ -832,7 +857,7 @@ mod tests {
         let pairs = w.k.div_ceil(2);
         let rows = quantise_rows::<6, 2>(x, w.k);
         let m = rows.scale.len();
-        let mut out = zeroed(m * w.n);
+        let mut out = vec![0f32; m * w.n];
         for r in 0..m {
             let a = &rows.packed[(r / 6) * pairs..(r / 6 + 1) * pairs];
             for c in 0..w.n {

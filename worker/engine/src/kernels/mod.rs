@@ -60,10 +60,16 @@ fn fold8(v: &[f32], init: f32, f: impl Fn(f32, f32) -> f32) -> f32 {
 #[inline(always)]
 fn sum8_by(v: &[f32], f: impl Fn(f32) -> f32) -> f32 {
     let mut lanes = [0f32; 8];
-    for c in v.chunks(8) {
+    // Whole chunks apart from the tail, so that the lanes stay in one
+    // register.
+    let (chunks, tail) = v.as_chunks::<8>();
+    for c in chunks {
         for (l, &x) in lanes.iter_mut().zip(c) {
             *l += f(x);
         }
+    }
+    for (l, &x) in lanes.iter_mut().zip(tail) {
+        *l += f(x);
     }
     let [a, b, c, d, e, f, g, h] = lanes;
     ((a + b) + (c + d)) + ((e + f) + (g + h))
@@ -92,16 +98,6 @@ fn round_even(x: f32) -> (i32, f32) {
         .wrapping_sub(ROUND_MAGIC.to_bits())
         .cast_signed();
     (n, t - ROUND_MAGIC)
-}
-
-/// `len` zeros, written by every thread: a kernel's output buffer. A
-/// zeroed allocation of tens of megabytes is otherwise one thread's
-/// `memset` (or page clearing) while the others wait for it.
-fn zeroed(len: usize) -> Vec<f32> {
-    use rayon::prelude::*;
-    let mut v = Vec::with_capacity(len);
-    v.par_extend(rayon::iter::repeat_n(0f32, len));
-    v
 }
 
 /// The values of a contiguous f32 CPU tensor, what every kernel here
