@@ -23,8 +23,6 @@ echo "== building Minions (release)" >&2
 cargo build --release --workspace --quiet
 BIN="$PWD/target/release"
 
-PORT="$("$PWD/.tools/venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
-export MINIONS_NATS_URL="nats://127.0.0.1:$PORT"
 export MINIONS_STORE="file://$DEMO/store"
 # The fleet logs at info into its log file; the CLI says only what matters.
 export RUST_LOG="${RUST_LOG:-warn}"
@@ -45,14 +43,30 @@ else
   "$PWD/.tools/venv/bin/python" deploy/make_corpus.py "$N" > "$DEMO/corpus.jsonl"
 fi
 
-echo "== starting a local fleet: nats-server on port $PORT, a watchdog, 2 workers (log: .minions-demo/fleet.log)" >&2
-RUST_LOG=info "$BIN/minions" dev --workers 2 --port "$PORT" --data-dir "$DEMO/dev" > "$DEMO/fleet.log" 2>&1 &
+echo "== starting a local fleet: nats-server on a free port, a watchdog, 2 workers (log: .minions-demo/fleet.log)" >&2
+# --port 0: nats-server binds a port of its own choosing, and the fleet
+# prints `export MINIONS_NATS_URL=...` once it listens.
+RUST_LOG=info "$BIN/minions" dev --workers 2 --port 0 --data-dir "$DEMO/dev" > "$DEMO/fleet.log" 2>&1 &
 FLEET=$!
 trap 'kill -TERM $FLEET 2>/dev/null; wait $FLEET 2>/dev/null || true' EXIT
-for _ in $(seq 1 100); do
-  (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break
+MINIONS_NATS_URL=""
+for _ in $(seq 1 300); do
+  MINIONS_NATS_URL="$(sed -n 's/^export MINIONS_NATS_URL=//p' "$DEMO/fleet.log" | head -n 1)"
+  [[ -n "$MINIONS_NATS_URL" ]] && break
+  if ! kill -0 "$FLEET" 2>/dev/null; then
+    tail -n 30 "$DEMO/fleet.log" >&2
+    echo "demo: the local fleet stopped at start (its log is above)" >&2
+    exit 1
+  fi
   sleep 0.1
 done
+if [[ -z "$MINIONS_NATS_URL" ]]; then
+  tail -n 30 "$DEMO/fleet.log" >&2
+  echo "demo: the local fleet did not start within 30 s (its log is above)" >&2
+  exit 1
+fi
+export MINIONS_NATS_URL
+echo "   nats-server at $MINIONS_NATS_URL" >&2
 
 echo "== pushing the model" >&2
 if [[ "$MODE" == "llm" ]]; then

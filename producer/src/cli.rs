@@ -592,13 +592,17 @@ pub struct DevArgs {
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(0..=64))]
     pub workers: u16,
     /// Port for nats-server (client connections on 127.0.0.1); with
-    /// --cluster, the first server's, the others' follow it.
+    /// --cluster, the first server's, the others' follow it. 0: each server
+    /// binds a free port of its own choosing (for scripts and tests that
+    /// run fleets side by side); the `export MINIONS_NATS_URL=` line names
+    /// them, and monitoring is then on a port of its choosing too.
     #[arg(long, default_value_t = 4222)]
     pub port: u16,
     /// nats-servers to run. 1: one server, as on a single machine. 3 (or 5):
     /// a JetStream cluster on loopback, configured like
     /// deploy/nats/cluster/ (clients on --port, --port + 1, ..., routes on
-    /// free ports, every write flushed before it is acknowledged), with the
+    /// ports the servers pick, every write flushed before it is
+    /// acknowledged), with the
     /// watchdog and workers given all of them and creating what is missing
     /// with that many replicas: to try a multi-server fleet, or to see
     /// shards survive one server's loss, on one machine. Prints the
@@ -613,7 +617,8 @@ pub struct DevArgs {
     #[arg(long, default_value_t = 2)]
     pub slots: u16,
     /// Where the watchdog serves its live dashboard and /metrics
-    /// (HOST:PORT, or `off`).
+    /// (HOST:PORT, or `off`; port 0: one it picks, which its `dashboard
+    /// listening` line names).
     #[arg(long, default_value = "127.0.0.1:9464")]
     pub dashboard: String,
     /// Also run a local PostgreSQL for the usage ledger and have the

@@ -1,6 +1,7 @@
 //! A throwaway local PostgreSQL server for the usage ledger: `minions dev
 //! --ledger` and the integration tests start one in a folder of their own,
-//! on 127.0.0.1 and a port of their choosing, with trust authentication for
+//! on 127.0.0.1 and a port of their choosing or one the kernel offers
+//! ([`LocalPostgres::start_on_free_port`]), with trust authentication for
 //! the role `minions` (so no password; fine on loopback on a developer's
 //! machine, never for a shared server).
 //!
@@ -24,7 +25,7 @@
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -51,6 +52,15 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long [`LocalPostgres::stop`] waits for a fast shutdown before it
 /// kills the server.
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How many ports [`LocalPostgres::start_on_free_port`] tries before it
+/// gives up and returns the last port's error.
+pub const START_ATTEMPTS: usize = 5;
+
+/// The server's lock file in its data folder: its pid, data folder, start
+/// time, port, socket folder, listen address, shared memory key and (since
+/// PostgreSQL 10) status, one a line.
+pub const PID_FILE: &str = "postmaster.pid";
 
 /// Longest Unix socket path the server is given (macOS allows 104 bytes
 /// with the terminating NUL, Linux 108); with a longer data folder path it
@@ -99,9 +109,26 @@ pub enum LocalPgError {
         .0.display()
     )]
     NotTraversable(PathBuf),
-    /// Something already listens on the port.
+    /// Something already listens on the port (found before the server is
+    /// started).
     #[error("port {0} on 127.0.0.1 is in use; choose another")]
     PortInUse(u16),
+    /// The server exited because it could not bind the port: another
+    /// process holds it (a listener that came after the check for
+    /// [`LocalPgError::PortInUse`], or a connection's own end). Its log
+    /// since this start says `could not bind ... Address already in use`.
+    #[error("postgres could not bind 127.0.0.1:{port}, which another process holds; the end of {}:\n{tail}", log.display())]
+    PortTaken {
+        /// The port.
+        port: u16,
+        /// Its log.
+        log: PathBuf,
+        /// The last lines of its log.
+        tail: String,
+    },
+    /// The kernel offered no free port on 127.0.0.1.
+    #[error("no free port on 127.0.0.1: {0}")]
+    NoFreePort(std::io::Error),
     /// `initdb` failed.
     #[error("initdb -D {} failed ({status}):\n{output}", data_dir.display())]
     Initdb {
@@ -154,6 +181,15 @@ pub enum LocalPgError {
         /// The last lines of its log.
         tail: String,
     },
+}
+
+impl LocalPgError {
+    /// Whether the port turned out to be held by another process (before
+    /// the server started, or as the server's own bind failure), so that
+    /// another port may well work.
+    pub fn is_port_taken(&self) -> bool {
+        matches!(self, Self::PortInUse(_) | Self::PortTaken { .. })
+    }
 }
 
 /// How a [`LocalPostgres`] runs.
@@ -260,6 +296,50 @@ fn log_tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
+/// A port on 127.0.0.1 that the kernel offers as free now (bound to port 0
+/// and released): free until some other process takes it, which a start
+/// on it detects.
+fn kernel_free_port() -> Result<u16, LocalPgError> {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(LocalPgError::NoFreePort)
+}
+
+/// Whether the log text written since a start says the server could not
+/// bind its port because another process holds it.
+fn says_port_taken(log: &str) -> bool {
+    log.lines()
+        .any(|l| l.contains("could not bind") && l.contains("Address already in use"))
+}
+
+/// The part of the file at `path` after its first `from` bytes (lossy
+/// UTF-8; empty when it cannot be read).
+fn read_from(path: &Path, from: u64) -> String {
+    let Ok(mut f) = File::open(path) else {
+        return String::new();
+    };
+    let mut bytes = Vec::new();
+    if f.seek(SeekFrom::Start(from)).is_err() || f.read_to_end(&mut bytes).is_err() {
+        return String::new();
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Whether the text of a `postmaster.pid` says that the postmaster with
+/// process id `pid` serves `port` and accepts connections: line 1 is its
+/// pid, line 4 its port, line 8 (the last, PostgreSQL 10+) its status,
+/// `starting`, `stopping`, `standby` or `ready` (padded with blanks).
+/// A file left behind by an earlier server names another pid, and one
+/// written before the server is up has no status or `starting`.
+fn pid_file_says_ready(text: &str, pid: u32, port: u16) -> bool {
+    let lines: Vec<&str> = text.lines().collect();
+    let field = |n: usize| lines.get(n - 1).map(|l| l.trim());
+    field(1).and_then(|p| p.parse::<u32>().ok()) == Some(pid)
+        && field(4).and_then(|p| p.parse::<u16>().ok()) == Some(port)
+        && field(8) == Some("ready")
+}
+
 /// Whether a PostgreSQL server on 127.0.0.1:`port` accepts a session for
 /// [`ROLE`]: the first message of the protocol's startup, answered with an
 /// authentication request (`R`) when it does and an error (`E`, such as
@@ -318,6 +398,56 @@ impl LocalPostgres {
         port: u16,
         options: PgOptions,
     ) -> Result<Self, LocalPgError> {
+        let mut pg = Self::prepare(data_dir, port, options)?;
+        pg.spawn()?;
+        Ok(pg)
+    }
+
+    /// Starts a server from `data_dir` (initialised as by
+    /// [`LocalPostgres::start`]) on a port of 127.0.0.1 that the kernel
+    /// offers as free, with `options`; returns once it accepts connections.
+    /// [`LocalPostgres::port`] says which port it got. When the port turns
+    /// out to be taken ([`LocalPgError::is_port_taken`]) it tries another,
+    /// [`START_ATTEMPTS`] ports in all, and then returns the last error;
+    /// any other failure is returned at once.
+    ///
+    /// This cannot race with other processes for the port (PostgreSQL
+    /// cannot bind port 0 itself, so the port is picked first): the port
+    /// is one the kernel offered; when another process takes it before
+    /// the server binds it, that shows as the server's own bind failure
+    /// (or the check before the start), and another port is tried; and
+    /// readiness is judged by our own postmaster's `postmaster.pid` (its
+    /// pid, this port, `ready`) while it runs, so no caller ever talks to
+    /// another process's server on the port.
+    pub fn start_on_free_port(data_dir: &Path, options: PgOptions) -> Result<Self, LocalPgError> {
+        Self::start_on_first_free(data_dir, options, kernel_free_port)
+    }
+
+    /// [`LocalPostgres::start_on_free_port`] with the candidate ports
+    /// from `next_port` (called once per attempt, at most
+    /// [`START_ATTEMPTS`] times).
+    fn start_on_first_free(
+        data_dir: &Path,
+        options: PgOptions,
+        mut next_port: impl FnMut() -> Result<u16, LocalPgError>,
+    ) -> Result<Self, LocalPgError> {
+        let mut pg = Self::prepare(data_dir, next_port()?, options)?;
+        let mut attempt = 1;
+        loop {
+            match pg.spawn() {
+                Ok(()) => return Ok(pg),
+                Err(e) if e.is_port_taken() && attempt < START_ATTEMPTS => {
+                    attempt += 1;
+                    pg.port = next_port()?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Finds the programs, creates and initialises the data folder: a
+    /// server ready to [`LocalPostgres::spawn`] on `port`, not yet running.
+    fn prepare(data_dir: &Path, port: u16, options: PgOptions) -> Result<Self, LocalPgError> {
         let bin_dir = match &options.bin_dir {
             Some(d) => d.clone(),
             None => find_bin_dir()?,
@@ -333,7 +463,7 @@ impl LocalPostgres {
             path: data_dir.to_path_buf(),
             source,
         })?;
-        let mut pg = Self {
+        let pg = Self {
             bin_dir,
             data_dir,
             port,
@@ -342,7 +472,6 @@ impl LocalPostgres {
             child: None,
         };
         pg.init()?;
-        pg.spawn()?;
         Ok(pg)
     }
 
@@ -428,6 +557,12 @@ impl LocalPostgres {
             path: log_path.clone(),
             source,
         })?;
+        // Where this start's lines begin, to judge its failure by them
+        // alone (the log is appended to on every start).
+        let log_start = log.metadata().map_or(0, |m| m.len());
+        // The child is the postmaster itself (`postgres` does not fork into
+        // the background, and the uid change happens in the child before
+        // exec), so its pid is the one it writes to postmaster.pid.
         // Its Unix socket (for psql -h DATA_DIR) beside its data where the
         // path is short enough, else TCP only.
         let socket = self.data_dir.join(format!(".s.PGSQL.{}", self.port));
@@ -465,35 +600,54 @@ impl LocalPostgres {
             source,
         })?;
         self.child = Some(child);
-        if let Err(e) = self.wait_ready() {
+        if let Err(e) = self.wait_ready(log_start) {
             self.kill();
             return Err(e);
         }
         Ok(())
     }
 
-    /// Waits up to [`READY_TIMEOUT`] until the server accepts sessions
-    /// (`pg_isready` where present, else a startup message of our own).
-    fn wait_ready(&mut self) -> Result<(), LocalPgError> {
+    /// Waits up to [`READY_TIMEOUT`] until our server accepts sessions: the
+    /// child still runs, the data folder's [`PID_FILE`] names the child's
+    /// pid, this port and `ready`, and then `pg_isready` (where present,
+    /// else a startup message of our own) is answered on the port. Were
+    /// another process's server on the port, the pid file check fails, so
+    /// readiness is never taken from a server that is not ours.
+    /// `log_start`: the log's length before this start; a server that
+    /// exited because its port was taken ([`LocalPgError::PortTaken`]) is
+    /// told from other exits by the log written since.
+    fn wait_ready(&mut self, log_start: u64) -> Result<(), LocalPgError> {
         let pg_isready = self.bin_dir.join("pg_isready");
         let pg_isready = pg_isready.is_file().then_some(pg_isready);
-        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.port));
+        let pid_file = self.data_dir.join(PID_FILE);
         let until = Instant::now() + READY_TIMEOUT;
         loop {
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
+            let Some(child) = self.child.as_mut() else {
+                return Err(self.not_ready());
+            };
+            if let Some(status) = child.try_wait().ok().flatten() {
                 self.child = None;
-                return Err(LocalPgError::Exited {
-                    port: self.port,
-                    status,
-                    log: self.log_path(),
-                    tail: log_tail(&self.log_path()),
+                let log = self.log_path();
+                let tail = log_tail(&log);
+                return Err(if says_port_taken(&read_from(&log, log_start)) {
+                    LocalPgError::PortTaken {
+                        port: self.port,
+                        log,
+                        tail,
+                    }
+                } else {
+                    LocalPgError::Exited {
+                        port: self.port,
+                        status,
+                        log,
+                        tail,
+                    }
                 });
             }
-            let ready = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok()
+            let pid = child.id();
+            let ours = std::fs::read_to_string(&pid_file)
+                .is_ok_and(|text| pid_file_says_ready(&text, pid, self.port));
+            let ready = ours
                 && match &pg_isready {
                     Some(p) => Command::new(p)
                         .args(["-q", "-h", "127.0.0.1", "-p"])
@@ -510,14 +664,19 @@ impl LocalPostgres {
                 return Ok(());
             }
             if Instant::now() >= until {
-                return Err(LocalPgError::NotReady {
-                    port: self.port,
-                    waited: READY_TIMEOUT,
-                    log: self.log_path(),
-                    tail: log_tail(&self.log_path()),
-                });
+                return Err(self.not_ready());
             }
             std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// [`LocalPgError::NotReady`] for this server.
+    fn not_ready(&self) -> LocalPgError {
+        LocalPgError::NotReady {
+            port: self.port,
+            waited: READY_TIMEOUT,
+            log: self.log_path(),
+            tail: log_tail(&self.log_path()),
         }
     }
 
@@ -614,11 +773,20 @@ impl Drop for LocalPostgres {
 mod tests {
     use super::*;
 
-    fn free_port() -> u16 {
-        std::net::TcpListener::bind(("127.0.0.1", 0))
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .unwrap_or_else(|e| panic!("no free port: {e}"))
+    fn fast() -> PgOptions {
+        PgOptions {
+            fast: true,
+            ..PgOptions::default()
+        }
+    }
+
+    /// The lines of the server's `postmaster.pid`.
+    fn pid_file_lines(pg: &LocalPostgres) -> Vec<String> {
+        std::fs::read_to_string(pg.data_dir().join(PID_FILE))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .lines()
+            .map(|l| l.trim().to_owned())
+            .collect()
     }
 
     fn is_ready(pg: &LocalPostgres) -> bool {
@@ -673,13 +841,10 @@ mod tests {
             return;
         }
         let tmp = open_tempdir();
-        let port = free_port();
         let data = tmp.path().join("data");
-        let opts = PgOptions {
-            fast: true,
-            ..PgOptions::default()
-        };
-        let mut pg = LocalPostgres::start_with(&data, port, opts).unwrap_or_else(|e| panic!("{e}"));
+        let mut pg =
+            LocalPostgres::start_on_free_port(&data, fast()).unwrap_or_else(|e| panic!("{e}"));
+        let port = pg.port();
         assert_eq!(
             pg.url(),
             format!("postgres://minions@127.0.0.1:{port}/postgres")
@@ -722,18 +887,145 @@ mod tests {
         }
         let tmp = open_tempdir();
         let data = tmp.path().join("d".repeat(MAX_SOCKET_PATH));
-        let port = free_port();
-        let pg = LocalPostgres::start_with(
-            &data,
-            port,
-            PgOptions {
-                fast: true,
-                ..PgOptions::default()
-            },
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let pg = LocalPostgres::start_on_free_port(&data, fast()).unwrap_or_else(|e| panic!("{e}"));
         assert!(is_ready(&pg));
-        assert!(!data.join(format!(".s.PGSQL.{port}")).exists());
+        assert!(!data.join(format!(".s.PGSQL.{}", pg.port())).exists());
+    }
+
+    #[test]
+    fn a_taken_port_is_left_for_another() {
+        if !have_postgres() {
+            return;
+        }
+        // One port a plain listener holds (caught before the start), one
+        // that is the local end of a connection (as the kernel's ephemeral
+        // ports are: nothing listens there, so only the server's own bind
+        // fails), then whatever the kernel offers.
+        let listener =
+            TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap_or_else(|e| panic!("{e}"));
+        let listening = listener
+            .local_addr()
+            .map(|a| a.port())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let conn =
+            TcpStream::connect((Ipv4Addr::LOCALHOST, listening)).unwrap_or_else(|e| panic!("{e}"));
+        let connected = conn
+            .local_addr()
+            .map(|a| a.port())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut candidates = vec![listening, connected].into_iter();
+        let mut offered = Vec::new();
+        let tmp = open_tempdir();
+        let data = tmp.path().join("data");
+        let pg = LocalPostgres::start_on_first_free(&data, fast(), || {
+            let port = match candidates.next() {
+                Some(p) => p,
+                None => kernel_free_port()?,
+            };
+            offered.push(port);
+            Ok(port)
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+        let port = pg.port();
+        // The third port, or (should the kernel's offer be taken too) a
+        // later one.
+        assert!(offered.len() >= 3, "{offered:?}");
+        assert_eq!(offered.last(), Some(&port));
+        assert!(port != listening && port != connected);
+        let lines = pid_file_lines(&pg);
+        assert_eq!(lines[0], pg.pid().unwrap_or_default().to_string());
+        assert_eq!(lines[3], port.to_string());
+        assert_eq!(lines[7], "ready");
+        assert!(is_ready(&pg));
+        let log = std::fs::read_to_string(pg.log_path()).unwrap_or_default();
+        assert!(
+            says_port_taken(&log),
+            "the second port was not refused by the server itself:\n{log}"
+        );
+        drop(conn);
+        drop(listener);
+    }
+
+    #[test]
+    fn gives_up_after_so_many_taken_ports() {
+        if !have_postgres() {
+            return;
+        }
+        let listener =
+            TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap_or_else(|e| panic!("{e}"));
+        let taken = listener
+            .local_addr()
+            .map(|a| a.port())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut tries = 0;
+        let tmp = open_tempdir();
+        let result = LocalPostgres::start_on_first_free(&tmp.path().join("data"), fast(), || {
+            tries += 1;
+            Ok(taken)
+        });
+        assert!(
+            matches!(result, Err(LocalPgError::PortInUse(p)) if p == taken),
+            "{result:?}"
+        );
+        assert_eq!(tries, START_ATTEMPTS);
+    }
+
+    #[test]
+    fn the_pid_file_must_name_our_postmaster_ready() {
+        let file = |pid: &str, port: &str, status: Option<&str>| {
+            let mut text = format!(
+                "{pid}\n/tmp/data\n1700000000\n{port}\n/tmp/data\n127.0.0.1\n  1234     5\n"
+            );
+            if let Some(s) = status {
+                text.push_str(&format!("{s:<8}\n"));
+            }
+            text
+        };
+        assert!(pid_file_says_ready(
+            &file("42", "5432", Some("ready")),
+            42,
+            5432
+        ));
+        assert!(!pid_file_says_ready(
+            &file("43", "5432", Some("ready")),
+            42,
+            5432
+        ));
+        assert!(!pid_file_says_ready(
+            &file("42", "5433", Some("ready")),
+            42,
+            5432
+        ));
+        assert!(!pid_file_says_ready(
+            &file("42", "5432", Some("starting")),
+            42,
+            5432
+        ));
+        assert!(!pid_file_says_ready(
+            &file("42", "5432", Some("stopping")),
+            42,
+            5432
+        ));
+        assert!(!pid_file_says_ready(&file("42", "5432", None), 42, 5432));
+        assert!(!pid_file_says_ready("", 42, 5432));
+    }
+
+    #[test]
+    fn a_bind_failure_is_told_from_other_exits() {
+        assert!(says_port_taken(
+            "LOG:  could not bind IPv4 address \"127.0.0.1\": Address already in use\n\
+             HINT:  Is another postmaster already running on port 5432? If not, wait a few \
+             seconds and retry.\n\
+             WARNING:  could not create listen socket for \"127.0.0.1\"\n\
+             FATAL:  could not create any TCP/IP sockets\n"
+        ));
+        assert!(!says_port_taken(
+            "FATAL:  could not create any TCP/IP sockets\n\
+             LOG:  could not bind IPv4 address \"127.0.0.1\": Cannot assign requested address\n"
+        ));
+        assert!(!says_port_taken(
+            "FATAL:  data directory has wrong ownership\n"
+        ));
     }
 
     #[test]

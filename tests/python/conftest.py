@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -24,12 +24,6 @@ MODEL_NAME = "minilm"
 WORKERS = 2
 START_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 60
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -46,15 +40,15 @@ class Fleet:
     `model` (the pushed model's name), `env` (os.environ plus
     MINIONS_NATS_URL and MINIONS_STORE, for CLI subprocesses)."""
 
-    def __init__(self, bin_dir: Path, nats_url: str, store_dir: Path, log_dir: Path):
+    def __init__(self, bin_dir: Path, store_dir: Path, log_dir: Path):
         self.bin_dir = bin_dir
-        self.nats_url = nats_url
+        self.nats_url = ""  # known once `start` has read it from `minions dev`
         self.store_dir = store_dir
         self.store_url = store_dir.as_uri()
         self.model = MODEL_NAME
         self.log_dir = log_dir
         self.env = dict(os.environ)
-        self.env["MINIONS_NATS_URL"] = nats_url
+        self.env.pop("MINIONS_NATS_URL", None)
         self.env["MINIONS_STORE"] = self.store_url
         self._dev: subprocess.Popen | None = None
 
@@ -120,7 +114,11 @@ class Fleet:
 
     # -- lifecycle --------------------------------------------------------
 
-    def start(self, data_dir: Path, port: int) -> None:
+    def start(self, data_dir: Path) -> None:
+        """Starts `minions dev` with nats-server on a port it picks itself
+        (`--port 0`), reads the URL from dev's `export MINIONS_NATS_URL=` line,
+        then waits until the workers are up. Fails with dev's log tail when dev
+        exits or START_TIMEOUT_S passes first."""
         out = open(self.log_dir / "dev.stdout", "w")
         err = open(self.log_dir / "dev.stderr", "w")
         self._dev = subprocess.Popen(
@@ -130,7 +128,7 @@ class Fleet:
                 "--workers",
                 str(WORKERS),
                 "--port",
-                str(port),
+                "0",
                 "--data-dir",
                 str(data_dir),
                 "--dashboard",
@@ -147,6 +145,8 @@ class Fleet:
         out.close()
         err.close()
         deadline = time.monotonic() + START_TIMEOUT_S
+        self.nats_url = self._read_nats_url(deadline)
+        self.env["MINIONS_NATS_URL"] = self.nats_url
         while True:
             if self._dev.poll() is not None:
                 raise RuntimeError(
@@ -161,6 +161,31 @@ class Fleet:
                     f"{_tail(self.log_dir / 'dev.stderr')}"
                 )
             time.sleep(0.3)
+
+    def _read_nats_url(self, deadline: float) -> str:
+        """The URL in the `export MINIONS_NATS_URL=...` line that `minions dev`
+        prints on stdout once its nats-server listens."""
+        stdout = self.log_dir / "dev.stdout"
+        while True:
+            try:
+                text = stdout.read_text(errors="replace")
+            except OSError:
+                text = ""
+            # Only whole lines: the line may be half written.
+            m = re.search(r"^export MINIONS_NATS_URL=(\S+)\n", text, re.MULTILINE)
+            if m:
+                return m.group(1)
+            if self._dev.poll() is not None:
+                raise RuntimeError(
+                    f"minions dev exited {self._dev.returncode} before printing MINIONS_NATS_URL:\n"
+                    f"{_tail(self.log_dir / 'dev.stderr')}"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"minions dev printed no MINIONS_NATS_URL within {START_TIMEOUT_S} s:\n"
+                    f"{_tail(self.log_dir / 'dev.stderr')}"
+                )
+            time.sleep(0.1)
 
     def stop(self) -> None:
         dev, self._dev = self._dev, None
@@ -199,10 +224,9 @@ def fleet(tmp_path_factory):
     root = tmp_path_factory.mktemp("fleet")
     store_dir = root / "store"
     store_dir.mkdir()
-    port = free_port()
-    f = Fleet(bin_dir, f"nats://127.0.0.1:{port}", store_dir, root)
+    f = Fleet(bin_dir, store_dir, root)
     try:
-        f.start(root / "nats", port)
+        f.start(root / "nats")
         f.cli("model", "push", model_dir, "--name", MODEL_NAME)
         yield f
     finally:

@@ -41,4 +41,6 @@ if [[ -f python/pyproject.toml ]]; then
 fi
 
 export PYTHONDONTWRITEBYTECODE=1
-exec "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/python "$@"
+# -rfE: a FAILED or ERROR line with the node id of each failure, which
+# tests/summary.py lists.
+exec "$venv/bin/python" -m pytest -q -rfE -p no:cacheprovider tests/python "$@"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
+import re
 import subprocess
 import threading
 import time
@@ -180,31 +180,37 @@ def test_generation_jobs_give_texts(client, fleet, tmp_path):
     print(f"generation job {job.id}: {sum(r['completion_tokens'] for r in rows)} tokens, first answer {rows[0]['text']!r}")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _moto_endpoint(server: subprocess.Popen, log: Path, timeout: float = 30) -> str:
+    """The endpoint moto_server bound (started with `-p 0`), from its
+    ` * Running on http://127.0.0.1:PORT` line; fails with its log tail when
+    it exits or `timeout` passes first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = log.read_text(errors="replace")
+        m = re.search(r"Running on (http://127\.0\.0\.1:(\d+))", text)
+        if m and m.group(2) != "0":
+            return m.group(1)
+        tail = "\n".join(text.splitlines()[-20:])
+        if server.poll() is not None:
+            raise AssertionError(f"moto_server exited {server.returncode}:\n{tail}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"moto_server printed no 'Running on' line within {timeout:.0f} s:\n{tail}")
+        time.sleep(0.1)
 
 
 def test_a_parquet_file_in_s3_submits(client, fleet, tmp_path, monkeypatch):
     moto = os.environ.get("MINIONS_MOTO_BIN")
     if not moto:
         pytest.fail("MINIONS_MOTO_BIN is not set: source deploy/tools.sh --test first")
-    port = _free_port()
-    server = subprocess.Popen([moto, "-H", "127.0.0.1", "-p", str(port)], stdout=open(tmp_path / "moto.log", "w"), stderr=subprocess.STDOUT)
+    log = tmp_path / "moto.log"
+    with open(log, "w") as out:
+        # -p 0: moto_server binds a free port itself and prints which.
+        server = subprocess.Popen([moto, "-H", "127.0.0.1", "-p", "0"], stdout=out, stderr=subprocess.STDOUT)
     try:
-        endpoint = f"http://127.0.0.1:{port}"
+        endpoint = _moto_endpoint(server, log)
         # Straight to loopback, whatever proxy the environment names.
         http = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                http.open(urllib.request.Request(f"{endpoint}/inputs", data=b"", method="PUT"), timeout=5)
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        http.open(urllib.request.Request(f"{endpoint}/inputs", data=b"", method="PUT"), timeout=30)
         path = tmp_path / "docs.parquet"
         pq.write_table(pa.table({"body": texts(300), "doc_id": [f"d{i}" for i in range(300)]}), path)
         http.open(urllib.request.Request(f"{endpoint}/inputs/team/docs.parquet", data=path.read_bytes(), method="PUT", headers={"Content-Type": "application/octet-stream"}), timeout=30)

@@ -4,43 +4,74 @@
 
 use std::time::{Duration, Instant};
 
-use crate::{NatsServer, Result, free_port};
+use crate::ports::ClosedPort;
+use crate::{NatsServer, Result};
 
 /// The cluster's name in every node's config.
 pub const CLUSTER_NAME: &str = "minions-test";
 
 /// Starts `n` routed servers and waits until their JetStream has a meta
 /// leader (streams can be created).
+///
+/// Every node binds its own client and route ports. The first is routed to
+/// a closed port the harness holds (JetStream runs clustered only with a
+/// configured route) and each later one to the first's route port; they
+/// learn the rest of the mesh from each other. Once all have bound, each
+/// node's restart flags name its own ports and every node's route, as a
+/// shipped config does.
 pub async fn start(n: usize) -> Result<Vec<NatsServer>> {
-    let routes: Vec<u16> = (0..n).map(|_| free_port()).collect::<Result<_>>()?;
-    let route_urls = routes
-        .iter()
-        .map(|p| format!("nats://127.0.0.1:{p}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    let mut nodes = Vec::with_capacity(n);
-    for (i, route) in routes.iter().enumerate() {
+    let anchor = ClosedPort::bind()?;
+    let mut nodes: Vec<NatsServer> = Vec::with_capacity(n);
+    for i in 0..n {
         let name = format!("n{}", i + 1);
-        let keep: Vec<String> = vec![
-            "--server_name".into(),
-            name.clone(),
+        let seed = match nodes.first() {
+            None => anchor.port()?,
+            Some(first) => first
+                .ports
+                .cluster
+                .ok_or("the first node reported no route port")?,
+        };
+        // The name goes with every start (`spawn_with`).
+        let flags: Vec<String> = vec![
+            "--cluster_name".into(),
+            CLUSTER_NAME.into(),
+            "--cluster".into(),
+            "nats://127.0.0.1:-1".into(),
+            "--routes".into(),
+            format!("nats://127.0.0.1:{seed}"),
+        ];
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("minions-nats-{name}-"))
+            .tempdir()?;
+        let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let (proc, ports) = NatsServer::spawn_with(dir.path(), &name, None, false, &args)?;
+        let mut node = NatsServer::from_parts(proc, ports, None, name.clone(), dir);
+        node.server_name = name;
+        nodes.push(node);
+    }
+    let routes = nodes
+        .iter()
+        .map(|node| {
+            node.ports
+                .cluster
+                .map(|p| format!("nats://127.0.0.1:{p}"))
+                .ok_or_else(|| format!("{} reported no route port", node.server_name))
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?
+        .join(",");
+    for node in &mut nodes {
+        let route = node.ports.cluster.ok_or("no route port")?;
+        node.keep = vec![
             "--cluster_name".into(),
             CLUSTER_NAME.into(),
             "--cluster".into(),
             format!("nats://127.0.0.1:{route}"),
             "--routes".into(),
-            route_urls.clone(),
+            routes.clone(),
         ];
-        let dir = tempfile::Builder::new()
-            .prefix(&format!("minions-nats-{name}-"))
-            .tempdir()?;
-        let port = free_port()?;
-        let args: Vec<&str> = keep.iter().map(String::as_str).collect();
-        let proc = NatsServer::spawn_with(dir.path(), port, false, &args)?;
-        let mut node = NatsServer::from_parts(proc, port, None, dir);
-        node.server_name = name;
-        node.keep = keep;
-        nodes.push(node);
+    }
+    if let Some(first) = nodes.first_mut() {
+        first.anchor = Some(anchor);
     }
     wait_ready(&url(&nodes), Duration::from_secs(30)).await?;
     Ok(nodes)

@@ -11,13 +11,13 @@
 pub mod bench;
 pub mod cluster;
 pub mod fuzz;
+pub mod ports;
 pub mod postgres;
 pub mod web;
 
 pub use postgres::PgServer;
 
 use std::io::Write;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -126,23 +126,6 @@ pub fn bin(name: &str) -> Result<PathBuf> {
     }
 }
 
-/// A free TCP port on 127.0.0.1.
-pub fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// Waits until something listens on `port`.
-pub fn wait_for_port(port: u16, within: Duration) -> Result<()> {
-    let until = Instant::now() + within;
-    while Instant::now() < until {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    Err(format!("nothing listens on port {port} after {within:?}").into())
-}
-
 /// A child process whose output goes to a log file; killed on drop.
 pub struct Proc {
     /// A name for messages.
@@ -245,11 +228,12 @@ impl Drop for Proc {
     }
 }
 
-/// A real nats-server with JetStream on a free port with its own store dir.
+/// A real nats-server with JetStream on a port it chose itself, with its
+/// own store dir.
 pub struct NatsServer {
     /// The server process.
     pub proc: Proc,
-    /// Its client port.
+    /// Its client port (bound by the server; a restart binds it again).
     pub port: u16,
     /// With TLS required: the PEM file of the authority that signed the
     /// server's certificate (clients trust it with `--nats-ca`).
@@ -259,9 +243,25 @@ pub struct NatsServer {
     pub login: Option<(String, String)>,
     /// Its server name in a cluster (`n1`, `n2`, ...); empty alone.
     pub server_name: String,
+    /// Its ports as it reported them at its last start.
+    pub ports: ports::NatsPorts,
+    /// The name it is started with and answers to in its INFO line: the
+    /// cluster name where it has one, else a name unique to this process.
+    name: String,
     /// Flags it is restarted with (a cluster node's routes and name).
     keep: Vec<String>,
+    /// A cluster's first node: the closed port its first route pointed at
+    /// (see [`ports::ClosedPort`]), held while it runs.
+    anchor: Option<ports::ClosedPort>,
     dir: tempfile::TempDir,
+}
+
+/// A server name no other server started by this process has (tests of one
+/// binary run side by side in threads).
+fn unique_server_name() -> String {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("minions-test-{}-{n}", std::process::id())
 }
 
 /// The password of each role in `deploy/nats/least-privilege.conf`, as the
@@ -324,29 +324,29 @@ impl NatsServer {
     /// --pass secret`); it is not restarted with them.
     pub fn start_with(extra: &[&str]) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("minions-nats-").tempdir()?;
-        let port = free_port()?;
-        let proc = Self::spawn_with(dir.path(), port, false, extra)?;
-        Ok(Self::from_parts(proc, port, None, dir))
+        let name = unique_server_name();
+        let (proc, ports) = Self::spawn_with(dir.path(), &name, None, false, extra)?;
+        Ok(Self::from_parts(proc, ports, None, name, dir))
     }
 
     /// Starts a server that accepts TLS connections only, with a certificate
     /// from a test authority written beside its store ([`NatsServer::ca`]).
     pub fn start_tls() -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("minions-nats-").tempdir()?;
-        let port = free_port()?;
         let (ca, _, _) = write_test_certs(dir.path())?;
-        let proc = Self::spawn(dir.path(), port, true)?;
-        Ok(Self::from_parts(proc, port, Some(ca), dir))
+        let name = unique_server_name();
+        let (proc, ports) = Self::spawn_with(dir.path(), &name, None, true, &[])?;
+        Ok(Self::from_parts(proc, ports, Some(ca), name, dir))
     }
 
     /// Starts a server from a copy of the shipped
-    /// `deploy/nats/least-privilege.conf` (on a free port, its own store, TLS
-    /// from a test authority, the passwords of [`role_passwords`]), with a
-    /// worker identity for each of `workers` added by `minions admin
-    /// add-worker` (seeds at [`NatsServer::worker_seed`]); it is not restarted.
+    /// `deploy/nats/least-privilege.conf` (on a port it picks, its own
+    /// store, TLS from a test authority, the passwords of
+    /// [`role_passwords`]), with a worker identity for each of `workers`
+    /// added by `minions admin add-worker` (seeds at
+    /// [`NatsServer::worker_seed`]); it is not restarted.
     pub fn start_least_privilege(workers: &[&str]) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("minions-nats-").tempdir()?;
-        let port = free_port()?;
         let (ca, cert, key) = write_test_certs(dir.path())?;
         let conf = dir.path().join("least-privilege.conf");
         std::fs::copy(
@@ -368,22 +368,29 @@ impl NatsServer {
                 &[],
             )?;
         }
+        let name = unique_server_name();
+        // Flags override the config: the port it picks, no monitoring, and
+        // a name to know it by.
         let args: Vec<String> = vec![
             "-c".into(),
             conf.display().to_string(),
             "-a".into(),
             "127.0.0.1".into(),
             "-p".into(),
-            port.to_string(),
+            "-1".into(),
             "-m".into(),
             "0".into(),
+            "--server_name".into(),
+            name.clone(),
+            "--ports_file_dir".into(),
+            dir.path().display().to_string(),
         ];
         let mut env = role_passwords();
         env.push(("MINIONS_TLS_CERT".into(), cert.display().to_string()));
         env.push(("MINIONS_TLS_KEY".into(), key.display().to_string()));
         let bin = tool("NATS_SERVER_BIN", "nats-server")?;
         // The config's store_dir is relative: it lands in this server's dir.
-        let proc = Proc::spawn_in(
+        let mut proc = Proc::spawn_in(
             "nats-server",
             &bin,
             &args,
@@ -391,18 +398,27 @@ impl NatsServer {
             dir.path(),
             Some(dir.path()),
         )?;
-        wait_for_port(port, Duration::from_secs(15))?;
-        Ok(Self::from_parts(proc, port, Some(ca), dir))
+        let ports = ports::wait_nats(&mut proc, dir.path(), &name, Duration::from_secs(15))?;
+        Ok(Self::from_parts(proc, ports, Some(ca), name, dir))
     }
 
-    fn from_parts(proc: Proc, port: u16, ca: Option<PathBuf>, dir: tempfile::TempDir) -> Self {
+    fn from_parts(
+        proc: Proc,
+        ports: ports::NatsPorts,
+        ca: Option<PathBuf>,
+        name: String,
+        dir: tempfile::TempDir,
+    ) -> Self {
         Self {
             proc,
-            port,
+            port: ports.client,
+            ports,
             ca,
             login: None,
             server_name: String::new(),
+            name,
             keep: Vec::new(),
+            anchor: None,
             dir,
         }
     }
@@ -413,20 +429,29 @@ impl NatsServer {
         self.dir.path().join(format!("{name}.nk"))
     }
 
-    fn spawn(dir: &Path, port: u16, tls: bool) -> Result<Proc> {
-        Self::spawn_with(dir, port, tls, &[])
-    }
-
-    fn spawn_with(dir: &Path, port: u16, tls: bool, extra: &[&str]) -> Result<Proc> {
+    /// Starts nats-server with JetStream, its store and ports file in `dir`,
+    /// named `name`, on client port `port` (`None`: one it picks itself),
+    /// and waits until it answers there as `name`.
+    fn spawn_with(
+        dir: &Path,
+        name: &str,
+        port: Option<u16>,
+        tls: bool,
+        extra: &[&str],
+    ) -> Result<(Proc, ports::NatsPorts)> {
         let bin = tool("NATS_SERVER_BIN", "nats-server")?;
         let mut args: Vec<String> = vec![
             "-js".into(),
             "-a".into(),
             "127.0.0.1".into(),
             "-p".into(),
-            port.to_string(),
+            port.map_or_else(|| "-1".to_owned(), |p| p.to_string()),
             "-sd".into(),
             dir.join("js").display().to_string(),
+            "--server_name".into(),
+            name.to_owned(),
+            "--ports_file_dir".into(),
+            dir.display().to_string(),
         ];
         if tls {
             args.extend([
@@ -438,9 +463,10 @@ impl NatsServer {
             ]);
         }
         args.extend(extra.iter().map(|s| (*s).to_owned()));
-        let proc = Proc::spawn("nats-server", &bin, &args, &[], dir)?;
-        wait_for_port(port, Duration::from_secs(15))?;
-        Ok(proc)
+        ports::clear_nats_ports(dir)?;
+        let mut proc = Proc::spawn("nats-server", &bin, &args, &[], dir)?;
+        let ports = ports::wait_nats(&mut proc, dir, name, Duration::from_secs(15))?;
+        Ok((proc, ports))
     }
 
     /// The client URL (`tls://` when TLS is required).
@@ -457,10 +483,44 @@ impl NatsServer {
 
     /// Starts a server that was killed ([`Proc::kill`]) again on the same
     /// port, store and flags.
+    ///
+    /// The ports are the ones this server bound before, not ones picked by
+    /// another process, and clients know them, so they must stay. The
+    /// window between its death and this bind is short, but something
+    /// could bind the port inside it (say, a parallel test's server asking
+    /// for any free port): the new process then fails to bind and exits,
+    /// which the wait sees, and the start is tried again for a few seconds
+    /// before it fails naming the port. It never answers in the server's
+    /// place: the wait checks the INFO line of the server it expects.
     pub fn start_again(&mut self) -> Result<()> {
         let keep: Vec<&str> = self.keep.iter().map(String::as_str).collect();
-        self.proc = Self::spawn_with(self.dir.path(), self.port, self.ca.is_some(), &keep)?;
-        Ok(())
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            match Self::spawn_with(
+                self.dir.path(),
+                &self.name,
+                Some(self.port),
+                self.ca.is_some(),
+                &keep,
+            ) {
+                Ok((proc, ports)) => {
+                    self.proc = proc;
+                    self.ports = ports;
+                    return Ok(());
+                }
+                Err(e) if Instant::now() < until => {
+                    eprintln!("restarting {} on port {}: {e}; again", self.name, self.port);
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "{} could not start again on port {}: {e}",
+                        self.name, self.port
+                    )
+                    .into());
+                }
+            }
+        }
     }
 
     /// Connects a client.
@@ -479,6 +539,14 @@ impl NatsServer {
     }
 }
 
+/// The dashboard base URL (`http://127.0.0.1:PORT`) of a watchdog started
+/// with `--listen 127.0.0.1:0`, from its `dashboard listening` log line
+/// (logged at info by `minions_watchdog::run`); fails if it exits first.
+pub fn dashboard_url(watchdog: &mut Proc, within: Duration) -> Result<String> {
+    let port = ports::wait_logged_port(watchdog, 0, "dashboard listening", within)?;
+    Ok(format!("http://127.0.0.1:{port}"))
+}
+
 /// A real S3-compatible server (moto) on loopback with one bucket.
 pub struct S3Server {
     /// The server process.
@@ -489,24 +557,19 @@ pub struct S3Server {
 }
 
 impl S3Server {
-    /// Starts moto and creates `bucket` in it.
+    /// Starts moto on a port it picks itself (it logs `Running on
+    /// http://127.0.0.1:PORT`) and creates `bucket` in it.
     pub fn start(bucket: &str) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("minions-s3-").tempdir()?;
-        let port = free_port()?;
         let bin = tool("MINIONS_MOTO_BIN", "moto_server")?;
-        let proc = Proc::spawn(
+        let mut proc = Proc::spawn(
             "moto",
             &bin,
-            &[
-                "-H".into(),
-                "127.0.0.1".into(),
-                "-p".into(),
-                port.to_string(),
-            ],
+            &["-H".into(), "127.0.0.1".into(), "-p".into(), "0".into()],
             &[],
             dir.path(),
         )?;
-        wait_for_port(port, Duration::from_secs(30))?;
+        let port = ports::wait_logged_port(&mut proc, 0, "Running on", Duration::from_secs(30))?;
         let server = Self {
             proc,
             port,
@@ -974,30 +1037,14 @@ impl Fleet {
         let mut env = self.env.clone();
         env.extend(self.watchdog_env.iter().cloned());
         env.push(("RUST_LOG".into(), "info".into()));
-        let p = Proc::spawn(
+        let mut p = Proc::spawn(
             &format!("watchdog{i}"),
             &bin("minions-watchdog")?,
             &args,
             &env,
             self.dir.path(),
         )?;
-        // Its dashboard address, from its log.
-        let until = Instant::now() + Duration::from_secs(30);
-        let url = loop {
-            let log = std::fs::read_to_string(&p.log).unwrap_or_default();
-            if let Some(rest) = log
-                .lines()
-                .find(|l| l.contains("dashboard listening"))
-                .and_then(|l| l.split("url=http://").nth(1))
-            {
-                let addr = rest.split(['/', ' ']).next().unwrap_or_default();
-                break format!("http://{addr}");
-            }
-            if Instant::now() > until {
-                return Err(format!("watchdog{i} never said where it listens:\n{log}").into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let url = dashboard_url(&mut p, Duration::from_secs(30))?;
         self.dashboards.push(url);
         self.watchdogs.push(p);
         Ok(())

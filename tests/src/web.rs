@@ -8,7 +8,7 @@ use std::time::Duration;
 use base64::Engine;
 use serde_json::{Value, json};
 
-use crate::{Proc, Result, free_port, scratch, tool, wait_for_port};
+use crate::{Proc, Result, scratch, tool};
 
 fn agent() -> ureq::Agent {
     ureq::Agent::config_builder()
@@ -56,15 +56,22 @@ impl Browser {
     pub fn start(log_dir: &Path) -> Result<Self> {
         let driver_bin = tool("CHROMEDRIVER_BIN", "chromedriver")?;
         let chromium = tool("CHROMIUM_BIN", "chromium")?;
-        let port = free_port()?;
-        let driver = Proc::spawn(
+        // Port 0: it binds one itself and says which (in its log, which an
+        // earlier driver in the same folder may have begun).
+        let from = crate::ports::log_len(&log_dir.join("chromedriver.log"));
+        let mut driver = Proc::spawn(
             "chromedriver",
             &driver_bin,
-            &[format!("--port={port}")],
+            &["--port=0".to_owned()],
             &[],
             log_dir,
         )?;
-        wait_for_port(port, Duration::from_secs(20))?;
+        let port = crate::ports::wait_logged_port(
+            &mut driver,
+            from,
+            "started successfully on port",
+            Duration::from_secs(20),
+        )?;
         let base = format!("http://127.0.0.1:{port}");
         let profile = scratch("minions-chromium-")?;
         // Flags as for any headless run on a closed network: no sandbox

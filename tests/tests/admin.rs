@@ -7,7 +7,8 @@
 
 use std::time::Duration;
 
-use minions_tests::{NatsServer, Proc, Result, bin, free_port, minions_ok, scratch, wait_for_port};
+use minions_tests::ports::wait_nats;
+use minions_tests::{NatsServer, Proc, Result, bin, minions_ok, scratch};
 
 #[test]
 fn admin_init_creates_once_with_the_settings_given() -> Result<()> {
@@ -37,13 +38,15 @@ fn admin_init_creates_once_with_the_settings_given() -> Result<()> {
 
 /// A server with an administrator and a worker identity that may not
 /// create, delete or purge streams or consumers, nor publish shards.
+/// It binds a port of its own choosing, which its ports file names.
 fn restricted_server(dir: &std::path::Path) -> Result<(Proc, u16)> {
-    let port = free_port()?;
     let conf = dir.join("nats.conf");
     std::fs::write(
         &conf,
         format!(
-            r#"listen: 127.0.0.1:{port}
+            r#"server_name: restricted
+listen: 127.0.0.1:-1
+ports_file_dir: "{ports}"
 jetstream {{ store_dir: "{store}" }}
 accounts {{
   MINIONS {{
@@ -59,19 +62,20 @@ accounts {{
   }}
 }}
 "#,
-            store = dir.join("js").display()
+            store = dir.join("js").display(),
+            ports = dir.display(),
         ),
     )?;
     let nats_bin = minions_tests::tool("NATS_SERVER_BIN", "nats-server")?;
-    let p = Proc::spawn(
+    let mut p = Proc::spawn(
         "nats-server",
         &nats_bin,
         &["-c".into(), conf.display().to_string()],
         &[],
         dir,
     )?;
-    wait_for_port(port, Duration::from_secs(15))?;
-    Ok((p, port))
+    let ports = wait_nats(&mut p, dir, "restricted", Duration::from_secs(15))?;
+    Ok((p, ports.client))
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -5,9 +5,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use minions_tests::{
-    Proc, Result, bin, free_port, scratch, submit_tiny_job, tool, wait_done, wait_for_port,
-};
+use minions_tests::{Proc, Result, bin, scratch, submit_tiny_job, tool, wait_done};
 
 /// Starts `minions dev` with `args` in `dir` (its store `store`, its
 /// workers' cache in `dir/cache`).
@@ -69,16 +67,53 @@ fn assert_stopped(log: &str, names: &[&str]) {
     }
 }
 
-/// The two fleets run one after the other: each picks free ports, and
-/// side by side one could take a port the other picked before it binds.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// Waits (60 s) until `dev` prints its `export MINIONS_NATS_URL=` line and
+/// returns the URL list; fails at once if it exits first.
+fn nats_url_of(dev: &mut Proc) -> Result<String> {
+    let line = wait_line(dev, "export MINIONS_NATS_URL=")?;
+    Ok(line
+        .split("export MINIONS_NATS_URL=")
+        .nth(1)
+        .unwrap_or_default()
+        .trim()
+        .to_owned())
+}
 
+/// Waits (60 s) until `dev`'s log has a line containing `needle` and
+/// returns it; fails at once if dev exits first.
+fn wait_line(dev: &mut Proc, needle: &str) -> Result<String> {
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let log = std::fs::read_to_string(&dev.log).unwrap_or_default();
+        if let Some(l) = log.lines().find(|l| l.contains(needle)) {
+            return Ok(l.to_owned());
+        }
+        if let Some(status) = dev.child.try_wait()? {
+            return Err(format!(
+                "dev exited ({status}) before `{needle}`:\n{}",
+                dev.log_tail(80)
+            )
+            .into());
+        }
+        if Instant::now() > until {
+            return Err(format!("no `{needle}` line:\n{}", dev.log_tail(200)).into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The port of each `nats://127.0.0.1:PORT` in a URL list.
+fn ports_of(urls: &str) -> Vec<u16> {
+    urls.split(',')
+        .filter_map(|u| u.rsplit(':').next()?.parse().ok())
+        .collect()
+}
+
+/// Each fleet's servers bind ports of their own choosing (`--port 0`,
+/// `--dashboard 127.0.0.1:0`), so the two can run side by side.
 #[test]
 fn dev_runs_a_fleet_and_stops_cleanly() -> Result<()> {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let dir = scratch("minions-dev-")?;
-    let port = free_port()?;
-    let dash = free_port()?;
     let store = format!("file://{}", dir.path().join("store").display());
     let mut dev = spawn_dev(
         dir.path(),
@@ -87,19 +122,18 @@ fn dev_runs_a_fleet_and_stops_cleanly() -> Result<()> {
             "--workers".into(),
             "2".into(),
             "--port".into(),
-            port.to_string(),
+            "0".into(),
             "--data-dir".into(),
             dir.path().join("dev").display().to_string(),
             "--dashboard".into(),
-            format!("127.0.0.1:{dash}"),
+            "127.0.0.1:0".into(),
         ],
     )?;
-    wait_for_port(port, Duration::from_secs(20))?;
+    let url = nats_url_of(&mut dev)?;
+    let ports = ports_of(&url);
+    assert_eq!(ports.len(), 1, "{url}");
     let cli_env = vec![
-        (
-            "MINIONS_NATS_URL".to_owned(),
-            format!("nats://127.0.0.1:{port}"),
-        ),
+        ("MINIONS_NATS_URL".to_owned(), url.clone()),
         ("MINIONS_STORE".to_owned(), store),
     ];
     let job = submit_tiny_job(dir.path(), &cli_env, 500, 50)?;
@@ -107,14 +141,20 @@ fn dev_runs_a_fleet_and_stops_cleanly() -> Result<()> {
         dev.log_tail(40)
     })?;
 
-    // The dev fleet's watchdog serves its dashboard where asked.
-    let (code, page) = minions_tests::web::get(&format!("http://127.0.0.1:{dash}/"))?;
+    // The dev fleet's watchdog serves its dashboard where it says.
+    let line = wait_line(&mut dev, "dashboard listening url=")?;
+    let addr = line
+        .split("url=http://")
+        .nth(1)
+        .and_then(|r| r.split(['/', ' ']).next())
+        .ok_or_else(|| format!("no url in {line}"))?;
+    let (code, page) = minions_tests::web::get(&format!("http://{addr}/"))?;
     assert_eq!(code, 200, "{page}");
     assert!(page.contains(&job), "the dashboard does not show job {job}");
 
     let log = stop_dev(&mut dev)?;
     assert!(
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        std::net::TcpStream::connect(("127.0.0.1", ports[0])).is_err(),
         "nats-server still listens"
     );
     assert_stopped(&log, &["worker-1", "worker-2", "watchdog", "nats"]);
@@ -123,28 +163,13 @@ fn dev_runs_a_fleet_and_stops_cleanly() -> Result<()> {
     Ok(())
 }
 
-/// Three consecutive free ports on 127.0.0.1 (the dev cluster's clients).
-fn three_free_ports() -> Result<u16> {
-    for _ in 0..50 {
-        let first = free_port()?;
-        if first <= u16::MAX - 2
-            && (1..=2).all(|i| std::net::TcpListener::bind(("127.0.0.1", first + i)).is_ok())
-        {
-            return Ok(first);
-        }
-    }
-    Err("no three consecutive free ports".into())
-}
-
 /// `minions dev --cluster 3` runs three nats-servers, prints the URL list
 /// to export, and its watchdog and workers create the streams with a copy
 /// on every server; a job submitted to the list completes, and SIGTERM
 /// stops all three servers.
 #[test]
 fn dev_cluster_runs_a_job_on_three_servers() -> Result<()> {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let dir = scratch("minions-dev-cluster-")?;
-    let port = three_free_ports()?;
     let store = format!("file://{}", dir.path().join("store").display());
     let data = dir.path().join("dev");
     let mut dev = spawn_dev(
@@ -156,37 +181,23 @@ fn dev_cluster_runs_a_job_on_three_servers() -> Result<()> {
             "--workers".into(),
             "1".into(),
             "--port".into(),
-            port.to_string(),
+            "0".into(),
             "--data-dir".into(),
             data.display().to_string(),
             "--dashboard".into(),
             "off".into(),
         ],
     )?;
-    let want = format!(
-        "export MINIONS_NATS_URL=nats://127.0.0.1:{port},nats://127.0.0.1:{},nats://127.0.0.1:{}",
-        port + 1,
-        port + 2
-    );
-    let until = Instant::now() + Duration::from_secs(60);
-    while minions_tests::log_count(&dev.log, &want) == 0 {
-        assert!(
-            Instant::now() < until,
-            "no `{want}` line:\n{}",
-            dev.log_tail(200)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    // What a user exports from the two lines it prints.
+    let urls = nats_url_of(&mut dev)?;
+    let ports = ports_of(&urls);
+    assert_eq!(ports.len(), 3, "{urls}");
     assert_eq!(
         minions_tests::log_count(&dev.log, "export MINIONS_REPLICAS=3"),
         1,
         "{}",
         dev.log_tail(60)
     );
-    // What a user exports from those two lines.
-    let urls = want
-        .trim_start_matches("export MINIONS_NATS_URL=")
-        .to_owned();
     let cli_env = vec![
         ("MINIONS_NATS_URL".to_owned(), urls),
         ("MINIONS_REPLICAS".to_owned(), "3".to_owned()),
@@ -209,7 +220,7 @@ fn dev_cluster_runs_a_job_on_three_servers() -> Result<()> {
     }
 
     let log = stop_dev(&mut dev)?;
-    for p in port..=port + 2 {
+    for p in ports {
         assert!(
             std::net::TcpStream::connect(("127.0.0.1", p)).is_err(),
             "a nats-server still listens on {p}"

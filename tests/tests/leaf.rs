@@ -10,9 +10,10 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use minions_tests::ports::{ClosedPort, wait_logged_port, wait_nats};
 use minions_tests::{
-    Proc, Result, bin, free_port, job_events, max_abs_diff, minions_ok, minions_submit,
-    push_tiny_model, read_npy_f32, scratch, tool, wait_for_port, workspace_root, write_corpus,
+    Proc, Result, bin, job_events, max_abs_diff, minions_ok, minions_submit, push_tiny_model,
+    read_npy_f32, scratch, tool, workspace_root, write_corpus,
 };
 
 /// The password the hub's `leafnodes` block reads from the environment.
@@ -25,11 +26,15 @@ struct Server {
     http: u16,
 }
 
-/// `text` with every `127.0.0.1:PORT` whose port is a key of `ports`
-/// pointed at the port it maps to. One pass over the text, each port read
-/// whole: a port written in is never read again, so a free port whose digits
-/// begin with a shipped one (42237 after 4223) is left as it is.
-fn localize(text: &str, ports: &HashMap<u16, u16>) -> String {
+/// `text` with its loopback ports moved: each `127.0.0.1:PORT` after
+/// `listen: ` or `http: ` (a port this server binds) becomes `-1`, so that
+/// the server binds one of its own choosing; every other one (a route to
+/// another server, a leaf node's remote) becomes the port that server bound,
+/// from `bound` (keyed by the shipped port), or `unknown` for a server not
+/// started yet. One pass over the text, each port read whole: a port written
+/// in is never read again, so a bound port whose digits begin with a shipped
+/// one (42237 after 4223) is left as it is.
+fn localize(text: &str, bound: &HashMap<u16, u16>, unknown: u16) -> String {
     const HOST: &str = "127.0.0.1:";
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
@@ -38,9 +43,13 @@ fn localize(text: &str, ports: &HashMap<u16, u16>) -> String {
         out.push_str(head);
         let digits = tail.bytes().take_while(u8::is_ascii_digit).count();
         let (port, after) = tail.split_at(digits);
-        match port.parse::<u16>().ok().and_then(|p| ports.get(&p)) {
-            Some(to) => out.push_str(&to.to_string()),
-            None => out.push_str(port),
+        let own = ["listen: ", "http: "]
+            .iter()
+            .any(|k| head.ends_with(&format!("{k}{HOST}")));
+        match port.parse::<u16>() {
+            Ok(_) if own => out.push_str("-1"),
+            Ok(p) => out.push_str(&bound.get(&p).copied().unwrap_or(unknown).to_string()),
+            Err(_) => out.push_str(port),
         }
         rest = after;
     }
@@ -48,16 +57,31 @@ fn localize(text: &str, ports: &HashMap<u16, u16>) -> String {
     out
 }
 
-/// Starts `deploy/nats/cluster/<name>.conf` with its loopback ports moved
-/// to free ones (`ports`), in its own directory under `dir` (its relative
-/// store_dir lands there), with the hub's secrets in the environment.
-/// `client` is its shipped client port; its monitoring port is 4000 above.
-fn start(dir: &Path, name: &str, ports: &HashMap<u16, u16>, client: u16) -> Result<Server> {
-    let shipped = workspace_root()
+/// Starts `deploy/nats/cluster/<name>.conf` in its own directory under
+/// `dir` (its relative store_dir lands there), with the hub's secrets in
+/// the environment, its own ports bound where it chooses and its routes and
+/// remotes moved as [`localize`] says. `shipped` is its shipped client
+/// port; the ports it bound are added to `bound` under the shipped ones
+/// (client, route + 2000, leaf nodes + 3200, monitoring + 4000).
+fn start(
+    dir: &Path,
+    name: &str,
+    shipped: u16,
+    bound: &mut HashMap<u16, u16>,
+    unknown: u16,
+) -> Result<Server> {
+    let conf = workspace_root()
         .join("deploy/nats/cluster")
         .join(format!("{name}.conf"));
-    let text = std::fs::read_to_string(&shipped)?;
-    let text = localize(&text, ports).replace("leaf:CHANGE-ME@", &format!("leaf:{LEAF_PASSWORD}@"));
+    let text = std::fs::read_to_string(&conf)?;
+    let server_name = text
+        .lines()
+        .find_map(|l| l.strip_prefix("server_name: "))
+        .ok_or_else(|| format!("{} names no server", conf.display()))?
+        .trim()
+        .to_owned();
+    let text = localize(&text, bound, unknown)
+        .replace("leaf:CHANGE-ME@", &format!("leaf:{LEAF_PASSWORD}@"));
     let home = dir.join(name);
     std::fs::create_dir_all(&home)?;
     let conf = home.join(format!("{name}.conf"));
@@ -66,28 +90,53 @@ fn start(dir: &Path, name: &str, ports: &HashMap<u16, u16>, client: u16) -> Resu
         ("MINIONS_SYS_PASSWORD".to_owned(), "sys-secret".to_owned()),
         ("MINIONS_LEAF_PASSWORD".to_owned(), LEAF_PASSWORD.to_owned()),
     ];
-    let proc = Proc::spawn_in(
+    let mut proc = Proc::spawn_in(
         name,
         &tool("NATS_SERVER_BIN", "nats-server")?,
-        &["-c".to_owned(), conf.display().to_string()],
+        &[
+            "-c".to_owned(),
+            conf.display().to_string(),
+            "--ports_file_dir".to_owned(),
+            home.display().to_string(),
+        ],
         &env,
         dir,
         Some(&home),
     )?;
-    let port = |shipped: u16| {
-        ports
-            .get(&shipped)
-            .copied()
-            .ok_or_else(|| format!("port {shipped} not moved"))
-    };
-    let server = Server {
+    let ports = wait_nats(&mut proc, &home, &server_name, Duration::from_secs(15))
+        .map_err(|e| format!("{name}: {e}"))?;
+    let http = ports
+        .monitoring
+        .ok_or_else(|| format!("{name} serves no monitoring"))?;
+    bound.insert(shipped, ports.client);
+    bound.insert(shipped + 4000, http);
+    if let Some(route) = ports.cluster {
+        bound.insert(shipped + 2000, route);
+    }
+    if text_has_leaf_listener(&conf)? {
+        // The ports file has no leaf node port; the server logs it.
+        let leaf = wait_logged_port(
+            &mut proc,
+            0,
+            "Listening for leafnode connections on",
+            Duration::from_secs(15),
+        )?;
+        bound.insert(shipped + 3200, leaf);
+    }
+    Ok(Server {
         proc,
-        client: port(client)?,
-        http: port(client + 4000)?,
-    };
-    wait_for_port(server.client, Duration::from_secs(15))
-        .map_err(|e| format!("{name}: {e}\n{}", server.proc.log_tail(20)))?;
-    Ok(server)
+        client: ports.client,
+        http,
+    })
+}
+
+/// Whether the config at `conf` has a `leafnodes` block that listens.
+fn text_has_leaf_listener(conf: &Path) -> Result<bool> {
+    let text = std::fs::read_to_string(conf)?;
+    Ok(text
+        .split("leafnodes {")
+        .nth(1)
+        .is_some_and(|block| block.trim_start().starts_with("listen:")))
 }
 
 /// GETs `path` from the monitoring port `http` (empty on any failure).
@@ -113,19 +162,21 @@ fn wait_until(what: &str, within: Duration, mut check: impl FnMut() -> bool) -> 
 async fn a_worker_on_a_leaf_node_runs_the_hubs_shards() -> Result<()> {
     let started = Instant::now();
     let dir = scratch("minions-leaf-")?;
-    // Every loopback port the shipped configs use, moved to a free one.
-    let mut ports = HashMap::new();
-    for shipped in [4222u16, 6222, 7422, 8222] {
-        for i in 0..3 {
-            ports.insert(shipped + i, free_port()?);
-        }
+    // Each server binds its own ports; a route or remote to a server not
+    // started yet points at a port held closed (the first hub server needs
+    // a configured route; the others find the whole mesh through it).
+    let closed = ClosedPort::bind()?;
+    let mut bound = HashMap::new();
+    let mut hub = Vec::new();
+    for i in 1..=3u16 {
+        hub.push(start(
+            dir.path(),
+            &format!("n{i}"),
+            4221 + i,
+            &mut bound,
+            closed.port()?,
+        )?);
     }
-    ports.insert(4230, free_port()?);
-    ports.insert(8230, free_port()?);
-
-    let hub: Vec<Server> = (1..=3u16)
-        .map(|i| start(dir.path(), &format!("n{i}"), &ports, 4221 + i))
-        .collect::<Result<_>>()?;
     let hub_urls = hub
         .iter()
         .map(|s| format!("nats://127.0.0.1:{}", s.client))
@@ -145,7 +196,7 @@ async fn a_worker_on_a_leaf_node_runs_the_hubs_shards() -> Result<()> {
         started.elapsed().as_secs_f64()
     );
 
-    let leaf = start(dir.path(), "leaf", &ports, 4230)?;
+    let leaf = start(dir.path(), "leaf", 4230, &mut bound, closed.port()?)?;
     wait_until(
         "the leaf's connection to the hub",
         Duration::from_secs(20),
@@ -285,10 +336,14 @@ fn check_vectors(npy: &Path, model: &Path, texts: &[String]) -> Result<()> {
 
 #[test]
 fn localize_reads_each_port_whole_and_once() {
-    let ports = HashMap::from([(6223u16, 42237u16), (4223, 40363), (4230, 4231)]);
-    let text = "a 127.0.0.1:6223\nb 127.0.0.1:4223\nc 127.0.0.1:42230 d 127.0.0.1:4230";
+    let bound = HashMap::from([(6223u16, 42237u16), (4223, 40363), (7422, 4231)]);
+    let text = "listen: 127.0.0.1:4222\nhttp: 127.0.0.1:8222\n  listen: 127.0.0.1:6222\n\
+                a 127.0.0.1:6223\nb 127.0.0.1:4223\nc 127.0.0.1:42230 d 127.0.0.1:7422 \
+                e 127.0.0.1:6224";
     assert_eq!(
-        localize(text, &ports),
-        "a 127.0.0.1:42237\nb 127.0.0.1:40363\nc 127.0.0.1:42230 d 127.0.0.1:4231"
+        localize(text, &bound, 9),
+        "listen: 127.0.0.1:-1\nhttp: 127.0.0.1:-1\n  listen: 127.0.0.1:-1\n\
+         a 127.0.0.1:42237\nb 127.0.0.1:40363\nc 127.0.0.1:9 d 127.0.0.1:4231 \
+         e 127.0.0.1:9"
     );
 }

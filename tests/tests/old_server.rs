@@ -5,7 +5,8 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use minions_tests::{Proc, Result, bin, free_port, scratch, wait_for_port};
+use minions_tests::ports::wait_nats;
+use minions_tests::{Proc, Result, bin, scratch};
 
 #[test]
 fn binaries_refuse_servers_older_than_2_11() -> Result<()> {
@@ -17,24 +18,28 @@ fn binaries_refuse_servers_older_than_2_11() -> Result<()> {
         return Ok(());
     };
     let dir = scratch("minions-old-nats-")?;
-    let port = free_port()?;
+    // It binds a port of its own choosing, which its ports file names.
     let args: Vec<String> = vec![
         "-js".into(),
         "-a".into(),
         "127.0.0.1".into(),
         "-p".into(),
-        port.to_string(),
+        "-1".into(),
         "-sd".into(),
         dir.path().join("js").display().to_string(),
+        "--server_name".into(),
+        "old".into(),
+        "--ports_file_dir".into(),
+        dir.path().display().to_string(),
     ];
-    let _server = Proc::spawn(
+    let mut server = Proc::spawn(
         "old-nats",
         std::path::Path::new(&old),
         &args,
         &[],
         dir.path(),
     )?;
-    wait_for_port(port, Duration::from_secs(15))?;
+    let port = wait_nats(&mut server, dir.path(), "old", Duration::from_secs(15))?.client;
     let url = format!("nats://127.0.0.1:{port}");
     let store = format!("file://{}", dir.path().join("store").display());
     for (name, args) in [

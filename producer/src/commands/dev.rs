@@ -17,6 +17,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::{DevArgs, Endpoints};
 
+mod nats;
+
 /// Finds nats-server: `$NATS_SERVER_BIN`, then `PATH`.
 pub fn find_nats_server() -> anyhow::Result<PathBuf> {
     if let Some(p) = std::env::var_os("NATS_SERVER_BIN") {
@@ -137,34 +139,6 @@ async fn wait_stopped(mut p: Proc, grace: Duration) {
     }
 }
 
-/// How a started server came up.
-#[derive(Debug, PartialEq, Eq)]
-enum CameUp {
-    Listening,
-    /// It exited before listening (for example, another process took its
-    /// monitoring port between the check and its bind).
-    Exited,
-    TimedOut,
-}
-
-/// Waits until `p` listens on `port`, exits, or `deadline` passes.
-async fn come_up(p: &mut Proc, port: u16, deadline: Duration) -> CameUp {
-    let until = tokio::time::Instant::now() + deadline;
-    while tokio::time::Instant::now() < until {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
-            return CameUp::Listening;
-        }
-        if matches!(p.child.try_wait(), Ok(Some(_))) {
-            return CameUp::Exited;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    CameUp::TimedOut
-}
-
 /// Runs the local fleet until `shutdown` is cancelled or a process dies.
 pub async fn run(
     endpoints: &Endpoints,
@@ -174,7 +148,12 @@ pub async fn run(
     let nats_bin = find_nats_server()?;
     let worker_bin = sibling("minions-worker")?;
     let watchdog_bin = sibling("minions-watchdog")?;
-    for i in 0..args.cluster {
+    // Port 0: the servers pick their own; nothing to look at first.
+    for i in (args.port != 0)
+        .then_some(0..args.cluster)
+        .into_iter()
+        .flatten()
+    {
         let Some(port) = args.port.checked_add(u16::from(i)) else {
             bail!(
                 "--port {} leaves no room for {} servers",
@@ -206,22 +185,22 @@ pub async fn run(
     };
     let store = endpoints.store_url();
     let servers = usize::from(args.cluster);
-    let nats = if servers == 1 {
-        vec![start_single(&nats_bin, args.port, &data_dir).await?]
+    // Held while the cluster runs (see `nats::ClosedPort`).
+    let (nats, clients, _closed) = if servers == 1 {
+        let (p, client) = nats::start_single(&nats_bin, args.port, &data_dir).await?;
+        (vec![p], vec![client], None)
     } else {
-        start_cluster(&nats_bin, args.port, servers, &data_dir).await?
+        let (procs, clients, closed) =
+            nats::start_cluster(&nats_bin, args.port, servers, &data_dir).await?;
+        (procs, clients, Some(closed))
     };
-    let nats_url = (0..args.cluster)
-        .map(|i| {
-            format!(
-                "nats://127.0.0.1:{}",
-                args.port.saturating_add(u16::from(i))
-            )
-        })
+    let nats_url = clients
+        .iter()
+        .map(|p| format!("nats://127.0.0.1:{p}"))
         .collect::<Vec<_>>()
         .join(",");
     if servers > 1
-        && let Err(e) = wait_for_meta_leader(&nats_url, Duration::from_secs(30)).await
+        && let Err(e) = nats::wait_for_meta_leader(&nats_url, Duration::from_secs(30)).await
     {
         stop_all(nats, Duration::from_secs(10)).await;
         return Err(e);
@@ -270,6 +249,9 @@ pub async fn run(
     }
     let dashboard = if args.dashboard == "off" {
         "off".to_owned()
+    } else if args.dashboard.ends_with(":0") {
+        // The watchdog binds a port of its choosing and logs it.
+        "the watchdog picks a port and logs it".to_owned()
     } else {
         format!("http://{}/", args.dashboard)
     };
@@ -331,10 +313,11 @@ async fn start_ledger(data_dir: &Path) -> anyhow::Result<(LedgerDb, String)> {
     #[cfg(unix)]
     {
         let dir = data_dir.join("postgres");
-        let port = free_port()?;
+        // PostgreSQL cannot bind port 0: it is offered one the kernel
+        // offers, and a port lost meanwhile is retried (see there).
         let db = tokio::task::spawn_blocking({
             let dir = dir.clone();
-            move || LedgerDb::start(&dir, port)
+            move || LedgerDb::start_on_free_port(&dir, crate::local_postgres::PgOptions::default())
         })
         .await
         .context("starting PostgreSQL")?
@@ -364,226 +347,6 @@ async fn stop_ledger(db: LedgerDb) {
     }
     #[cfg(not(unix))]
     match db {}
-}
-
-/// Starts one nats-server with JetStream on `port`, its store under
-/// `data_dir/jetstream`, and its monitoring endpoints on port + 4000 where
-/// free; waits until it listens.
-async fn start_single(nats_bin: &Path, port: u16, data_dir: &Path) -> anyhow::Result<Proc> {
-    let nats_args: Vec<String> = vec![
-        "-js".into(),
-        "-a".into(),
-        "127.0.0.1".into(),
-        "-p".into(),
-        port.to_string(),
-        "-sd".into(),
-        data_dir.join("jetstream").display().to_string(),
-        "--server_name".into(),
-        "minions-dev".into(),
-    ];
-    let monitor = free_monitor_port(port).await;
-    let mut with_monitor = nats_args.clone();
-    if let Some(m) = monitor {
-        with_monitor.extend(["-m".into(), m.to_string()]);
-    }
-    let mut nats = spawn("nats", nats_bin, &with_monitor, &[])?;
-    let mut came = come_up(&mut nats, port, Duration::from_secs(15)).await;
-    if came == CameUp::Exited && monitor.is_some() {
-        // The monitoring port was taken meanwhile: run without it.
-        tracing::warn!(
-            port,
-            "nats-server exited at start; starting it again without monitoring"
-        );
-        nats = spawn("nats", nats_bin, &nats_args, &[])?;
-        came = come_up(&mut nats, port, Duration::from_secs(15)).await;
-    }
-    if came != CameUp::Listening {
-        stop(nats, Duration::from_secs(2)).await;
-        bail!("nats-server did not start listening on port {port}");
-    }
-    Ok(nats)
-}
-
-/// nats-server's monitoring port for the server on `port`: port + 4000,
-/// when that is free.
-async fn free_monitor_port(port: u16) -> Option<u16> {
-    let m = port.checked_add(4000)?;
-    tokio::net::TcpStream::connect(("127.0.0.1", m))
-        .await
-        .is_err()
-        .then_some(m)
-}
-
-/// A port on 127.0.0.1 that nothing listens on now.
-fn free_port() -> anyhow::Result<u16> {
-    let listener =
-        std::net::TcpListener::bind(("127.0.0.1", 0)).context("cannot find a free port")?;
-    Ok(listener.local_addr()?.port())
-}
-
-/// `path` as a quoted string of nats-server's config syntax.
-fn conf_string(path: &Path) -> String {
-    let raw = path.display().to_string();
-    format!("\"{}\"", raw.replace('\\', "\\\\").replace('"', "\\\""))
-}
-
-/// The config of server `i` (1-based) of a loopback cluster: the settings
-/// of deploy/nats/cluster/n1.conf (a name per server, routes to every
-/// server, flushing every write before acknowledging it) on the given
-/// ports, its store under `store`.
-fn cluster_config(
-    i: usize,
-    client: u16,
-    route: u16,
-    routes: &[u16],
-    monitor: Option<u16>,
-    store: &Path,
-) -> String {
-    let routes = routes
-        .iter()
-        .map(|p| format!("    nats-route://127.0.0.1:{p}\n"))
-        .collect::<String>();
-    let http = monitor.map_or(String::new(), |m| format!("http: 127.0.0.1:{m}\n"));
-    format!(
-        "# Written by `minions dev --cluster`; rewritten on every start.\n\
-         server_name: minions-dev-{i}\n\
-         listen: 127.0.0.1:{client}\n\
-         {http}\
-         jetstream {{\n  store_dir: {store}\n  sync_interval: always\n}}\n\
-         cluster {{\n  name: minions-dev\n  listen: 127.0.0.1:{route}\n  routes: [\n{routes}  ]\n}}\n\
-         max_payload: 1MB\n",
-        store = conf_string(store),
-    )
-}
-
-/// Starts a cluster of `servers` nats-servers on loopback, clients on
-/// `port`, `port + 1`, ..., routes on free ports, each server's store and
-/// config under `data_dir/cluster/nI`; waits until every one listens.
-async fn start_cluster(
-    nats_bin: &Path,
-    port: u16,
-    servers: usize,
-    data_dir: &Path,
-) -> anyhow::Result<Vec<Proc>> {
-    if servers.is_multiple_of(2) {
-        bail!(
-            "--cluster {servers}: JetStream needs a majority of its servers, so an even count \
-             survives no more failures than one server fewer; use 1, 3 or 5"
-        );
-    }
-    let routes = (0..servers)
-        .map(|_| free_port())
-        .collect::<anyhow::Result<Vec<u16>>>()?;
-    let mut procs = Vec::with_capacity(servers);
-    let mut monitored = Vec::with_capacity(servers);
-    for i in 0..servers {
-        let client = port
-            .checked_add(u16::try_from(i)?)
-            .context("client port out of range")?;
-        let monitor = free_monitor_port(client).await;
-        monitored.push(monitor.is_some());
-        match spawn_cluster_server(nats_bin, i, client, &routes, monitor, data_dir) {
-            Ok(p) => procs.push(p),
-            Err(e) => {
-                stop_all(procs, Duration::from_secs(5)).await;
-                return Err(e);
-            }
-        }
-    }
-    for i in 0..servers {
-        let client = port.saturating_add(u16::try_from(i)?);
-        let mut came = come_up(&mut procs[i], client, Duration::from_secs(15)).await;
-        if came == CameUp::Exited && monitored[i] {
-            // The monitoring port was taken between the check and the
-            // server's bind: run this server without monitoring.
-            tracing::warn!(
-                server = i + 1,
-                "nats-server exited at start; starting it again without monitoring"
-            );
-            match spawn_cluster_server(nats_bin, i, client, &routes, None, data_dir) {
-                Ok(p) => procs[i] = p,
-                Err(e) => {
-                    stop_all(procs, Duration::from_secs(5)).await;
-                    return Err(e);
-                }
-            }
-            came = come_up(&mut procs[i], client, Duration::from_secs(15)).await;
-        }
-        if came != CameUp::Listening {
-            stop_all(procs, Duration::from_secs(5)).await;
-            bail!(
-                "nats-server {} did not start listening on port {client}",
-                i + 1
-            );
-        }
-    }
-    Ok(procs)
-}
-
-/// Writes the config of cluster server `i` (0-based) and starts it.
-fn spawn_cluster_server(
-    nats_bin: &Path,
-    i: usize,
-    client: u16,
-    routes: &[u16],
-    monitor: Option<u16>,
-    data_dir: &Path,
-) -> anyhow::Result<Proc> {
-    let dir = data_dir.join("cluster").join(format!("n{}", i + 1));
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let conf = dir.join("nats.conf");
-    let route = routes
-        .get(i)
-        .copied()
-        .context("no route port for the server")?;
-    let text = cluster_config(i + 1, client, route, routes, monitor, &dir.join("store"));
-    std::fs::write(&conf, text).with_context(|| format!("cannot write {}", conf.display()))?;
-    spawn(
-        &format!("nats-{}", i + 1),
-        nats_bin,
-        &["-c".into(), conf.display().to_string()],
-        &[],
-    )
-}
-
-/// Waits until the cluster at `urls` has a JetStream meta leader: the
-/// stream list, which only the leader answers, comes back.
-async fn wait_for_meta_leader(urls: &str, within: Duration) -> anyhow::Result<()> {
-    let until = tokio::time::Instant::now() + within;
-    let servers = urls
-        .split(',')
-        .map(str::parse::<async_nats::ServerAddr>)
-        .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("cannot read the server list {urls}"))?;
-    let client = async_nats::ConnectOptions::new()
-        .retry_on_initial_connect()
-        .connect(servers)
-        .await
-        .with_context(|| format!("cannot connect to the cluster at {urls}"))?;
-    let mut last = String::from("no answer");
-    while tokio::time::Instant::now() < until {
-        let answer = tokio::time::timeout(
-            Duration::from_secs(2),
-            client.request("$JS.API.STREAM.NAMES", bytes::Bytes::from_static(b"{}")),
-        )
-        .await;
-        match answer {
-            Ok(Ok(msg)) => {
-                let v: serde_json::Value = serde_json::from_slice(&msg.payload).unwrap_or_default();
-                if v.get("error").is_none() && v.get("type").is_some() {
-                    tracing::info!(urls, "JetStream meta leader elected");
-                    return Ok(());
-                }
-                last = String::from_utf8_lossy(&msg.payload).into_owned();
-            }
-            Ok(Err(e)) => last = e.to_string(),
-            Err(_) => last = "no answer within 2 s".to_owned(),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    bail!(
-        "the cluster at {urls} elected no JetStream leader within {within:?} (last answer: {last})"
-    )
 }
 
 /// Stops servers: all told at once, so that a cluster does not elect new

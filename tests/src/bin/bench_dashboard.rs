@@ -22,7 +22,7 @@ use minions_tests::bench::{
 };
 use minions_tests::out;
 use minions_tests::web::{Browser, get};
-use minions_tests::{Proc, Result, free_port};
+use minions_tests::{Proc, Result, dashboard_url};
 
 const SHARDS: u32 = 1_000_000;
 
@@ -188,7 +188,6 @@ async fn main() -> Result<()> {
             .await?
             .purge()
             .await?;
-        let port = free_port()?;
         let mut wd = Proc::spawn(
             &format!("watchdog-{n}"),
             &watchdog_bin,
@@ -198,14 +197,15 @@ async fn main() -> Result<()> {
                 "--store".into(),
                 site.store_url.clone(),
                 "--listen".into(),
-                format!("127.0.0.1:{port}"),
+                // Port 0: it binds one itself and logs which.
+                "127.0.0.1:0".into(),
                 // Its events are synthetic: no outputs to check.
                 "--unchecked-results".into(),
             ],
-            &[("RUST_LOG".into(), "warn".into())],
+            &[("RUST_LOG".into(), "warn,minions_watchdog::run=info".into())],
             site.dir.path(),
         )?;
-        let base = format!("http://127.0.0.1:{port}");
+        let base = dashboard_url(&mut wd, Duration::from_secs(30))?;
         let stop = Arc::new(AtomicBool::new(false));
         let sim = tokio::spawn(simulate(
             site.client.clone(),

@@ -22,7 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use minions_tests::bench::{arg, flag, help, machine, num, utc_now, write_section};
-use minions_tests::{Fleet, Proc, Result, free_port, out, real_gguf, wait_for_port};
+use minions_tests::ports::wait_logged_port;
+use minions_tests::{Fleet, Proc, Result, out, real_gguf};
 use minions_worker::model::llm::GgufGenerator;
 use minions_worker::model::llm::llama::{Llama, Step, argmax};
 
@@ -88,13 +89,13 @@ fn llama_server(
     qs: &[String],
     max: u64,
 ) -> Result<f64> {
-    let port = free_port()?;
     let dir = tempfile::tempdir()?;
     let args: Vec<String> = [
         "-m",
         &model.display().to_string(),
+        // Port 0: it binds one itself and logs which.
         "--port",
-        &port.to_string(),
+        "0",
         "--host",
         "127.0.0.1",
         "-t",
@@ -108,14 +109,19 @@ fn llama_server(
     .iter()
     .map(|s| (*s).to_owned())
     .collect();
-    let _server = Proc::spawn(
+    let mut server = Proc::spawn(
         "llama-server",
         &bin.join("llama-server"),
         &args,
         &[],
         dir.path(),
     )?;
-    wait_for_port(port, Duration::from_secs(60))?;
+    let port = wait_logged_port(
+        &mut server,
+        0,
+        "server is listening on",
+        Duration::from_secs(120),
+    )?;
     let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
     // Ready once it answers.
     let until = Instant::now() + Duration::from_secs(60);
