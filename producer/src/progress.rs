@@ -22,6 +22,20 @@ pub async fn load(
     let spec = job_spec(store, job).await?;
     let events = read_events(js, job).await?;
     let mut p = fold(&spec, &events, minions_schemas::time::now_ms());
+    // A job that asked for checks is complete when a watchdog says so (its
+    // manifest, written once every check it queued is judged): the events
+    // alone cannot tell a done shard whose check is still to be queued
+    // from one that was not picked.
+    if matches!(p.state, JobState::Done | JobState::Failed)
+        && spec.verify_ppm.is_some_and(|ppm| ppm > 0)
+    {
+        let manifest = StorePath::from(keys::job_manifest(job));
+        match store.head(&manifest).await {
+            Ok(_) => {}
+            Err(object_store::Error::NotFound { .. }) => p.state = JobState::Running,
+            Err(e) => return Err(e).context("reading the job's manifest"),
+        }
+    }
     let marker = StorePath::from(keys::job_cancelled(job));
     if p.state != JobState::Done && store.head(&marker).await.is_ok() {
         p.state = JobState::Cancelled;

@@ -657,6 +657,11 @@ impl Progress {
                 self.verified, self.verifying, self.disagreements
             ));
         }
+        if self.state == JobState::Running && self.done + self.failed == self.shards {
+            out.push_str(
+                "  checks   every shard has a result; the job ends when a watchdog has queued and judged the checks it asked for\n",
+            );
+        }
         if self.rejected > 0 {
             out.push_str(&format!(
                 "  trust    {} results rejected (done not backed by its output, or made on a quarantined machine; those shards ran again)\n",

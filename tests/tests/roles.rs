@@ -31,10 +31,11 @@ async fn the_core_path_job_runs_with_one_identity_per_role() -> Result<()> {
     eprintln!("retry as producer: {retried}");
     let cancelled = fleet.cli(&["cancel", "core1"])?;
     eprintln!("cancel as producer: {cancelled}");
-    // A job with every shard checked: the watchdog makes the job's check
-    // consumer and queues check runs on their subjects, the other machine
+    // A job with every shard checked, submitted while no watchdog runs:
+    // its shards all get results, but the job is not done until a watchdog
+    // has checked them. The watchdog, started then, makes the job's check
+    // consumer and queues check runs on their subjects; the other machine
     // pulls and runs them.
-    fleet.add_watchdog(&[])?;
     let input = fleet.dir.path().join("checked.jsonl");
     minions_tests::write_corpus(&input, 20)?;
     fleet.cli(&[
@@ -50,6 +51,26 @@ async fn the_core_path_job_runs_with_one_identity_per_role() -> Result<()> {
         "--verify",
         "1",
     ])?;
+    let until = std::time::Instant::now() + Duration::from_secs(300);
+    let status = loop {
+        let v: serde_json::Value =
+            serde_json::from_str(&fleet.cli(&["status", "checked1", "--json"])?)?;
+        if v["done"] == 20 || std::time::Instant::now() > until {
+            break v;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(
+        (&status["done"], &status["state"], &status["verified"]),
+        (&20.into(), &"running".into(), &0.into()),
+        "{status}"
+    );
+    let said = fleet.cli(&["status", "checked1"])?;
+    assert!(
+        said.contains("when a watchdog has queued and judged"),
+        "{said}"
+    );
+    fleet.add_watchdog(&[])?;
     let status = fleet.wait_job("checked1", Duration::from_secs(300))?;
     assert_eq!(status["done"], 20, "{status}");
     assert_eq!(status["verified"], 20, "{status}");
