@@ -3,10 +3,13 @@
 # the tests need (nats-server, the real model, an S3-compatible server) into
 # .tools/, then checks formatting, lints and runs every test.
 # A formatting, lint or build failure stops it at once. Past those, every Rust
-# test binary and the Python tests run even when some fail, and the run ends
-# with one summary (tests/summary.py, from the logs kept in target/test-logs/):
-# the slowest test binaries, every failed test, and as the last line
-# `summary: N passed, N failed, N skipped`. It exits non-zero when anything failed.
+# test and the Python tests run even when some fail: the Rust tests under
+# cargo-nextest where it is installed (tests of all binaries side by side,
+# settings in .config/nextest.toml), else under cargo test. The run ends with
+# one summary (tests/summary.py, from nextest's JUnit report and the logs kept
+# in target/test-logs/): the ten slowest tests, every failed test, and as the
+# last line `summary: N passed, N failed, N skipped`. It exits non-zero when
+# anything failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source deploy/tools.sh --test
@@ -16,14 +19,30 @@ cargo clippy --workspace --all-targets -- -D warnings
 # builds only the binaries of packages that have integration tests).
 cargo build --workspace --bins
 
-logs="${CARGO_TARGET_DIR:-target}/test-logs"
+target="${CARGO_TARGET_DIR:-target}"
+logs="$target/test-logs"
 mkdir -p "$logs"
 set +e
-cargo test --workspace --no-fail-fast 2>&1 | tee "$logs/cargo-test.log"
-cargo_status=${PIPESTATUS[0]}
+if cargo nextest --version >/dev/null 2>&1; then
+  # cargo-nextest (.config/nextest.toml): every test in a process of its
+  # own, tests of all binaries side by side; its JUnit report feeds the
+  # summary. It does not run doc tests: cargo test does, after it.
+  junit="$target/nextest/default/junit.xml"
+  rm -f "$junit"
+  cargo nextest run --workspace --no-fail-fast 2>&1 | tee "$logs/nextest.log"
+  nextest_status=${PIPESTATUS[0]}
+  cargo test --workspace --doc 2>&1 | tee "$logs/doc-tests.log"
+  doc_status=${PIPESTATUS[0]}
+  rust=(--junit "$junit" --junit-status "$nextest_status"
+    --cargo "$logs/doc-tests.log" --cargo-status "$doc_status")
+else
+  echo "tests: cargo-nextest not found (cargo install cargo-nextest); running cargo test" >&2
+  cargo test --workspace --no-fail-fast 2>&1 | tee "$logs/cargo-test.log"
+  cargo_status=${PIPESTATUS[0]}
+  rust=(--cargo "$logs/cargo-test.log" --cargo-status "$cargo_status")
+fi
 bash tests/python/run.sh 2>&1 | tee "$logs/python-tests.log"
 python_status=${PIPESTATUS[0]}
 set -e
-python3 tests/summary.py \
-  --cargo "$logs/cargo-test.log" --cargo-status "$cargo_status" \
+python3 tests/summary.py "${rust[@]}" \
   --pytest "$logs/python-tests.log" --pytest-status "$python_status"

@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """One summary of a whole test run (tests/run.sh), from its captured logs.
 
-    python3 tests/summary.py --cargo CARGO_LOG --cargo-status N \
-        [--pytest PYTEST_LOG --pytest-status N]
+    python3 tests/summary.py [--junit JUNIT_XML --junit-status N] \
+        [--cargo CARGO_LOG --cargo-status N] [--pytest PYTEST_LOG --pytest-status N]
 
+JUNIT_XML is cargo-nextest's JUnit report: each test case counts, named
+`binary::test`, failed when it has a failure or error (a crash or timeout
+included), skipped when marked so; its times give the ten slowest tests.
 CARGO_LOG is the output (stdout and stderr) of `cargo test --workspace
 --no-fail-fast`: every `test result:` line is counted, failed tests come from
 libtest's `test NAME ... FAILED` lines and are named `binary::test`, and a
@@ -14,7 +17,7 @@ counts line and its `FAILED`/`ERROR` lines. A runner that exited non-zero
 with no failure found in its log is listed too (a build error, a failed
 setup step).
 
-Prints the ten slowest test binaries, the failures, and as the very last line
+Prints the ten slowest tests (or test binaries, from a cargo log), the failures, and as the very last line
 `summary: N passed, N failed, N skipped`. Exits 1 when anything failed.
 Standard library only.
 """
@@ -25,6 +28,7 @@ import argparse
 import re
 import sys
 from pathlib import Path
+from xml.etree import ElementTree
 
 # `     Running tests/admin.rs (target/debug/deps/admin-0123abcd)`
 # `     Running unittests src/lib.rs (target/debug/deps/minions_worker-0123abcd)`
@@ -51,7 +55,9 @@ class Totals:
         self.skipped = 0
         self.failures: list[str] = []
         self.notes: list[str] = []
+        # (seconds, name) of test binaries (cargo log) and of tests (JUnit).
         self.times: list[tuple[float, str]] = []
+        self.slow: list[tuple[float, str]] = []
 
 
 class Binary:
@@ -154,6 +160,37 @@ def cargo(path: str, status: int, t: Totals) -> None:
         t.notes.append("cargo test exited 0 although the log shows failures")
 
 
+def junit(path: str, status: int, t: Totals) -> None:
+    """Counts a nextest JUnit report: one <testcase> per test, a <failure>
+    or <error> child when it failed (crashes and timeouts included), a
+    <skipped> child when it was skipped; its `time` attribute is seconds."""
+    try:
+        root = ElementTree.parse(path).getroot()
+    except (OSError, ElementTree.ParseError) as e:
+        t.failed += 1
+        t.failures.append(f"cargo nextest: no readable JUnit report ({e}); exited {status}")
+        return
+    failing = 0
+    for case in root.iter("testcase"):
+        name = f"{case.get('classname', '?')}::{case.get('name', '?')}"
+        if case.find("skipped") is not None:
+            t.skipped += 1
+            continue
+        try:
+            t.slow.append((float(case.get("time", "0")), name))
+        except ValueError:
+            pass
+        if case.find("failure") is not None or case.find("error") is not None:
+            t.failed += 1
+            failing += 1
+            t.failures.append(name)
+        else:
+            t.passed += 1
+    if status != 0 and failing == 0:
+        t.failed += 1
+        t.failures.append(f"cargo nextest: exited {status} with no failed test in its report")
+
+
 def pytest(path: str, status: int, t: Totals) -> None:
     lines = read(path)
     final = next((l for l in reversed(lines) if PYTEST_FINAL.match(l.strip())), None)
@@ -185,6 +222,8 @@ def pytest(path: str, status: int, t: Totals) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--junit", help="JUnit report of cargo nextest run")
+    ap.add_argument("--junit-status", type=int, default=0)
     ap.add_argument("--cargo", help="log of cargo test --workspace --no-fail-fast")
     ap.add_argument("--cargo-status", type=int, default=0)
     ap.add_argument("--pytest", help="log of tests/python/run.sh")
@@ -192,6 +231,8 @@ def main() -> int:
     args = ap.parse_args()
 
     t = Totals()
+    if args.junit:
+        junit(args.junit, args.junit_status, t)
     if args.cargo:
         cargo(args.cargo, args.cargo_status, t)
     if args.pytest:
@@ -199,7 +240,11 @@ def main() -> int:
 
     print()
     print("=" * 30, "test summary", "=" * 30)
-    if t.times:
+    if t.slow:
+        print("slowest tests:")
+        for secs, name in sorted(t.slow, reverse=True)[:10]:
+            print(f"  {secs:8.2f}s  {name}")
+    elif t.times:
         print("slowest test binaries:")
         for secs, name in sorted(t.times, reverse=True)[:10]:
             print(f"  {secs:8.2f}s  {name}")
