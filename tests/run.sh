@@ -12,12 +12,23 @@
 # anything failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# How long each step took, printed above the summary (CI's time is budgeted).
+steps=()
+step_start=$SECONDS
+step() {
+  steps+=("$1 $((SECONDS - step_start)) s")
+  step_start=$SECONDS
+}
 source deploy/tools.sh --test
+step tools
 cargo fmt --all --check
+step fmt
 cargo clippy --workspace --all-targets -- -D warnings
+step clippy
 # Integration tests drive the real binaries: build them first (cargo test
 # builds only the binaries of packages that have integration tests).
 cargo build --workspace --bins
+step build
 
 target="${CARGO_TARGET_DIR:-target}"
 logs="$target/test-logs"
@@ -31,18 +42,25 @@ if cargo nextest --version >/dev/null 2>&1; then
   rm -f "$junit"
   cargo nextest run --workspace --no-fail-fast 2>&1 | tee "$logs/nextest.log"
   nextest_status=${PIPESTATUS[0]}
+  step "rust tests (nextest, with their build)"
   cargo test --workspace --doc 2>&1 | tee "$logs/doc-tests.log"
   doc_status=${PIPESTATUS[0]}
+  step "doc tests"
   rust=(--junit "$junit" --junit-status "$nextest_status"
     --cargo "$logs/doc-tests.log" --cargo-status "$doc_status")
 else
   echo "tests: cargo-nextest not found (cargo install cargo-nextest); running cargo test" >&2
   cargo test --workspace --no-fail-fast 2>&1 | tee "$logs/cargo-test.log"
   cargo_status=${PIPESTATUS[0]}
+  step "rust tests (cargo test, with their build)"
   rust=(--cargo "$logs/cargo-test.log" --cargo-status "$cargo_status")
 fi
 bash tests/python/run.sh 2>&1 | tee "$logs/python-tests.log"
 python_status=${PIPESTATUS[0]}
+step "python tests (with the client's build)"
 set -e
+echo
+echo "time per step:"
+printf '  %s\n' "${steps[@]}"
 python3 tests/summary.py "${rust[@]}" \
   --pytest "$logs/python-tests.log" --pytest-status "$python_status"
