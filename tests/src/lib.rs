@@ -1118,6 +1118,20 @@ impl Fleet {
     /// `within` passes (a failing status call, e.g. while nats-server
     /// restarts, is retried).
     pub fn wait_job(&self, job: &str, within: Duration) -> Result<serde_json::Value> {
+        self.wait_status(job, within, |v| {
+            v["state"] == "done" || v["state"] == "failed"
+        })
+    }
+
+    /// Polls `minions status JOB --json` until `ready` holds for it (the
+    /// status is returned) or `within` passes (an error with the workers'
+    /// and watchdogs' logs).
+    pub fn wait_status(
+        &self,
+        job: &str,
+        within: Duration,
+        ready: impl Fn(&serde_json::Value) -> bool,
+    ) -> Result<serde_json::Value> {
         let until = Instant::now() + within;
         loop {
             let out = match self.cli(&["status", job, "--json"]) {
@@ -1130,13 +1144,12 @@ impl Fleet {
                 Err(e) => return Err(e),
             };
             let v: serde_json::Value = serde_json::from_str(&out)?;
-            let state = v["state"].as_str().unwrap_or_default().to_owned();
-            if state == "done" || state == "failed" {
+            if ready(&v) {
                 return Ok(v);
             }
             if Instant::now() > until {
                 return Err(format!(
-                    "job {job} not finished after {within:?}: {out}\n{}",
+                    "job {job} not as awaited after {within:?}: {out}\n{}",
                     self.logs()
                 )
                 .into());

@@ -51,15 +51,7 @@ async fn the_core_path_job_runs_with_one_identity_per_role() -> Result<()> {
         "--verify",
         "1",
     ])?;
-    let until = std::time::Instant::now() + Duration::from_secs(300);
-    let status = loop {
-        let v: serde_json::Value =
-            serde_json::from_str(&fleet.cli(&["status", "checked1", "--json"])?)?;
-        if v["done"] == 20 || std::time::Instant::now() > until {
-            break v;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+    let status = fleet.wait_status("checked1", Duration::from_secs(300), |v| v["done"] == 20)?;
     assert_eq!(
         (&status["done"], &status["state"], &status["verified"]),
         (&20.into(), &"running".into(), &0.into()),
