@@ -170,7 +170,7 @@ impl GgufTokenizer {
             .filter(|(_, t)| **t == TYPE_CONTROL || **t == TYPE_USER_DEFINED)
             .map(|(tok, _)| AddedToken::from(tok.clone(), true))
             .collect();
-        inner.add_special_tokens(&specials);
+        inner.add_special_tokens(specials).map_err(invalid)?;
 
         let id = |key: &str| -> Result<Option<u32>, ModelError> {
             Ok(file
