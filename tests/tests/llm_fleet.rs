@@ -1,5 +1,6 @@
 //! LLM generation through the fleet with the real SmolLM2-135M-Instruct
-//! Q4_1: a 2,000-prompt job on 2 workers, collected in input order; a
+//! Q4_1: a 500-prompt job in 10 shards on 2 workers, collected in input
+//! order (the same job at 2,000 prompts and more is `bench_llm --prompts`); a
 //! worker killed (SIGKILL) mid-shard and an owner's return mid-shard, both
 //! resumed elsewhere from the shard's checkpoint with every record once;
 //! OpenAI batch files in and out; bad records, bad models.
@@ -64,16 +65,20 @@ fn last_value(log: &Path, needle: &str, key: &str) -> Option<u64> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_2000_prompt_job_completes_in_input_order() -> Result<()> {
+async fn a_500_prompt_job_completes_in_input_order() -> Result<()> {
     let mut fleet = Fleet::local()?;
     let r = big_job(&mut fleet).await;
     fleet.explain(r)
 }
 
+/// The big job's prompts: ten shards of 50, so that both workers take
+/// several and finish them out of order.
+const PROMPTS: usize = 500;
+
 async fn big_job(fleet: &mut Fleet) -> Result<()> {
     push_smollm2(fleet)?;
     let input = fleet.dir.path().join("prompts.jsonl");
-    let ids = write_prompts(&input, 2000)?;
+    let ids = write_prompts(&input, PROMPTS)?;
     fleet.add_watchdog(&[])?;
     fleet.add_worker(&["--slots", "1"])?;
     fleet.add_worker(&["--slots", "1"])?;
@@ -85,15 +90,15 @@ async fn big_job(fleet: &mut Fleet) -> Result<()> {
         "--input",
         &input.display().to_string(),
         "--shard-size",
-        "125",
+        "50",
         "--max-tokens",
         "4",
         "--job",
-        "gen2000",
+        "gen500",
     ])?;
     let status = fleet.wait_job(&job, Duration::from_secs(1500))?;
     eprintln!(
-        "2,000 prompts done in {:.0} s; status: {} tokens, {:.1} tokens/s",
+        "{PROMPTS} prompts done in {:.0} s; status: {} tokens, {:.1} tokens/s",
         started.elapsed().as_secs_f64(),
         status["tokens"],
         status["token_rate"].as_f64().unwrap_or(0.0)
@@ -106,7 +111,7 @@ async fn big_job(fleet: &mut Fleet) -> Result<()> {
     let out = fleet.dir.path().join("answers.jsonl");
     fleet.cli(&["collect", &job, "--output", &out.display().to_string()])?;
     let lines = read_lines(&out)?;
-    assert_eq!(lines.len(), 2000);
+    assert_eq!(lines.len(), PROMPTS);
     for (l, id) in lines.iter().zip(&ids) {
         assert_eq!(l["id"], id.as_str());
         let reason = l["finish_reason"].as_str().unwrap_or_default();
@@ -115,6 +120,10 @@ async fn big_job(fleet: &mut Fleet) -> Result<()> {
     }
     Ok(())
 }
+
+/// The disrupted shard's records: enough that the disruption, soon after
+/// the first checkpoint of 16 or more, lands well inside the shard.
+const SHARD: usize = 120;
 
 /// A one-shard job whose worker is disrupted by `disrupt` once it has
 /// checkpointed some records; a second worker finishes it. Returns the
@@ -127,7 +136,7 @@ async fn disrupted_shard(
 ) -> Result<()> {
     push_smollm2(fleet)?;
     let input = fleet.dir.path().join(format!("{job}.jsonl"));
-    let ids = write_prompts(&input, 240)?;
+    let ids = write_prompts(&input, SHARD)?;
     fleet.add_watchdog(&[])?;
     fleet.worker_env = vec![(
         "RUST_LOG".into(),
@@ -143,7 +152,7 @@ async fn disrupted_shard(
         "--input",
         &input.display().to_string(),
         "--shard-size",
-        "240",
+        &SHARD.to_string(),
         "--max-tokens",
         "12",
         "--job",
@@ -169,7 +178,7 @@ async fn disrupted_shard(
     let resumed = last_value(&log2, "generation shard finished", "resumed").unwrap_or(0);
     let recomputed = finished_by_first.saturating_sub(resumed as usize);
     eprintln!(
-        "{job}: the first worker finished {finished_by_first} of 240 records and checkpointed {checkpointed}; \
+        "{job}: the first worker finished {finished_by_first} of {SHARD} records and checkpointed {checkpointed}; \
          the second resumed with {resumed}: {recomputed} records recomputed"
     );
     assert!(
@@ -180,7 +189,7 @@ async fn disrupted_shard(
     let out = fleet.dir.path().join(format!("{job}.out.jsonl"));
     fleet.cli(&["collect", &job, "--output", &out.display().to_string()])?;
     let lines = read_lines(&out)?;
-    assert_eq!(lines.len(), 240, "each record once");
+    assert_eq!(lines.len(), SHARD, "each record once");
     let mut seen = HashMap::new();
     for (l, id) in lines.iter().zip(&ids) {
         assert_eq!(l["id"], id.as_str());
