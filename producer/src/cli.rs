@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use minions_schemas::endpoints::nats::DEFAULT_NATS_URL;
+use minions_endpoints::nats::DEFAULT_NATS_URL;
 
 /// Minions: batch ML inference on the idle GPUs of an office fleet.
 ///
@@ -49,10 +49,10 @@ pub struct Endpoints {
     pub store: Option<String>,
     /// NATS credentials and TLS.
     #[command(flatten)]
-    pub security: minions_schemas::endpoints::nats::NatsSecurity,
+    pub security: minions_endpoints::nats::NatsSecurity,
     /// Replicas of what a command creates when missing.
     #[command(flatten)]
-    pub replication: minions_schemas::streams::Replication,
+    pub replication: minions_endpoints::streams::Replication,
 }
 
 impl Endpoints {
@@ -60,7 +60,7 @@ impl Endpoints {
     pub fn store_url(&self) -> String {
         self.store
             .clone()
-            .unwrap_or_else(minions_schemas::endpoints::store::default_store_url)
+            .unwrap_or_else(minions_endpoints::store::default_store_url)
     }
 
     /// Connects to NATS as `who` (shown in the server's connection list)
@@ -69,8 +69,7 @@ impl Endpoints {
         &self,
         who: &str,
     ) -> anyhow::Result<(async_nats::Client, async_nats::jetstream::Context)> {
-        let client =
-            minions_schemas::endpoints::nats::connect(&self.nats, &self.security, who).await?;
+        let client = minions_endpoints::nats::connect(&self.nats, &self.security, who).await?;
         let js = async_nats::jetstream::new(client.clone());
         Ok((client, js))
     }

@@ -165,7 +165,7 @@ pub async fn fetch_remote(url: &str) -> anyhow::Result<tempfile::TempPath> {
         .split_once('/')
         .filter(|(b, k)| !b.is_empty() && !k.is_empty())
         .with_context(|| format!("{url}: expected s3://bucket/key"))?;
-    let store = minions_schemas::endpoints::store::open(&format!("s3://{bucket}"))?;
+    let store = minions_endpoints::store::open(&format!("s3://{bucket}"))?;
     let ext = Path::new(key)
         .extension()
         .and_then(|e| e.to_str())

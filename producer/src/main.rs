@@ -18,21 +18,21 @@ fn out(text: &str) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    minions_schemas::endpoints::exit::report(run().await)
+    minions_endpoints::exit::report(run().await)
 }
 
 async fn run() -> anyhow::Result<()> {
-    minions_schemas::endpoints::logging::init();
+    minions_endpoints::logging::init();
     let mut cli = Cli::parse();
     let e = &mut cli.endpoints;
-    minions_schemas::endpoints::config_file::apply(&mut e.nats, &mut e.store, &mut e.security)?;
+    minions_endpoints::config_file::apply(&mut e.nats, &mut e.store, &mut e.security)?;
     let ep = &cli.endpoints;
     match cli.command {
         Command::Submit(args) => out(commands::submit::run(ep, args).await?.job.as_str()),
         Command::Status(args) => out(&commands::status::run(ep, &args).await?.1),
         Command::Watch(args) => {
             let shutdown = CancellationToken::new();
-            tokio::spawn(minions_schemas::endpoints::signals::cancel_on_signal(
+            tokio::spawn(minions_endpoints::signals::cancel_on_signal(
                 shutdown.clone(),
             ));
             let w = commands::watch::run(ep, &args, shutdown).await?;
@@ -115,7 +115,7 @@ async fn run() -> anyhow::Result<()> {
         Command::Usage(args) => out(&commands::usage::run(ep, &args).await?),
         Command::Dev(args) => {
             let shutdown = CancellationToken::new();
-            tokio::spawn(minions_schemas::endpoints::signals::cancel_on_signal(
+            tokio::spawn(minions_endpoints::signals::cancel_on_signal(
                 shutdown.clone(),
             ));
             commands::dev::run(ep, &args, shutdown).await

@@ -3,7 +3,7 @@
 
 use anyhow::Context;
 use async_nats::jetstream;
-use minions_schemas::endpoints::snapshot;
+use minions_endpoints::snapshot;
 use minions_schemas::messages::ShardEvent;
 use minions_schemas::{JobId, decode, keys, limits, streams, subjects};
 use object_store::path::Path as StorePath;

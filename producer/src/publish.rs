@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use async_nats::jetstream;
-use minions_schemas::endpoints::resilient;
+use minions_endpoints::resilient;
 use minions_schemas::messages::{EventKind, ShardEvent, ShardTask};
 use minions_schemas::time::now_ms;
 use minions_schemas::{JobId, SCHEMA_VERSION, WorkerId, encode, subjects};

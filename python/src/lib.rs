@@ -116,7 +116,7 @@ impl Fleet {
         let argv = std::iter::once("minions".to_owned()).chain(flags);
         let mut parsed = EndpointFlags::try_parse_from(argv).map_err(|e| flag_error(&e))?;
         let e = &mut parsed.endpoints;
-        minions_schemas::endpoints::config_file::apply(&mut e.nats, &mut e.store, &mut e.security)
+        minions_endpoints::config_file::apply(&mut e.nats, &mut e.store, &mut e.security)
             .map_err(|err| MinionsError::new_err(err.to_string()))?;
         Ok(Self {
             endpoints: parsed.endpoints,

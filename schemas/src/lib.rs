@@ -15,15 +15,20 @@
 //! - [`messages`] — job spec, shard task, shard event, heartbeat, control, shard
 //!   input/output documents and the model manifest.
 //! - [`subjects`] — subject names and message ids.
-//! - [`streams`] — JetStream stream and consumer settings, and how to ensure them.
+//! - [`streams`] — JetStream stream and bucket names and the work settings.
+//! - [`scheduling`] — job consumers (names, metadata) and the rule by which a
+//!   worker's free slot picks a job.
+//! - [`progress`] — a job's progress, folded from its events.
 //! - [`keys`] — the object-store key layout.
 //! - [`limits`] — size limits for every decoded document.
-//! - [`endpoints`] — connecting to NATS (with the server version check) and
-//!   opening the object store from a URL.
+//!
+//! This crate does no I/O: connecting to NATS, creating the streams, the
+//! object store, the ledger, config files and logging are in
+//! `minions-endpoints` (`schemas/endpoints/`), so that the inference engine
+//! depends on the contract alone.
 
 pub mod canary;
 pub mod codec;
-pub mod endpoints;
 pub mod ids;
 pub mod keys;
 pub mod limits;

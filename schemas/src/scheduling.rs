@@ -28,15 +28,12 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use async_nats::jetstream::{self, consumer};
-use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{JobId, ModelHash};
 use crate::messages::{
     JobSpec, Priority, QueuedJob, Requirements, Schedule, TeamPolicy, TeamShare,
 };
-use crate::streams::{WORK_STREAM, WorkSettings};
 
 /// The work-stream consumer of one job.
 pub fn job_consumer(job: &JobId) -> String {
@@ -57,71 +54,81 @@ pub fn consumer_job(name: &str) -> Option<JobId> {
     JobId::new(id).ok()
 }
 
-const META_JOB: &str = "minions.job";
-const META_TEAM: &str = "minions.team";
-const META_PRIORITY: &str = "minions.priority";
-const META_PREEMPTIBLE: &str = "minions.preemptible";
-const META_MEMORY: &str = "minions.memory_mb";
-const META_DEVICES: &str = "minions.devices";
-const META_MODEL: &str = "minions.model";
-const META_CREATED: &str = "minions.created_ms";
-const META_CHECKS: &str = "minions.checks";
+/// Job-consumer metadata keys (all values strings; WIRE.md §3.4).
+pub const META_JOB: &str = "minions.job";
+/// See [`META_JOB`].
+pub const META_TEAM: &str = "minions.team";
+/// See [`META_JOB`].
+pub const META_PRIORITY: &str = "minions.priority";
+/// See [`META_JOB`].
+pub const META_PREEMPTIBLE: &str = "minions.preemptible";
+/// See [`META_JOB`].
+pub const META_MEMORY: &str = "minions.memory_mb";
+/// See [`META_JOB`].
+pub const META_DEVICES: &str = "minions.devices";
+/// See [`META_JOB`].
+pub const META_MODEL: &str = "minions.model";
+/// See [`META_JOB`].
+pub const META_CREATED: &str = "minions.created_ms";
+/// Marks a job's check consumer (value `true`).
+pub const META_CHECKS: &str = "minions.checks";
 
-/// The configuration of `spec`'s consumer: the work settings, the job's
-/// subjects only, and the job's scheduling facts as metadata.
-pub fn job_consumer_config(settings: &WorkSettings, spec: &JobSpec) -> consumer::pull::Config {
-    let mut metadata = HashMap::new();
-    metadata.insert(META_JOB.to_owned(), spec.job.to_string());
-    metadata.insert(META_TEAM.to_owned(), spec.team.clone());
-    metadata.insert(META_PRIORITY.to_owned(), spec.priority.as_str().to_owned());
-    metadata.insert(META_PREEMPTIBLE.to_owned(), spec.preemptible.to_string());
-    metadata.insert(META_MEMORY.to_owned(), spec.needs.memory_mb.to_string());
-    metadata.insert(META_DEVICES.to_owned(), spec.needs.devices.join(","));
-    metadata.insert(META_MODEL.to_owned(), spec.model_hash.to_string());
-    metadata.insert(META_CREATED.to_owned(), spec.created_ms.to_string());
-    consumer::pull::Config {
-        durable_name: Some(job_consumer(&spec.job)),
-        description: Some(format!("Minions job {} (team {})", spec.job, spec.team)),
-        ack_policy: consumer::AckPolicy::Explicit,
-        ack_wait: settings.ack_wait,
-        max_deliver: settings.max_deliver,
-        max_ack_pending: settings.max_ack_pending,
-        max_waiting: settings.max_waiting,
-        filter_subject: crate::subjects::job_shards(&spec.job),
-        num_replicas: settings.replicas,
-        metadata,
-        ..Default::default()
+/// A job consumer as the contract defines it, apart from the work stream's
+/// settings: name, description, filter and the job's scheduling facts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobConsumer {
+    /// The durable name ([`job_consumer`] or [`check_consumer`]).
+    pub name: String,
+    /// The description the server shows.
+    pub description: String,
+    /// The one subject filter: the job's shards or its check runs.
+    pub filter: String,
+    /// What the schedule reads back ([`queued_job`]).
+    pub metadata: HashMap<String, String>,
+}
+
+impl JobConsumer {
+    /// `spec`'s consumer: the job's subjects only, and the job's scheduling
+    /// facts as metadata.
+    pub fn of_job(spec: &JobSpec) -> Self {
+        let mut metadata = HashMap::new();
+        metadata.insert(META_JOB.to_owned(), spec.job.to_string());
+        metadata.insert(META_TEAM.to_owned(), spec.team.clone());
+        metadata.insert(META_PRIORITY.to_owned(), spec.priority.as_str().to_owned());
+        metadata.insert(META_PREEMPTIBLE.to_owned(), spec.preemptible.to_string());
+        metadata.insert(META_MEMORY.to_owned(), spec.needs.memory_mb.to_string());
+        metadata.insert(META_DEVICES.to_owned(), spec.needs.devices.join(","));
+        metadata.insert(META_MODEL.to_owned(), spec.model_hash.to_string());
+        metadata.insert(META_CREATED.to_owned(), spec.created_ms.to_string());
+        Self {
+            name: job_consumer(&spec.job),
+            description: format!("Minions job {} (team {})", spec.job, spec.team),
+            filter: crate::subjects::job_shards(&spec.job),
+            metadata,
+        }
+    }
+
+    /// `spec`'s check consumer: as its job consumer, on the job's check
+    /// subjects, marked as the checks'.
+    pub fn of_checks(spec: &JobSpec) -> Self {
+        let mut c = Self::of_job(spec);
+        c.name = check_consumer(&spec.job);
+        c.description = format!("Minions job {} (team {}): check runs", spec.job, spec.team);
+        c.filter = crate::subjects::job_checks(&spec.job);
+        c.metadata.insert(META_CHECKS.to_owned(), "true".to_owned());
+        c
     }
 }
 
-/// The configuration of `spec`'s check consumer: as its job consumer's, on
-/// the job's check subjects, marked as the checks'.
-pub fn check_consumer_config(settings: &WorkSettings, spec: &JobSpec) -> consumer::pull::Config {
-    let mut config = job_consumer_config(settings, spec);
-    config.durable_name = Some(check_consumer(&spec.job));
-    config.description = Some(format!(
-        "Minions job {} (team {}): check runs",
-        spec.job, spec.team
-    ));
-    config.filter_subject = crate::subjects::job_checks(&spec.job);
-    config
-        .metadata
-        .insert(META_CHECKS.to_owned(), "true".to_owned());
-    config
-}
-
-/// Whether a consumer's info is a job's check consumer.
-fn is_checks(info: &consumer::Info) -> bool {
-    info.config
-        .metadata
-        .get(META_CHECKS)
-        .is_some_and(|c| c == "true")
-}
-
-/// Reads a job consumer's info into a schedule entry (`None` for consumers
-/// that are not a job's, or whose metadata is damaged).
-pub fn queued_job(info: &consumer::Info) -> Option<QueuedJob> {
-    let meta = &info.config.metadata;
+/// Reads a job consumer's metadata and counts (messages waiting, delivered
+/// and unacknowledged) into a schedule entry (`None` for consumers that are
+/// not a job's, or whose metadata is damaged).
+pub fn queued_job(
+    metadata: &HashMap<String, String>,
+    num_pending: u64,
+    num_ack_pending: u64,
+) -> Option<QueuedJob> {
+    let meta = metadata;
     let job = JobId::new(meta.get(META_JOB)?.as_str()).ok()?;
     let devices = meta
         .get(META_DEVICES)
@@ -132,6 +139,7 @@ pub fn queued_job(info: &consumer::Info) -> Option<QueuedJob> {
                 .collect()
         })
         .unwrap_or_default();
+    let checks = meta.get(META_CHECKS).is_some_and(|c| c == "true");
     Some(QueuedJob {
         job,
         team: meta.get(META_TEAM)?.clone(),
@@ -143,84 +151,29 @@ pub fn queued_job(info: &consumer::Info) -> Option<QueuedJob> {
         },
         model_hash: ModelHash::new(meta.get(META_MODEL)?.as_str()).ok()?,
         created_ms: meta.get(META_CREATED)?.parse().ok()?,
-        pending: info.num_pending,
-        running: info.num_ack_pending as u64,
+        pending: num_pending,
+        running: num_ack_pending,
         // Out and unacknowledged counts too: a check run handed back by a
         // machine it avoids waits as a redelivery, not as pending.
-        checks: if is_checks(info) {
-            info.num_pending + info.num_ack_pending as u64
+        checks: if checks {
+            num_pending + num_ack_pending
         } else {
             0
         },
     })
 }
 
-/// Adds a job's check consumer's counts into its entry (made from either
-/// consumer, whichever was listed first).
-fn merge(into: &mut QueuedJob, other: QueuedJob) {
-    into.pending += other.pending;
-    into.running += other.running;
-    into.checks += other.checks;
-}
-
-/// A scheduler's word of submits ([`crate::subjects::QUEUED`]): a job was
-/// just queued, so read the queue now rather than at the next tick.
-/// Without a subscription (it failed) no word ever comes and the tick
-/// alone schedules.
-pub struct Nudges(Option<async_nats::Subscriber>);
-
-impl Nudges {
-    /// Follows submits' nudges on `client`; a failed subscription is
-    /// logged and leaves the tick alone.
-    pub async fn follow(client: &async_nats::Client) -> Self {
-        match client.subscribe(crate::subjects::QUEUED).await {
-            Ok(s) => Self(Some(s)),
-            Err(e) => {
-                tracing::warn!(error = %e, "not following submits; new jobs wait for the tick");
-                Self(None)
-            }
+/// Adds `entry` to `jobs`: a job's check consumer's counts go into its
+/// job's entry (made from either consumer, whichever came first).
+pub fn add_queued(jobs: &mut Vec<QueuedJob>, entry: QueuedJob) {
+    match jobs.iter_mut().find(|j| j.job == entry.job) {
+        Some(into) => {
+            into.pending += entry.pending;
+            into.running += entry.running;
+            into.checks += entry.checks;
         }
+        None => jobs.push(entry),
     }
-
-    /// Waits for the next nudge (its payload is not read); never returns
-    /// once the subscription has ended.
-    pub async fn next(&mut self) {
-        match self.0.as_mut() {
-            Some(s) => {
-                if s.next().await.is_none() {
-                    self.0 = None;
-                    std::future::pending::<()>().await;
-                }
-            }
-            None => std::future::pending().await,
-        }
-    }
-}
-
-/// Why the queue could not be read.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot list the work consumers: {0}")]
-pub struct ScheduleError(pub String);
-
-/// Every job of the work stream with a consumer, with its counts: a job's
-/// check consumer counts under the job.
-pub async fn list_jobs(js: &jetstream::Context) -> Result<Vec<QueuedJob>, ScheduleError> {
-    let stream = js
-        .get_stream(WORK_STREAM)
-        .await
-        .map_err(|e| ScheduleError(e.to_string()))?;
-    let mut infos = stream.consumers();
-    let mut jobs: Vec<QueuedJob> = Vec::new();
-    while let Some(info) = infos.next().await {
-        let info = info.map_err(|e| ScheduleError(e.to_string()))?;
-        if let Some(q) = queued_job(&info) {
-            match jobs.iter_mut().find(|j| j.job == q.job) {
-                Some(j) => merge(j, q),
-                None => jobs.push(q),
-            }
-        }
-    }
-    Ok(jobs)
 }
 
 /// The fleet's team policies, as stored under [`TEAMS_KEY`] in
@@ -235,29 +188,6 @@ pub struct Teams {
 
 /// The key of the team policies in [`TEAMS_BUCKET`].
 pub const TEAMS_KEY: &str = "policy";
-
-/// Reads the team policies with their KV revision (`Teams::default()` and 0
-/// when none are stored). Errors: the bucket is unreadable or the record is
-/// damaged.
-pub async fn read_teams(js: &jetstream::Context) -> Result<(Teams, u64), ScheduleError> {
-    let kv = crate::streams::teams_kv(js, 1)
-        .await
-        .map_err(|e| ScheduleError(e.to_string()))?;
-    match kv.entry(TEAMS_KEY).await {
-        Ok(Some(e)) if e.operation == jetstream::kv::Operation::Put => {
-            let teams = crate::decode::<Teams>(
-                "team policies",
-                &e.value,
-                crate::limits::MAX_TEAM_POLICY_BYTES * 256,
-            )
-            .map_err(|e| ScheduleError(e.to_string()))?;
-            Ok((teams, e.revision))
-        }
-        Ok(Some(e)) => Ok((Teams::default(), e.revision)),
-        Ok(None) => Ok((Teams::default(), 0)),
-        Err(e) => Err(ScheduleError(e.to_string())),
-    }
-}
 
 /// Builds a schedule from `jobs` (jobs with nothing queued or running are
 /// left out), the team policies and each team's recent usage (slots).

@@ -125,7 +125,7 @@ impl LocalSite {
         let store_url = format!("file://{}", store.display());
         let client = async_nats::connect(nats.url()).await?;
         let js = async_nats::jetstream::new(client.clone());
-        minions_schemas::streams::ensure(&js, &Default::default()).await?;
+        minions_endpoints::streams::ensure(&js, &Default::default()).await?;
         Ok(Self {
             client,
             js,

@@ -85,7 +85,7 @@ pub fn url(nodes: &[NatsServer]) -> String {
 /// A client that knows every node in `url` (a comma-separated list) and
 /// moves to another when its server goes.
 pub async fn client(url: &str) -> Result<async_nats::Client> {
-    let servers = minions_schemas::endpoints::nats::server_addrs(url)?;
+    let servers = minions_endpoints::nats::server_addrs(url)?;
     Ok(async_nats::ConnectOptions::new()
         .retry_on_initial_connect()
         .max_reconnects(None)

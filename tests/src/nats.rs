@@ -279,7 +279,7 @@ impl NatsServer {
 
     /// Connects a client.
     pub async fn client(&self) -> Result<async_nats::Client> {
-        minions_schemas::endpoints::nats::init_tls();
+        minions_endpoints::nats::init_tls();
         let mut o = match &self.login {
             Some((u, p)) => {
                 async_nats::ConnectOptions::with_user_and_password(u.clone(), p.clone())

@@ -141,7 +141,7 @@ async fn a_restricted_worker_needs_admin_init_and_cannot_touch_streams() -> Resu
     worker.kill();
 
     // The worker's identity can delete, purge and publish nothing it must not.
-    minions_schemas::endpoints::nats::init_tls();
+    minions_endpoints::nats::init_tls();
     let client =
         async_nats::ConnectOptions::with_user_and_password("worker".into(), "worker-secret".into())
             .request_timeout(Some(Duration::from_secs(2)))

@@ -212,9 +212,9 @@ async fn a_worker_on_a_leaf_node_runs_the_hubs_shards() -> Result<()> {
     minions_ok(&["admin", "init", "--replicas", "3"], &hub_env)?;
 
     // The work queue is replicated on all three hub servers.
-    let client = minions_schemas::endpoints::nats::connect(
+    let client = minions_endpoints::nats::connect(
         &hub_urls,
-        &minions_schemas::endpoints::nats::NatsSecurity::default(),
+        &minions_endpoints::nats::NatsSecurity::default(),
         "leaf-test",
     )
     .await?;

@@ -88,7 +88,7 @@ struct Conn {
 
 impl Conn {
     async fn open(nats: &NatsServer, o: async_nats::ConnectOptions) -> Result<Self> {
-        minions_schemas::endpoints::nats::init_tls();
+        minions_endpoints::nats::init_tls();
         let refusals = Arc::new(Mutex::new(Vec::new()));
         let seen = refusals.clone();
         let ca = nats.ca.clone().ok_or("no CA")?;

@@ -240,7 +240,8 @@ async fn check_run(fleet: &mut Fleet) -> Result<()> {
         &std::fs::read(job_dir.join("spec.msgpack"))?,
         limits::MAX_SPEC_BYTES,
     )?;
-    streams::ensure_job_consumer(&js, &streams::WorkSettings::default(), &spec).await?;
+    minions_endpoints::streams::ensure_job_consumer(&js, &streams::WorkSettings::default(), &spec)
+        .await?;
     let mut task = spec.task(shard);
     task.check = 1;
     task.avoid = vec![machine.clone()];

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use clap::Parser;
-use minions_schemas::endpoints::nats::DEFAULT_NATS_URL;
+use minions_endpoints::nats::DEFAULT_NATS_URL;
 
 use crate::run::WatchdogConfig;
 
@@ -27,11 +27,11 @@ pub struct WatchdogArgs {
     pub store: Option<String>,
     /// NATS credentials and TLS.
     #[command(flatten)]
-    pub security: minions_schemas::endpoints::nats::NatsSecurity,
+    pub security: minions_endpoints::nats::NatsSecurity,
     /// Replicas of the streams, consumer and registry if this watchdog is
     /// the one that creates them.
     #[command(flatten)]
-    pub replication: minions_schemas::streams::Replication,
+    pub replication: minions_endpoints::streams::Replication,
     /// Heartbeat intervals a worker may miss before it is declared dead and
     /// its shards handed back. Lower moves work sooner and risks declaring a
     /// worker on a slow network dead (it then rejoins; nothing is lost).
@@ -120,7 +120,7 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
 impl WatchdogArgs {
     /// The configuration these flags describe.
     pub fn into_config(self) -> Result<WatchdogConfig, ArgsError> {
-        use minions_schemas::endpoints::host;
+        use minions_endpoints::host;
         let verify = self.verify.unwrap_or(0.0);
         if !(0.0..=1.0).contains(&verify) {
             return Err(ArgsError::Verify(verify));
@@ -145,7 +145,7 @@ impl WatchdogArgs {
             replicas: usize::from(self.replication.replicas),
             store_url: self
                 .store
-                .unwrap_or_else(minions_schemas::endpoints::store::default_store_url),
+                .unwrap_or_else(minions_endpoints::store::default_store_url),
             missed_beats: self.missed_beats,
             sweep_every: Duration::from_millis(100),
             listen: (self.listen != "off").then_some(self.listen),

@@ -60,7 +60,7 @@ pub async fn on_max_deliveries(
             subjects::work(&task.job, task.shard)
         };
         let bytes = encode("shard task", task).map_err(|e| e.to_string())?;
-        minions_schemas::endpoints::resilient::publish_once(
+        minions_endpoints::resilient::publish_once(
             js,
             &subject,
             &format!(
@@ -97,7 +97,7 @@ pub async fn on_max_deliveries(
             },
         );
         let bytes = encode("shard event", &event).map_err(|e| e.to_string())?;
-        minions_schemas::endpoints::resilient::publish_once(
+        minions_endpoints::resilient::publish_once(
             js,
             &subjects::event(&task.job, task.shard, &event.worker),
             &event.msg_id(),
@@ -121,7 +121,7 @@ pub async fn on_max_deliveries(
             },
         );
         let bytes = encode("shard event", &event).map_err(|e| e.to_string())?;
-        minions_schemas::endpoints::resilient::publish_once(
+        minions_endpoints::resilient::publish_once(
             js,
             &subjects::event(&task.job, task.shard, &event.worker),
             &format!("maxdeliver/{}/{}/{}", task.job, task.shard, adv.stream_seq),

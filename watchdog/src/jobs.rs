@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use async_nats::jetstream;
-use minions_schemas::endpoints::resilient;
+use minions_endpoints::resilient;
 use minions_schemas::messages::{
     DeadLetter, EventKind, JobManifest, JobSpec, ManifestShard, ModelManifest, Provenance,
     ShardEvent,
@@ -969,7 +969,7 @@ impl Tracker {
             SpecRead::Missing => return Err("the job's spec is missing".to_owned()),
             SpecRead::Failed(why) => return Err(format!("reading the job's spec: {why}")),
         };
-        streams::ensure_job_consumer(&js, &judge.work, &spec)
+        minions_endpoints::streams::ensure_job_consumer(&js, &judge.work, &spec)
             .await
             .map_err(|e| e.to_string())?;
         let task = encode("shard task", &spec.task(e.shard)).map_err(|e| e.to_string())?;

@@ -6,25 +6,19 @@ use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    minions_schemas::endpoints::exit::report(run().await)
+    minions_endpoints::exit::report(run().await)
 }
 
 async fn run() -> anyhow::Result<()> {
-    minions_schemas::endpoints::logging::init();
+    minions_endpoints::logging::init();
     let mut args = WatchdogArgs::parse();
-    minions_schemas::endpoints::config_file::apply(
-        &mut args.nats,
-        &mut args.store,
-        &mut args.security,
-    )?;
+    minions_endpoints::config_file::apply(&mut args.nats, &mut args.store, &mut args.security)?;
     if args.ledger.is_none() {
-        args.ledger = minions_schemas::endpoints::config_file::usage_defaults(
-            args.security.config.as_deref(),
-        )?
-        .ledger;
+        args.ledger =
+            minions_endpoints::config_file::usage_defaults(args.security.config.as_deref())?.ledger;
     }
     let (verify, verify_key) =
-        minions_schemas::endpoints::config_file::trust_defaults(args.security.config.as_deref())?;
+        minions_endpoints::config_file::trust_defaults(args.security.config.as_deref())?;
     if args.verify.is_none() {
         args.verify = verify;
     }
@@ -33,7 +27,7 @@ async fn run() -> anyhow::Result<()> {
     }
     let config = args.into_config()?;
     let shutdown = CancellationToken::new();
-    tokio::spawn(minions_schemas::endpoints::signals::cancel_on_signal(
+    tokio::spawn(minions_endpoints::signals::cancel_on_signal(
         shutdown.clone(),
     ));
     minions_watchdog::run(config, shutdown).await?;

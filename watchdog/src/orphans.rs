@@ -99,11 +99,14 @@ impl OrphanSweep {
             match spec {
                 Some(spec) => {
                     if check_run
-                        && let Err(e) = streams::ensure_check_consumer(js, settings, &spec).await
+                        && let Err(e) =
+                            minions_endpoints::streams::ensure_check_consumer(js, settings, &spec)
+                                .await
                     {
                         tracing::warn!(job = %spec.job, error = %e, "cannot make a check consumer for queued check runs");
                     }
-                    match streams::ensure_job_consumer(js, settings, &spec).await {
+                    match minions_endpoints::streams::ensure_job_consumer(js, settings, &spec).await
+                    {
                         Ok(_) => tracing::warn!(job = %spec.job,
                             "shards queued without a job consumer (queued before jobs had their own): consumer made"),
                         Err(e) => {

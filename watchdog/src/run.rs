@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use futures::StreamExt;
-use minions_schemas::endpoints::{nats, snapshot, store};
+use minions_endpoints::{nats, snapshot, store};
 use minions_schemas::messages::{Heartbeat, WorkerState};
 use minions_schemas::{JobId, WorkerId, decode, limits, streams, subjects};
 use tokio_util::sync::CancellationToken;
@@ -30,7 +30,7 @@ pub enum WatchdogError {
     Store(#[from] store::StoreUrlError),
     /// The streams could not be set up.
     #[error(transparent)]
-    Streams(#[from] streams::EnsureError),
+    Streams(#[from] minions_endpoints::streams::EnsureError),
     /// The dashboard could not start.
     #[error(transparent)]
     Http(#[from] crate::http::HttpError),
@@ -143,8 +143,8 @@ async fn start(
         replicas: config.replicas,
         ..Default::default()
     };
-    let work_settings = streams::ensure(&js, &settings).await?;
-    let kv = streams::workers_kv(&js, config.replicas).await?;
+    let work_settings = minions_endpoints::streams::ensure(&js, &settings).await?;
+    let kv = minions_endpoints::streams::workers_kv(&js, config.replicas).await?;
     let work = js
         .get_stream(streams::WORK_STREAM)
         .await
@@ -169,7 +169,7 @@ async fn start(
     }
     let view = Arc::new(View::new(config.name.clone(), registry));
     let stop_side = shutdown.child_token();
-    let quarantine = streams::quarantine_kv(&js, config.replicas).await?;
+    let quarantine = minions_endpoints::streams::quarantine_kv(&js, config.replicas).await?;
     let canaries = crate::trust::canary::listen(&client)
         .await
         .map_err(follow_err("canaries"))?;

@@ -117,7 +117,7 @@ pub async fn run(
     let mut idle_since: HashMap<JobId, Instant> = HashMap::new();
     // A submit's nudge: the schedule is rebuilt at once, so a new job
     // starts without waiting for the tick.
-    let mut queued = scheduling::Nudges::follow(&client).await;
+    let mut queued = minions_endpoints::queue::Nudges::follow(&client).await;
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
@@ -126,7 +126,7 @@ pub async fn run(
                 tick.reset();
             }
         }
-        let jobs = match scheduling::list_jobs(&js).await {
+        let jobs = match minions_endpoints::queue::list_jobs(&js).await {
             Ok(j) => j,
             Err(e) => {
                 tracing::debug!(error = %e, "schedule not read");
@@ -134,7 +134,7 @@ pub async fn run(
             }
         };
         if teams_read.is_none_or(|t| t.elapsed() >= TEAMS_EVERY) {
-            match scheduling::read_teams(&js).await {
+            match minions_endpoints::queue::read_teams(&js).await {
                 Ok((t, _)) => teams = t,
                 Err(e) => {
                     tracing::warn!(error = %e, "team policies not read; keeping the last ones")

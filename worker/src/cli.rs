@@ -4,7 +4,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use minions_schemas::endpoints::nats::DEFAULT_NATS_URL;
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+use minions_endpoints::nats::DEFAULT_NATS_URL;
 
 use crate::config::WorkerConfig;
 use crate::model::{Batching, DeviceChoice};
@@ -32,11 +33,11 @@ pub struct WorkerArgs {
     pub store: Option<String>,
     /// NATS credentials and TLS.
     #[command(flatten)]
-    pub security: minions_schemas::endpoints::nats::NatsSecurity,
+    pub security: minions_endpoints::nats::NatsSecurity,
     /// Replicas of the streams, consumer and registry if this worker is the
     /// one that creates them.
     #[command(flatten)]
-    pub replication: minions_schemas::streams::Replication,
+    pub replication: minions_endpoints::streams::Replication,
     /// Folder for cached model files. Default: a per-user cache dir.
     #[arg(long, env = "MINIONS_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
@@ -50,7 +51,10 @@ pub struct WorkerArgs {
     #[arg(long, env = "MINIONS_LEND_MEMORY_MB")]
     pub lend_memory_mb: Option<u64>,
     /// Compute device.
-    #[arg(long, global = true, value_enum, default_value_t = DeviceChoice::Auto)]
+    #[arg(long, global = true, default_value_t = DeviceChoice::Auto,
+          value_parser = PossibleValuesParser::new(
+              DeviceChoice::CHOICES.map(|(name, help)| PossibleValue::new(name).help(help)))
+              .try_map(|s| s.parse::<DeviceChoice>()))]
     pub device: DeviceChoice,
     /// Texts per forward pass when the job does not set one.
     #[arg(long, default_value_t = Batching::DEFAULT_TEXTS as u32, value_parser = clap::value_parser!(u32).range(1..=4096))]
@@ -170,7 +174,7 @@ impl WorkerArgs {
     pub fn into_config(self) -> anyhow::Result<WorkerConfig> {
         let store = self
             .store
-            .unwrap_or_else(minions_schemas::endpoints::store::default_store_url);
+            .unwrap_or_else(minions_endpoints::store::default_store_url);
         let mut c = WorkerConfig::new(self.nats, store);
         c.nats_security = self.security;
         if let Some(dir) = self.cache_dir {

@@ -13,7 +13,7 @@ pub struct WorkerConfig {
     /// NATS server URL.
     pub nats_url: String,
     /// NATS credentials and TLS.
-    pub nats_security: minions_schemas::endpoints::nats::NatsSecurity,
+    pub nats_security: minions_endpoints::nats::NatsSecurity,
     /// Object store URL (`file://…` or `s3://…`).
     pub store_url: String,
     /// Local folder for model files.

@@ -202,7 +202,7 @@ pub async fn report(config: &WorkerConfig) -> String {
     }
     let nats = tokio::time::timeout(
         Duration::from_secs(12),
-        minions_schemas::endpoints::nats::connect(
+        minions_endpoints::nats::connect(
             &config.nats_url,
             &config.nats_security,
             "minions-worker doctor",
@@ -229,7 +229,7 @@ pub async fn report(config: &WorkerConfig) -> String {
             );
         }
     }
-    match minions_schemas::endpoints::store::open(&config.store_url) {
+    match minions_endpoints::store::open(&config.store_url) {
         Ok(store) => {
             use futures::StreamExt;
             let prefix = object_store::path::Path::from(minions_schemas::keys::MODEL_NAMES);

@@ -11,18 +11,14 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    minions_schemas::endpoints::exit::report(run().await)
+    minions_endpoints::exit::report(run().await)
 }
 
 async fn run() -> anyhow::Result<()> {
     minions_worker::process_env::fix_process_env();
-    minions_schemas::endpoints::logging::init();
+    minions_endpoints::logging::init();
     let mut args = WorkerArgs::parse();
-    minions_schemas::endpoints::config_file::apply(
-        &mut args.nats,
-        &mut args.store,
-        &mut args.security,
-    )?;
+    minions_endpoints::config_file::apply(&mut args.nats, &mut args.store, &mut args.security)?;
     match &args.command {
         Some(WorkerCommand::Install { unit_dir, no_start }) => {
             let dir = match unit_dir {
@@ -61,7 +57,7 @@ async fn run() -> anyhow::Result<()> {
         return Ok(());
     }
     let shutdown = CancellationToken::new();
-    tokio::spawn(minions_schemas::endpoints::signals::cancel_on_signal(
+    tokio::spawn(minions_endpoints::signals::cancel_on_signal(
         shutdown.clone(),
     ));
     let summary = minions_worker::run(config, shutdown).await?;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use futures::StreamExt;
-use minions_schemas::endpoints::{host, nats, store};
+use minions_endpoints::{host, nats, store};
 use minions_schemas::time::now_ms;
 use minions_schemas::{WorkerId, streams};
 use tokio::sync::{Semaphore, watch};
@@ -30,7 +30,7 @@ pub enum WorkerError {
     Store(#[from] store::StoreUrlError),
     /// The streams or the work consumer could not be set up.
     #[error(transparent)]
-    Streams(#[from] streams::EnsureError),
+    Streams(#[from] minions_endpoints::streams::EnsureError),
     /// The compute device could not be opened.
     #[error("cannot open compute device: {0}")]
     Device(#[from] candle_core::Error),
@@ -185,7 +185,7 @@ pub async fn run(
     )
     .await?;
     let js = jetstream::new(client.clone());
-    let settings = streams::ensure(&js, &config.work).await?;
+    let settings = minions_endpoints::streams::ensure(&js, &config.work).await?;
     let (ack_wait, max_deliver) = (settings.ack_wait, settings.max_deliver);
     let cpu_kernels = minions_engine::CpuPath::describe();
     tracing::info!(worker = %worker, host = %host, device = %device_name, cpu_kernels = %cpu_kernels, slots = config.slots,

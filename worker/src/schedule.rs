@@ -223,7 +223,7 @@ pub(crate) async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
     };
     // A submit's nudge: with no watchdog to follow, the queue is read at
     // once, so a new job starts without waiting for the tick.
-    let mut queued = scheduling::Nudges::follow(&ctx.client).await;
+    let mut queued = minions_endpoints::queue::Nudges::follow(&ctx.client).await;
     let mut last_remote = tokio::time::Instant::now() - WATCHDOG_SILENCE;
     let mut own = tokio::time::interval(OWN_READ_EVERY);
     own.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -272,9 +272,11 @@ pub(crate) async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
 }
 
 /// A schedule read straight from the queue (no usage history).
-async fn read_own(js: &jetstream::Context) -> Result<Schedule, scheduling::ScheduleError> {
-    let jobs = scheduling::list_jobs(js).await?;
-    let teams = match scheduling::read_teams(js).await {
+async fn read_own(
+    js: &jetstream::Context,
+) -> Result<Schedule, minions_endpoints::queue::ScheduleError> {
+    let jobs = minions_endpoints::queue::list_jobs(js).await?;
+    let teams = match minions_endpoints::queue::read_teams(js).await {
         Ok((t, _)) => t,
         Err(e) => {
             tracing::debug!(error = %e, "team policies unreadable; teams share equally");

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use async_nats::jetstream::{AckKind, Message};
 use bytes::Bytes;
-use minions_schemas::endpoints::resilient;
+use minions_endpoints::resilient;
 use minions_schemas::messages::{
     Energy, EventKind, InFlight, ShardEvent, ShardInput, ShardOutput, ShardTask,
 };

@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use minions_schemas::endpoints::host;
+use minions_endpoints::host;
 use minions_schemas::streams;
 
 use crate::cli::AddWorkerArgs;

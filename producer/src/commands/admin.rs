@@ -24,7 +24,7 @@ pub async fn init(endpoints: &Endpoints, args: &AdminInitArgs) -> anyhow::Result
         ..Default::default()
     };
     let existed = js.get_stream(streams::WORK_STREAM).await.is_ok();
-    let actual = streams::ensure(&js, &settings)
+    let actual = minions_endpoints::streams::ensure(&js, &settings)
         .await
         .context("setting up the streams")?;
     let mut out = String::new();

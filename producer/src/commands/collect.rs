@@ -58,7 +58,7 @@ pub async fn open_complete(
     job: &str,
 ) -> anyhow::Result<(std::sync::Arc<dyn ObjectStore>, JobSpec)> {
     let job = JobId::new(job).context("job id")?;
-    let store = minions_schemas::endpoints::store::open(&endpoints.store_url())?;
+    let store = minions_endpoints::store::open(&endpoints.store_url())?;
     let spec = job_spec(store.as_ref(), &job).await?;
     let missing = missing_outputs(store.as_ref(), &spec).await?;
     if !missing.is_empty() {

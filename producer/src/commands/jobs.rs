@@ -23,13 +23,14 @@ struct Ctx {
 
 async fn open(endpoints: &Endpoints, job: &str, who: &str) -> anyhow::Result<Ctx> {
     let job = JobId::new(job).context("job id")?;
-    let store = minions_schemas::endpoints::store::open(&endpoints.store_url())?;
+    let store = minions_endpoints::store::open(&endpoints.store_url())?;
     let spec = job_spec(store.as_ref(), &job).await?;
     let (client, js) = endpoints.connect(who).await?;
-    let settings = streams::ensure(&js, &endpoints.replication.work_settings()).await?;
+    let settings =
+        minions_endpoints::streams::ensure(&js, &endpoints.replication.work_settings()).await?;
     // Retry and reconcile queue shards again: the job's consumer (removed
     // once a job has nothing queued) must exist first.
-    streams::ensure_job_consumer(&js, &settings, &spec).await?;
+    minions_endpoints::streams::ensure_job_consumer(&js, &settings, &spec).await?;
     Ok(Ctx {
         js,
         client,

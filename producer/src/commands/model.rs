@@ -79,7 +79,7 @@ fn hash_file(path: &Path) -> anyhow::Result<(u64, String)> {
 /// Runs `minions model push`; prints the model hash on stdout.
 pub async fn push(endpoints: &Endpoints, args: ModelPushArgs) -> anyhow::Result<ModelRecord> {
     let name = ModelName::new(&args.name).context("--name")?;
-    let store = minions_schemas::endpoints::store::open(&endpoints.store_url())?;
+    let store = minions_endpoints::store::open(&endpoints.store_url())?;
     // A single file (a GGUF model) is pushed as a folder holding it alone.
     let (dir, only) = if args.dir.is_file() {
         let name = args
@@ -197,7 +197,7 @@ pub async fn push(endpoints: &Endpoints, args: ModelPushArgs) -> anyhow::Result<
 
 /// Runs `minions model list`, returning the lines to print.
 pub async fn list(endpoints: &Endpoints, args: &ModelListArgs) -> anyhow::Result<String> {
-    let store = minions_schemas::endpoints::store::open(&endpoints.store_url())?;
+    let store = minions_endpoints::store::open(&endpoints.store_url())?;
     let records = model_records(store.as_ref()).await?;
     if args.json {
         let v: Vec<_> = records

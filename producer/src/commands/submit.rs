@@ -11,7 +11,7 @@ use anyhow::{Context, bail};
 use async_nats::jetstream;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use minions_schemas::endpoints::resilient;
+use minions_endpoints::resilient;
 use minions_schemas::messages::{
     EventKind, GenerationRecord, InputDescription, JobSpec, ShardInput,
 };
@@ -77,9 +77,8 @@ struct Sharing {
 /// Resolves `--team`, `--priority`, `--memory-mb` and `--devices` against
 /// the settings file and the model's size.
 fn sharing(endpoints: &Endpoints, args: &SubmitArgs, model_bytes: u64) -> anyhow::Result<Sharing> {
-    let (file_team, file_priority) = minions_schemas::endpoints::config_file::submit_defaults(
-        endpoints.security.config.as_deref(),
-    )?;
+    let (file_team, file_priority) =
+        minions_endpoints::config_file::submit_defaults(endpoints.security.config.as_deref())?;
     let team = args
         .team
         .clone()
@@ -113,7 +112,7 @@ pub async fn submit(
     args: &SubmitArgs,
     input: Input,
 ) -> anyhow::Result<SubmitReport> {
-    let store = minions_schemas::endpoints::store::open(&endpoints.store_url())?;
+    let store = minions_endpoints::store::open(&endpoints.store_url())?;
     let model_name = ModelName::new(&args.model).context("--model")?;
     let record = model_record(store.as_ref(), &model_name).await?;
     let job = match &args.job {
@@ -126,7 +125,7 @@ pub async fn submit(
     let sharing = sharing(endpoints, args, record.bytes)?;
     let (client, js) = endpoints.connect("minions submit").await?;
     let settings =
-        minions_schemas::streams::ensure(&js, &endpoints.replication.work_settings()).await?;
+        minions_endpoints::streams::ensure(&js, &endpoints.replication.work_settings()).await?;
 
     let generates = record.family.generates();
     let opts = ReadOptions {
@@ -262,7 +261,7 @@ pub async fn submit(
     };
     let resubmit = write_spec(store.as_ref(), &spec).await?;
     // The job's own consumer, before any of its shards is queued.
-    minions_schemas::streams::ensure_job_consumer(&js, &settings, &spec).await?;
+    minions_endpoints::streams::ensure_job_consumer(&js, &settings, &spec).await?;
     if !missing.is_empty() {
         tracing::info!(job = %job, shards = missing.len(), "putting back shard inputs missing from the store");
         for input in missing {

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use anyhow::{Context, bail};
 use minions_schemas::messages::TeamPolicy;
 use minions_schemas::scheduling::{self, TEAMS_KEY, Teams};
-use minions_schemas::{SCHEMA_VERSION, encode, streams};
+use minions_schemas::{SCHEMA_VERSION, encode};
 
 use crate::cli::{Endpoints, TeamSetArgs};
 
@@ -20,10 +20,11 @@ pub async fn set(endpoints: &Endpoints, args: &TeamSetArgs) -> anyhow::Result<St
         bail!("--weight {w}: a weight is a number above 0 (at most 1000000)");
     }
     let (_, js) = endpoints.connect("minions team set").await?;
-    let settings = streams::ensure(&js, &endpoints.replication.work_settings()).await?;
-    let kv = streams::teams_kv(&js, settings.replicas).await?;
+    let settings =
+        minions_endpoints::streams::ensure(&js, &endpoints.replication.work_settings()).await?;
+    let kv = minions_endpoints::streams::teams_kv(&js, settings.replicas).await?;
     for _ in 0..10 {
-        let (mut teams, revision) = scheduling::read_teams(&js).await?;
+        let (mut teams, revision) = minions_endpoints::queue::read_teams(&js).await?;
         teams.v = SCHEMA_VERSION;
         let p = teams
             .teams
@@ -71,8 +72,8 @@ fn describe(team: &str, p: &TeamPolicy) -> String {
 /// Every team's policy, and its jobs queued and running now.
 pub async fn list(endpoints: &Endpoints, json: bool) -> anyhow::Result<String> {
     let (_, js) = endpoints.connect("minions team list").await?;
-    let (teams, _): (Teams, u64) = scheduling::read_teams(&js).await?;
-    let jobs = scheduling::list_jobs(&js).await?;
+    let (teams, _): (Teams, u64) = minions_endpoints::queue::read_teams(&js).await?;
+    let jobs = minions_endpoints::queue::list_jobs(&js).await?;
     let schedule = scheduling::build(
         minions_schemas::time::now_ms(),
         jobs,

@@ -11,12 +11,12 @@
 //! (table, CSV, JSON) are pure functions, unit-tested here; only
 //! [`read_usage`] talks to PostgreSQL.
 
-use minions_schemas::endpoints::ledger::amount;
+use minions_endpoints::ledger::amount;
 use std::fmt::Write as _;
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, SecondsFormat, TimeDelta, Utc};
-use minions_schemas::endpoints::config_file::{self, ConfigFileError};
+use minions_endpoints::config_file::{self, ConfigFileError};
 
 use crate::cli::{Endpoints, UsageArgs, UsageBy};
 
@@ -597,7 +597,7 @@ pub fn render_json(report: &Report) -> Result<String, serde_json::Error> {
     serde_json::to_string_pretty(&rows)
 }
 
-pub use minions_schemas::endpoints::ledger::{describe, redact};
+pub use minions_endpoints::ledger::{describe, redact};
 
 /// Reads one grouping's usage in `[since, until)` from the ledger at
 /// `url`.
@@ -609,7 +609,7 @@ pub async fn read_usage(
 ) -> Result<Vec<UsageRow>, UsageError> {
     let shown = redact(url);
     tracing::debug!(ledger = %shown, by = by_word(by), %since, %until, "reading usage from the ledger");
-    use minions_schemas::endpoints::ledger::{self, LedgerConnectError};
+    use minions_endpoints::ledger::{self, LedgerConnectError};
     let client = ledger::connect(url, "minions usage")
         .await
         .map_err(|e| match e {

@@ -127,7 +127,7 @@ pub async fn run(
     stop: CancellationToken,
 ) -> anyhow::Result<Watched> {
     let job = JobId::new(&args.job).context("job id")?;
-    let store = minions_schemas::endpoints::store::open(&endpoints.store_url())?;
+    let store = minions_endpoints::store::open(&endpoints.store_url())?;
     let (_, js) = endpoints.connect("minions watch").await?;
     let spec = job_spec(store.as_ref(), &job).await?;
     let mut fold = JobFold::new(spec.clone());

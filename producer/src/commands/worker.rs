@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use async_nats::jetstream;
-use minions_schemas::endpoints::snapshot;
+use minions_endpoints::snapshot;
 use minions_schemas::messages::{Control, ControlCommand, ControlReply, Quarantine, WorkerRecord};
 use minions_schemas::time::now_ms;
 use minions_schemas::{SCHEMA_VERSION, WorkerId, decode, encode, limits, streams, subjects};
@@ -50,7 +50,9 @@ async fn connect(
 /// Lists workers: the last heartbeat of each, with the registry's verdict.
 pub async fn list(endpoints: &Endpoints, json: bool) -> anyhow::Result<String> {
     let (_client, js) = connect(endpoints, "minions worker list").await?;
-    let kv = streams::workers_kv(&js, usize::from(endpoints.replication.replicas)).await?;
+    let kv =
+        minions_endpoints::streams::workers_kv(&js, usize::from(endpoints.replication.replicas))
+            .await?;
     let beats = snapshot::last_heartbeats(&js).await?;
     let quarantined = quarantined(&js).await;
     let mut rows = BTreeMap::new();
@@ -156,7 +158,9 @@ async fn quarantined(js: &jetstream::Context) -> BTreeMap<String, String> {
 /// watchdog quarantines it again only after new strikes.
 pub async fn release(endpoints: &Endpoints, machine: &str) -> anyhow::Result<String> {
     let (_client, js) = connect(endpoints, "minions worker release").await?;
-    let kv = streams::quarantine_kv(&js, usize::from(endpoints.replication.replicas)).await?;
+    let kv =
+        minions_endpoints::streams::quarantine_kv(&js, usize::from(endpoints.replication.replicas))
+            .await?;
     let mut name = machine.to_owned();
     let mut entry = kv.get(&name).await?;
     if entry.is_none()

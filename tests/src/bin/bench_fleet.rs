@@ -266,7 +266,7 @@ impl StoreOn {
 /// at a time: what the store alone allows per shard output.
 async fn store_puts(store_url: &str, n: usize, concurrency: usize) -> Result<f64> {
     use object_store::{PutMode, PutOptions, path::Path as StorePath};
-    let store = minions_schemas::endpoints::store::open(store_url)?;
+    let store = minions_endpoints::store::open(store_url)?;
     let t = Instant::now();
     let mut puts = futures::stream::iter(0..n)
         .map(|i| {
@@ -635,7 +635,8 @@ async fn scale(n: usize, secs: u64) -> Result<String> {
     fleet.add_watchdog(&["--unchecked-results"])?;
     let client = fleet.nats.client().await?;
     let js = async_nats::jetstream::new(client.clone());
-    let settings = streams::ensure(&js, &streams::WorkSettings::default()).await?;
+    let settings =
+        minions_endpoints::streams::ensure(&js, &streams::WorkSettings::default()).await?;
     let job = JobId::new("scale")?;
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(AtomicU64::new(0));
@@ -714,7 +715,7 @@ async fn scale(n: usize, secs: u64) -> Result<String> {
         needs: Default::default(),
     };
     std::fs::write(&key, encode("job spec", &spec)?)?;
-    streams::ensure_job_consumer(&js, &settings, &spec).await?;
+    minions_endpoints::streams::ensure_job_consumer(&js, &settings, &spec).await?;
     let submitted = event(
         &job,
         0,

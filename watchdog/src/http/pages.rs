@@ -2,7 +2,7 @@
 //! offline), and the live fragments its script swaps in every second.
 //! Every value from outside (hosts, reasons, job ids) is escaped.
 
-use minions_schemas::endpoints::ledger::amount;
+use minions_endpoints::ledger::amount;
 use std::fmt::Write;
 
 use minions_schemas::progress::{Progress, human_secs};

@@ -17,7 +17,7 @@ use serde::Serialize;
 use tokio_postgres::{Client, Row};
 
 use crate::ledger::{LedgerStatus, redact};
-use minions_schemas::endpoints::ledger::describe;
+use minions_endpoints::ledger::describe;
 
 /// Days shown unless `days` says otherwise.
 pub const DEFAULT_DAYS: u32 = 30;
@@ -329,7 +329,7 @@ impl LedgerReader {
     }
 
     async fn connect(&self) -> Result<Client, ReadError> {
-        use minions_schemas::endpoints::ledger::{self, LedgerConnectError};
+        use minions_endpoints::ledger::{self, LedgerConnectError};
         let client =
             ledger::connect_within(&self.url, "minions-watchdog dashboard", CONNECT_TIMEOUT)
                 .await

@@ -12,7 +12,7 @@
 //! one that restarts and folds them again, take each step once; the
 //! tracker folds its own steps at once as well (folding is idempotent).
 
-use minions_schemas::endpoints::resilient;
+use minions_endpoints::resilient;
 use minions_schemas::messages::{EventKind, JobSpec, Quarantine, ShardEvent, VerdictOutcome};
 use minions_schemas::time::now_ms;
 use minions_schemas::{JobId, SCHEMA_VERSION, WorkerId, decode, encode, keys, limits, subjects};
@@ -110,14 +110,13 @@ async fn check_subject(
     spec: &JobSpec,
     shard: u32,
 ) -> Result<String, String> {
-    use minions_schemas::streams;
-    let jobs = streams::ensure_job_consumer(js, work, spec)
+    let jobs = minions_endpoints::streams::ensure_job_consumer(js, work, spec)
         .await
         .map_err(|e| e.to_string())?;
     if jobs.cached_info().config.filter_subject == subjects::job_work(&spec.job) {
         return Ok(subjects::work(&spec.job, shard));
     }
-    streams::ensure_check_consumer(js, work, spec)
+    minions_endpoints::streams::ensure_check_consumer(js, work, spec)
         .await
         .map_err(|e| e.to_string())?;
     Ok(subjects::check_work(&spec.job, shard))
@@ -680,7 +679,7 @@ impl Tracker {
             SpecRead::Found(spec) => spec,
             _ => return Err("the job's spec cannot be read".to_owned()),
         };
-        minions_schemas::streams::ensure_job_consumer(&js, &judge.work, &spec)
+        minions_endpoints::streams::ensure_job_consumer(&js, &judge.work, &spec)
             .await
             .map_err(|e| e.to_string())?;
         let mut task = spec.task(shard);

@@ -42,7 +42,7 @@ use crate::view::View;
 pub enum LedgerError {
     /// The ledger could not be reached.
     #[error(transparent)]
-    Connect(#[from] minions_schemas::endpoints::ledger::LedgerConnectError),
+    Connect(#[from] minions_endpoints::ledger::LedgerConnectError),
     /// PostgreSQL lost the connection, or a statement failed.
     #[error("PostgreSQL: {0}")]
     Pg(#[from] tokio_postgres::Error),
@@ -115,7 +115,7 @@ pub struct LedgerStatus {
     pub skipped: AtomicU64,
 }
 
-pub use minions_schemas::endpoints::ledger::redact;
+pub use minions_endpoints::ledger::redact;
 
 /// Starts the ledger writer; it runs until `stop` is cancelled, then writes
 /// what it has read and ends.
@@ -185,8 +185,7 @@ impl Writer {
     /// write batches until `stop` (Ok) or an error.
     async fn session(&mut self, stop: &CancellationToken) -> Result<(), LedgerError> {
         let mut client =
-            minions_schemas::endpoints::ledger::connect(&self.settings.url, "minions-watchdog")
-                .await?;
+            minions_endpoints::ledger::connect(&self.settings.url, "minions-watchdog").await?;
         self.follow(&mut client, stop).await
     }
 

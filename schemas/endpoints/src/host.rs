@@ -34,6 +34,9 @@ mod tests {
     fn prefixes_are_ids() {
         assert_eq!(id_prefix("Ann's MacBook.local", "x"), "Ann-s-MacBook-local");
         assert_eq!(id_prefix("--", "worker"), "worker");
-        assert!(crate::WorkerId::new(format!("{}-a", id_prefix(&"é".repeat(80), "w"))).is_ok());
+        assert!(
+            minions_schemas::WorkerId::new(format!("{}-a", id_prefix(&"é".repeat(80), "w")))
+                .is_ok()
+        );
     }
 }

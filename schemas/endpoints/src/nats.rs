@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::streams::check_server_version;
+use minions_schemas::streams::check_server_version;
 
 /// The default NATS URL.
 pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
@@ -284,7 +284,7 @@ pub fn refusals() -> tokio::sync::broadcast::Receiver<String> {
 /// Connects to `url` (one server, or a cluster's servers separated by
 /// commas) as `name` (shown in the server's connection list) with
 /// `security`, waits for the server's greeting, and refuses servers older
-/// than [`crate::streams::MIN_SERVER_VERSION`] or without JetStream. A
+/// than [`minions_schemas::streams::MIN_SERVER_VERSION`] or without JetStream. A
 /// refused TLS handshake or credential fails at once with its cause.
 pub async fn connect(
     url: &str,

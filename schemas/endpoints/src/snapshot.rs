@@ -60,9 +60,9 @@ pub async fn read(
 /// hour); beats that do not decode are skipped. A missing stream reads as none.
 pub async fn last_heartbeats(
     js: &jetstream::Context,
-) -> Result<Vec<crate::messages::Heartbeat>, SnapshotError> {
+) -> Result<Vec<minions_schemas::messages::Heartbeat>, SnapshotError> {
     if js
-        .get_stream(crate::streams::HEARTBEATS_STREAM)
+        .get_stream(minions_schemas::streams::HEARTBEATS_STREAM)
         .await
         .is_err()
     {
@@ -70,15 +70,20 @@ pub async fn last_heartbeats(
     }
     let messages = read(
         js,
-        crate::streams::HEARTBEATS_STREAM,
-        crate::subjects::HEARTBEAT_ALL,
+        minions_schemas::streams::HEARTBEATS_STREAM,
+        minions_schemas::subjects::HEARTBEAT_ALL,
         true,
     )
     .await?;
     Ok(messages
         .iter()
         .filter_map(|m| {
-            crate::decode("heartbeat", &m.payload, crate::limits::MAX_HEARTBEAT_BYTES).ok()
+            minions_schemas::decode(
+                "heartbeat",
+                &m.payload,
+                minions_schemas::limits::MAX_HEARTBEAT_BYTES,
+            )
+            .ok()
         })
         .collect())
 }

@@ -104,7 +104,7 @@ fn open_s3(url: &str) -> Result<Store, StoreUrlError> {
     let prefix = parsed.path().trim_matches('/').to_owned();
     // reqwest is built without a TLS backend of its own (Cargo.toml): it
     // takes the process default, ring.
-    crate::endpoints::nats::init_tls();
+    crate::nats::init_tls();
     let s3 = AmazonS3Builder::from_env()
         .with_bucket_name(bucket)
         .with_conditional_put(S3ConditionalPut::ETagMatch)

@@ -1,0 +1,117 @@
+//! Reading the queue the contract's scheduling module describes: the job
+//! consumers' server configurations, every job with its counts, the team
+//! policies, and submits' nudges.
+
+use async_nats::jetstream::{self, consumer};
+use futures::StreamExt;
+use minions_schemas::messages::{JobSpec, QueuedJob};
+use minions_schemas::scheduling::{JobConsumer, TEAMS_KEY, Teams, add_queued, queued_job};
+use minions_schemas::streams::{WORK_STREAM, WorkSettings};
+
+/// The server configuration of a job consumer: the work settings and `c`.
+fn pull_config(settings: &WorkSettings, c: JobConsumer) -> consumer::pull::Config {
+    consumer::pull::Config {
+        durable_name: Some(c.name),
+        description: Some(c.description),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait: settings.ack_wait,
+        max_deliver: settings.max_deliver,
+        max_ack_pending: settings.max_ack_pending,
+        max_waiting: settings.max_waiting,
+        filter_subject: c.filter,
+        num_replicas: settings.replicas,
+        metadata: c.metadata,
+        ..Default::default()
+    }
+}
+
+/// The configuration of `spec`'s consumer ([`JobConsumer::of_job`]).
+pub fn job_consumer_config(settings: &WorkSettings, spec: &JobSpec) -> consumer::pull::Config {
+    pull_config(settings, JobConsumer::of_job(spec))
+}
+
+/// The configuration of `spec`'s check consumer ([`JobConsumer::of_checks`]).
+pub fn check_consumer_config(settings: &WorkSettings, spec: &JobSpec) -> consumer::pull::Config {
+    pull_config(settings, JobConsumer::of_checks(spec))
+}
+
+/// A scheduler's word of submits ([`minions_schemas::subjects::QUEUED`]): a job was
+/// just queued, so read the queue now rather than at the next tick.
+/// Without a subscription (it failed) no word ever comes and the tick
+/// alone schedules.
+pub struct Nudges(Option<async_nats::Subscriber>);
+
+impl Nudges {
+    /// Follows submits' nudges on `client`; a failed subscription is
+    /// logged and leaves the tick alone.
+    pub async fn follow(client: &async_nats::Client) -> Self {
+        match client.subscribe(minions_schemas::subjects::QUEUED).await {
+            Ok(s) => Self(Some(s)),
+            Err(e) => {
+                tracing::warn!(error = %e, "not following submits; new jobs wait for the tick");
+                Self(None)
+            }
+        }
+    }
+
+    /// Waits for the next nudge (its payload is not read); never returns
+    /// once the subscription has ended.
+    pub async fn next(&mut self) {
+        match self.0.as_mut() {
+            Some(s) => {
+                if s.next().await.is_none() {
+                    self.0 = None;
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// Why the queue could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot list the work consumers: {0}")]
+pub struct ScheduleError(pub String);
+
+/// Every job of the work stream with a consumer, with its counts: a job's
+/// check consumer counts under the job.
+pub async fn list_jobs(js: &jetstream::Context) -> Result<Vec<QueuedJob>, ScheduleError> {
+    let stream = js
+        .get_stream(WORK_STREAM)
+        .await
+        .map_err(|e| ScheduleError(e.to_string()))?;
+    let mut infos = stream.consumers();
+    let mut jobs: Vec<QueuedJob> = Vec::new();
+    while let Some(info) = infos.next().await {
+        let info = info.map_err(|e| ScheduleError(e.to_string()))?;
+        let counts = (info.num_pending, info.num_ack_pending as u64);
+        if let Some(q) = queued_job(&info.config.metadata, counts.0, counts.1) {
+            add_queued(&mut jobs, q);
+        }
+    }
+    Ok(jobs)
+}
+
+/// Reads the team policies with their KV revision (`Teams::default()` and 0
+/// when none are stored). Errors: the bucket is unreadable or the record is
+/// damaged.
+pub async fn read_teams(js: &jetstream::Context) -> Result<(Teams, u64), ScheduleError> {
+    let kv = crate::streams::teams_kv(js, 1)
+        .await
+        .map_err(|e| ScheduleError(e.to_string()))?;
+    match kv.entry(TEAMS_KEY).await {
+        Ok(Some(e)) if e.operation == jetstream::kv::Operation::Put => {
+            let teams = minions_schemas::decode::<Teams>(
+                "team policies",
+                &e.value,
+                minions_schemas::limits::MAX_TEAM_POLICY_BYTES * 256,
+            )
+            .map_err(|e| ScheduleError(e.to_string()))?;
+            Ok((teams, e.revision))
+        }
+        Ok(Some(e)) => Ok((Teams::default(), e.revision)),
+        Ok(None) => Ok((Teams::default(), 0)),
+        Err(e) => Err(ScheduleError(e.to_string())),
+    }
+}
