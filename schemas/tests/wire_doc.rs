@@ -8,6 +8,14 @@
 //! is listed next to an exhaustive `match`, so a new field or a new variant
 //! does not compile until it is added here, and then fails until WIRE.md
 //! documents it.
+//!
+//! Settings WIRE.md states are checked against the code that makes them:
+//! the key-value bucket table (§3.5) against `streams::*_kv_config`; the
+//! job consumer's table, metadata keys and create subjects (§3.4) against
+//! `queue::*_consumer_config`, `streams::work_stream_config` (those three
+//! in minions-endpoints, which makes what the contract names) and
+//! `deploy/nats/least-privilege.conf`. And its numbered sections run in
+//! order, with every `§` reference naming one of them.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -573,6 +581,30 @@ fn manifest_shard(ids: &Ids) -> ManifestShard {
     }
 }
 
+fn job_spec(ids: &Ids, family: ModelFamily, precision: Precision) -> JobSpec {
+    JobSpec {
+        submitter: "ana@mac-07".into(),
+        verify_ppm: None,
+        v: SCHEMA_VERSION,
+        job: ids.job.clone(),
+        model_name: ids.name.clone(),
+        model_hash: ids.hash.clone(),
+        family,
+        input: input_description(),
+        shard_size: 256,
+        max_batch: 32,
+        precision,
+        shards: 40,
+        records: 10_000,
+        skipped: 2,
+        created_ms: 1_767_225_600_000,
+        team: "search".into(),
+        priority: Priority::High,
+        preemptible: true,
+        needs: requirements(),
+    }
+}
+
 fn generation_record(prompt: Prompt) -> GenerationRecord {
     GenerationRecord {
         prompt,
@@ -701,27 +733,7 @@ fn check_all(c: &mut Checker) -> Res {
     c.check(&input_description())?;
     for family in every_family() {
         for precision in every_precision() {
-            c.check(&JobSpec {
-                submitter: "ana@mac-07".into(),
-                verify_ppm: None,
-                v,
-                job: ids.job.clone(),
-                model_name: ids.name.clone(),
-                model_hash: ids.hash.clone(),
-                family,
-                input: input_description(),
-                shard_size: 256,
-                max_batch: 32,
-                precision,
-                shards: 40,
-                records: 10_000,
-                skipped: 2,
-                created_ms: 1_767_225_600_000,
-                team: "search".into(),
-                priority: Priority::High,
-                preemptible: true,
-                needs: requirements(),
-            })?;
+            c.check(&job_spec(&ids, family, precision))?;
         }
     }
 
@@ -1018,4 +1030,479 @@ fn walker_reports_what_wire_md_lacks() -> Res {
     let want: BTreeSet<String> = ["a", "b", "c"].into_iter().map(String::from).collect();
     assert_eq!(documented, want);
     Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Settings, subjects and section numbers WIRE.md states, against the code
+// (and the permission file) they come from.
+
+fn wire_md() -> Res<String> {
+    Ok(std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/WIRE.md"
+    ))?)
+}
+
+/// Every inline code span outside fenced blocks, trimmed, a line break in
+/// it read as a space.
+fn code_spans(markdown: &str) -> Vec<String> {
+    let mut prose = String::new();
+    let mut fenced = false;
+    for line in markdown.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced {
+            prose.push_str(line);
+            prose.push('\n');
+        }
+    }
+    prose
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|s| s.trim().replace('\n', " "))
+        .collect()
+}
+
+/// The paragraph (text between blank lines) that starts with `start`.
+fn paragraph<'a>(markdown: &'a str, start: &str) -> Option<&'a str> {
+    markdown.split("\n\n").find(|p| p.starts_with(start))
+}
+
+/// The rows of the first table whose header starts with `| <first> |`, each
+/// as column name → trimmed cell.
+fn table(markdown: &str, first: &str) -> Vec<std::collections::BTreeMap<String, String>> {
+    let cells = |row: &str| -> Vec<String> {
+        row.trim()
+            .trim_matches('|')
+            .split('|')
+            .map(|c| c.trim().to_owned())
+            .collect()
+    };
+    let head = format!("| {first} |");
+    let mut lines = markdown.lines().skip_while(|l| !l.starts_with(&head));
+    let Some(header) = lines.next() else {
+        return Vec::new();
+    };
+    let names = cells(header);
+    lines
+        .skip(1)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| names.iter().cloned().zip(cells(l)).collect())
+        .collect()
+}
+
+/// A duration as WIRE.md's tables write it: `none` for zero, else in its
+/// largest whole unit (`7 days`, `1 hour`, `30 min`, `90 s`).
+fn duration_words(d: std::time::Duration) -> String {
+    let unit = |n: u64, one: &str| {
+        if n == 1 {
+            format!("1 {one}")
+        } else {
+            format!("{n} {one}s")
+        }
+    };
+    match d.as_secs() {
+        0 => "none".into(),
+        s if s % 86_400 == 0 => unit(s / 86_400, "day"),
+        s if s % 3600 == 0 => unit(s / 3600, "hour"),
+        s if s % 60 == 0 => format!("{} min", s / 60),
+        s => format!("{s} s"),
+    }
+}
+
+/// A size limit as WIRE.md's tables write it: `none` when unset (0) or
+/// unlimited (negative), else bytes in KiB or MiB when whole.
+fn size_words(bytes: i64) -> String {
+    match bytes {
+        b if b <= 0 => "none".into(),
+        b if b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b % 1024 == 0 => format!("{} KiB", b >> 10),
+        b => b.to_string(),
+    }
+}
+
+/// §3.5's bucket table states every setting `streams::*_kv_config` makes,
+/// and the configurations set nothing else.
+#[test]
+fn kv_bucket_table_matches_the_code() -> Res {
+    use minions_endpoints::streams;
+    let md = wire_md()?;
+    let rows = table(&md, "Bucket");
+    let configs = [
+        streams::workers_kv_config(1),
+        streams::teams_kv_config(1),
+        streams::quarantine_kv_config(1),
+    ];
+    let mut problems = Vec::new();
+    let listed: BTreeSet<&str> = rows.iter().map(|r| r["Bucket"].trim_matches('`')).collect();
+    let made: BTreeSet<&str> = configs.iter().map(|c| c.bucket.as_str()).collect();
+    if listed != made {
+        problems.push(format!(
+            "buckets in WIRE.md: {listed:?}; made by the code: {made:?}"
+        ));
+    }
+    for c in &configs {
+        let Some(row) = rows
+            .iter()
+            .find(|r| r["Bucket"] == format!("`{}`", c.bucket))
+        else {
+            continue;
+        };
+        let storage = serde_json::to_string(&c.storage)?;
+        let want = [
+            ("Description", format!("\"{}\"", c.description)),
+            ("History", c.history.to_string()),
+            ("Max age", duration_words(c.max_age)),
+            ("Max value size", size_words(c.max_value_size.into())),
+            ("Max bytes", size_words(c.max_bytes)),
+            ("Storage", storage.trim_matches('"').to_owned()),
+        ];
+        for (column, value) in want {
+            let got = row.get(column).map_or("(no such column)", String::as_str);
+            if got != value {
+                problems.push(format!(
+                    "{} {column}: WIRE.md says {got:?}, the code sets {value:?}",
+                    c.bucket
+                ));
+            }
+        }
+        // "Nothing else is set in those configurations."
+        let unset = c.republish.is_none()
+            && c.mirror.is_none()
+            && c.sources.is_none()
+            && !c.mirror_direct
+            && !c.compression
+            && c.placement.is_none()
+            && c.limit_markers.is_none()
+            && c.num_replicas == 1;
+        if !unset {
+            problems.push(format!("{} sets more than WIRE.md §3.5 lists", c.bucket));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "WIRE.md §3.5 and streams::*_kv_config disagree:\n{}",
+        problems.join("\n")
+    );
+    Ok(())
+}
+
+/// Whether a subject matches a NATS permission pattern (`*` one token, `>`
+/// one or more last ones).
+fn nats_match(pattern: &str, subject: &str) -> bool {
+    let mut tokens = subject.split('.');
+    for p in pattern.split('.') {
+        match (p, tokens.next()) {
+            (">", Some(_)) => return true,
+            ("*", Some(_)) => {}
+            (p, Some(t)) if p == t => {}
+            _ => return false,
+        }
+    }
+    tokens.next().is_none()
+}
+
+/// The quoted subjects of `user`'s `publish: { allow: [...] }` in a
+/// nats-server configuration.
+fn publish_allowed(conf: &str, user: &str) -> Vec<String> {
+    let Some(at) = conf.find(&format!("user: {user},")) else {
+        return Vec::new();
+    };
+    let Some(open) = conf[at..].find("publish: { allow: [") else {
+        return Vec::new();
+    };
+    let list = &conf[at + open..];
+    let list = &list[..list.find(']').unwrap_or(list.len())];
+    list.split('"')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// §3.4's create subjects are those async-nats builds from the code's
+/// consumer configurations, and `deploy/nats/least-privilege.conf` lets
+/// the producer and watchdog use them and refuses the forms WIRE.md says
+/// it refuses.
+#[test]
+fn consumer_create_subjects_match_the_code_and_permissions() -> Res {
+    use minions_endpoints::queue;
+    use minions_schemas::streams;
+    let spans = code_spans(&wire_md()?);
+    let conf = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/nats/least-privilege.conf"
+    ))?;
+    let ids = ids()?;
+    let spec = job_spec(&ids, ModelFamily::BertEmbedding, Precision::F32);
+    let settings = streams::WorkSettings::default();
+    let mut problems = Vec::new();
+    let cases = [
+        (
+            queue::job_consumer_config(&settings, &spec),
+            "job-",
+            &["producer", "watchdog"][..],
+        ),
+        (
+            queue::check_consumer_config(&settings, &spec),
+            "checks-",
+            &["watchdog"][..],
+        ),
+    ];
+    for (config, prefix, users) in cases {
+        // What async-nats 0.51 sends (`Context::create_consumer_on_stream_action`):
+        // the name (`name`, else `durable_name`), then the filter subject.
+        let name = config.name.or(config.durable_name).unwrap_or_default();
+        let sent = format!(
+            "$JS.API.CONSUMER.CREATE.{}.{name}.{}",
+            streams::WORK_STREAM,
+            config.filter_subject
+        );
+        let template = format!("$JS.API.CONSUMER.CREATE.MINIONS_WORK.{prefix}<job>.");
+        let stated: Vec<String> = spans
+            .iter()
+            .filter(|s| s.starts_with(&template))
+            .map(|s| s.replace("<job>", ids.job.as_str()))
+            .collect();
+        if stated.is_empty() {
+            problems.push(format!("WIRE.md names no `{template}…` subject"));
+        }
+        for s in stated.iter().filter(|s| **s != sent) {
+            problems.push(format!("WIRE.md says `{s}`; the code creates on `{sent}`"));
+        }
+        for user in users {
+            if !publish_allowed(&conf, user)
+                .iter()
+                .any(|p| nats_match(p, &sent))
+            {
+                problems.push(format!("{user} may not publish on `{sent}`"));
+            }
+        }
+    }
+    let producer = publish_allowed(&conf, "producer");
+    let watchdog = publish_allowed(&conf, "watchdog");
+    // The permission WIRE.md quotes is the producer's and the watchdog's.
+    let permissions: Vec<&String> = spans
+        .iter()
+        .filter(|s| s.starts_with("$JS.API.CONSUMER.CREATE.MINIONS_WORK.*"))
+        .collect();
+    if permissions.is_empty() {
+        problems.push("WIRE.md quotes no consumer-creation permission".into());
+    }
+    for p in permissions {
+        if !producer.contains(p) || !watchdog.contains(p) {
+            problems.push(format!("`{p}` is not the producer's and the watchdog's"));
+        }
+    }
+    // The forms WIRE.md says are refused: without a filter, the older
+    // DURABLE.CREATE, and a filter of fewer than four tokens.
+    let mut refused: Vec<String> = spans
+        .iter()
+        .filter(|s| s.starts_with("$JS.API.CONSUMER.") && s.ends_with(".<name>"))
+        .map(|s| s.replace("<name>", "job-j1"))
+        .collect();
+    if refused.len() < 2 {
+        problems.push("WIRE.md names fewer than two refused forms".into());
+    }
+    refused.push("$JS.API.CONSUMER.CREATE.MINIONS_WORK.job-j1.minions.work.>".into());
+    for r in &refused {
+        if producer.iter().any(|p| nats_match(p, r)) {
+            problems.push(format!("the producer may publish on `{r}`"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "WIRE.md §3.4, the consumer configurations and least-privilege.conf disagree:\n{}",
+        problems.join("\n")
+    );
+    Ok(())
+}
+
+/// §3.4's consumer table and metadata lists are what
+/// `queue::job_consumer_config` and `streams::work_stream_config` (minions-endpoints) set.
+#[test]
+fn job_consumer_settings_and_metadata_match_the_code() -> Res {
+    use minions_endpoints::queue;
+    use minions_schemas::streams;
+    let md = wire_md()?;
+    let ids = ids()?;
+    let spec = job_spec(&ids, ModelFamily::BertEmbedding, Precision::F32);
+    let settings = streams::WorkSettings::default();
+    let job = queue::job_consumer_config(&settings, &spec);
+    let checks = queue::check_consumer_config(&settings, &spec);
+    let work = minions_endpoints::streams::work_stream_config(&settings);
+    let named = |start: &str| -> BTreeSet<String> {
+        paragraph(&md, start)
+            .map(code_spans)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|s| s.starts_with("minions.") && !s.contains(' '))
+            .collect()
+    };
+    let keys = |m: &std::collections::HashMap<String, String>| -> BTreeSet<String> {
+        m.keys().cloned().collect()
+    };
+    let mut problems = Vec::new();
+    let pairs = [
+        ("Consumer metadata", keys(&job.metadata)),
+        ("The work stream carries", keys(&work.metadata)),
+    ];
+    for (start, set) in pairs {
+        let stated = named(start);
+        if stated != set {
+            problems.push(format!(
+                "the paragraph \"{start}…\" names {stated:?}; the code sets {set:?}"
+            ));
+        }
+    }
+    let extra: BTreeSet<String> = keys(&checks.metadata)
+        .difference(&keys(&job.metadata))
+        .cloned()
+        .collect();
+    if !extra.is_subset(&named("**Check runs**")) {
+        problems.push(format!(
+            "check consumers' own metadata {extra:?} not in \"**Check runs**…\""
+        ));
+    }
+    // The table's name, description and filter, with `<job>` and `<team>` filled in.
+    let rows = table(&md, "Setting");
+    let cell = |setting: &str| -> String {
+        let raw = rows
+            .iter()
+            .find(|r| r["Setting"] == setting)
+            .map_or("", |r| r["Value"].as_str());
+        // A quoted value whole, else the first code span.
+        let value = match raw.strip_prefix('"') {
+            Some(q) => q.rsplit_once('"').map_or(q, |(v, _)| v),
+            None => raw.split('`').nth(1).unwrap_or_default(),
+        };
+        value
+            .replace('`', "")
+            .replace("<job>", ids.job.as_str())
+            .replace("<team>", &spec.team)
+    };
+    let want = [
+        ("Durable name", job.durable_name.clone().unwrap_or_default()),
+        ("Description", job.description.clone().unwrap_or_default()),
+        ("Filter subject", job.filter_subject.clone()),
+    ];
+    for (setting, value) in want {
+        let got = cell(setting);
+        if got != value {
+            problems.push(format!(
+                "{setting}: WIRE.md says {got:?}, the code sets {value:?}"
+            ));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "WIRE.md §3.4 and the job consumer's configuration disagree:\n{}",
+        problems.join("\n")
+    );
+    Ok(())
+}
+
+/// A section number (`3.4.1`) at the start of `s`, if any.
+fn section_number(s: &str) -> Option<Vec<u32>> {
+    let n: String = s
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    let n = n.trim_end_matches('.');
+    (!n.is_empty())
+        .then(|| {
+            n.split('.')
+                .map(str::parse)
+                .collect::<Result<Vec<u32>, _>>()
+                .ok()
+        })
+        .flatten()
+}
+
+fn dotted(number: &[u32]) -> String {
+    let parts: Vec<String> = number.iter().map(u32::to_string).collect();
+    parts.join(".")
+}
+
+/// Whether heading `next` may follow heading `prev`: a first child (`.0` or
+/// `.1`), or the next sibling of `prev` or of one of its ancestors.
+fn follows(prev: &[u32], next: &[u32]) -> bool {
+    let first_child = next.len() == prev.len() + 1
+        && next.starts_with(prev)
+        && next.last().is_some_and(|n| *n <= 1);
+    let sibling = (1..=prev.len()).any(|k| {
+        next.len() == k && next[..k - 1] == prev[..k - 1] && next[k - 1] == prev[k - 1] + 1
+    });
+    first_child || sibling
+}
+
+/// WIRE.md's numbered headings run in order without gaps, and every `§`
+/// reference, in WIRE.md and in the Python producer written from it,
+/// names one of them.
+#[test]
+fn sections_run_in_order_and_references_resolve() -> Res {
+    let md = wire_md()?;
+    let mut problems = Vec::new();
+    let mut headings: Vec<Vec<u32>> = Vec::new();
+    let mut fenced = false;
+    for line in md.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        }
+        let title = line
+            .strip_prefix("## ")
+            .or_else(|| line.strip_prefix("### "));
+        if let (false, Some(number)) = (fenced, title.and_then(section_number)) {
+            let prev = headings.last().cloned().unwrap_or_default();
+            if !follows(&prev, &number) {
+                problems.push(format!(
+                    "heading {line:?} does not follow section {}",
+                    dotted(&prev)
+                ));
+            }
+            headings.push(number);
+        }
+    }
+    let producer = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/python/wire_producer.py"
+    ))?;
+    for (file, text) in [
+        ("WIRE.md", &md),
+        ("tests/python/wire_producer.py", &producer),
+    ] {
+        for after in text.split('§').skip(1) {
+            let n = section_number(after).unwrap_or_default();
+            if !headings.contains(&n) {
+                problems.push(format!(
+                    "{file}: §{} names no section of WIRE.md",
+                    dotted(&n)
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    Ok(())
+}
+
+/// The rules the checks above apply report what they should: section order,
+/// NATS subject matching, and the words of the settings tables.
+#[test]
+fn settings_and_section_rules_tell_right_from_wrong() {
+    assert!(follows(&[], &[1]) && follows(&[3, 4], &[3, 4, 1]) && follows(&[3, 4, 1], &[3, 5]));
+    assert!(follows(&[4, 12], &[4, 13]) && follows(&[6, 5], &[7]) && follows(&[7], &[7, 0]));
+    assert!(
+        !follows(&[4, 12], &[4, 15]) && !follows(&[4, 16], &[4, 13]) && !follows(&[3], &[3, 2])
+    );
+    assert!(
+        nats_match("a.*.>", "a.b.c.d")
+            && !nats_match("a.*.>", "a.b")
+            && !nats_match("a.*", "a.b.c")
+    );
+    assert_eq!(
+        duration_words(std::time::Duration::from_secs(7 * 86_400)),
+        "7 days"
+    );
+    assert_eq!(size_words(65_536), "64 KiB");
 }

@@ -33,6 +33,8 @@ from typing import Iterable, Sequence
 
 import msgpack
 import nats
+import nats.errors
+import nats.js.api
 import nats.js.errors
 
 SCHEMA_VERSION = 1  # §1.3
@@ -248,6 +250,72 @@ def task_of(spec: dict, shard: int) -> dict:
     }
 
 
+async def _team_quota(js, team: str) -> int:
+    """The team's quota (§3.5, §4.13); 0 (none) when the policies cannot be
+    read, as for the Minions programs."""
+    try:
+        kv = await js.key_value("MINIONS_TEAMS")
+        entry = await kv.get("policy")
+        teams = decode("team policies", entry.value, 1 << 20)["teams"]
+        return int(teams.get(team, {}).get("quota", 0))
+    except (nats.errors.Error, ValueError, KeyError, TypeError, AttributeError):
+        return 0
+
+
+async def ensure_job_consumer(js, work, spec: dict) -> None:
+    """§3.4: the job's own durable pull consumer on MINIONS_WORK, made where
+    missing (one that exists is left as it is) with the work stream's
+    settings, max ack pending capped at the team's quota, and the spec's
+    scheduling facts as metadata."""
+    job = spec["job"]
+    name = f"job-{job}"
+    try:
+        await js.consumer_info("MINIONS_WORK", name)
+        return
+    except nats.js.errors.NotFoundError:
+        pass
+    meta = work.config.metadata or {}
+
+    def setting(key: str, default: int) -> int:
+        try:
+            return int(meta[key])
+        except (KeyError, ValueError):
+            return default
+
+    team = spec.get("team", "default")
+    needs = spec.get("needs") or {"memory_mb": 0, "devices": []}
+    max_ack_pending = setting("minions.max_ack_pending", 20_000)
+    quota = await _team_quota(js, team)
+    if quota > 0:
+        max_ack_pending = min(max_ack_pending, quota)
+    config = nats.js.api.ConsumerConfig(
+        # `name` as well as `durable_name`: nats-py then creates it on
+        # $JS.API.CONSUMER.CREATE.MINIONS_WORK.<name>.<filter>, the form a
+        # least-privilege producer may use (§3.4).
+        name=name,
+        durable_name=name,
+        description=f"Minions job {job} (team {team})",
+        filter_subject=f"minions.work.{job}.*",
+        ack_policy=nats.js.api.AckPolicy.EXPLICIT,
+        ack_wait=setting("minions.ack_wait_ms", 60_000) / 1000,
+        max_deliver=setting("minions.max_deliver", 5),
+        max_ack_pending=max_ack_pending,
+        max_waiting=setting("minions.max_waiting", 20_000),
+        num_replicas=work.config.num_replicas,
+        metadata={
+            "minions.job": job,
+            "minions.team": team,
+            "minions.priority": spec.get("priority", "normal"),
+            "minions.preemptible": "true" if spec.get("preemptible") else "false",
+            "minions.memory_mb": str(needs["memory_mb"]),
+            "minions.devices": ",".join(needs["devices"]),
+            "minions.model": spec["model_hash"],
+            "minions.created_ms": str(spec["created_ms"]),
+        },
+    )
+    await js.add_consumer("MINIONS_WORK", config)
+
+
 def _servers(nats_url: str) -> list[str]:
     # A cluster's servers may be given comma-separated.
     return [u.strip() for u in nats_url.split(",") if u.strip()]
@@ -289,9 +357,10 @@ async def _submit(nc, store, model, texts, shard_size, job, max_batch, precision
     js = nc.jetstream()
     # 0. The streams must exist. This producer creates none (§3.6: `minions
     # admin init`, or any Minions program with the permission, does).
+    streams = {}
     for stream in ("MINIONS_WORK", "MINIONS_EVENTS"):
         try:
-            await js.stream_info(stream)
+            streams[stream] = await js.stream_info(stream)
         except nats.js.errors.NotFoundError:
             raise RuntimeError(
                 f"stream {stream} does not exist: run `minions admin init` or start a "
@@ -350,7 +419,13 @@ async def _submit(nc, store, model, texts, shard_size, job, max_batch, precision
         old = decode("job spec", store.get(spec_key(job)), MAX_SPEC_BYTES)
         if not _same_job(old, spec):
             raise ValueError(f"job {job} already exists with a different input")
+        # Tasks and consumer from the stored spec, as retry and reconcile
+        # make them (§6.2, "On a resubmit").
         spec = old
+
+    # 4. Then the job's own consumer, where missing (§3.4).
+    await ensure_job_consumer(js, streams["MINIONS_WORK"], spec)
+    if resubmit:
         # The input is the same: put back inputs missing from the store.
         for doc in inputs:
             if not store.exists(input_key(job, doc["shard"])):
@@ -388,6 +463,14 @@ async def _submit(nc, store, model, texts, shard_size, job, max_batch, precision
         )
         published += 1
         duplicates += bool(ack.duplicate)
+    # 7. Nudge the schedulers when the stream stored a task anew; best
+    # effort (a lost nudge costs only the wait for the next schedule).
+    if published > duplicates:
+        try:
+            await nc.publish("minions.queued", job.encode())
+            await nc.flush()
+        except nats.errors.Error:
+            pass
     return Submitted(
         job=job,
         shards=spec["shards"],
@@ -455,13 +538,23 @@ def read_embeddings(store_url: str, job: str):
 
 
 def _read_jsonl(path: str, field: str) -> list[str]:
+    """The texts of a JSON Lines file, read as `minions submit` reads them
+    (§6.2, "Reading the input"): a line ends at a newline byte; one of ASCII
+    whitespace only is skipped; any other must be a JSON object, valid UTF-8
+    with no lone surrogate, whose `field` is a string (which may be empty)."""
     texts = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            line = raw.strip(b" \t\r\n\f")
+            if not line:
                 continue
-            obj = json.loads(line)
-            if not isinstance(obj.get(field), str):
+            try:
+                obj = json.loads(line.decode("utf-8"))
+                # Python's json accepts a lone surrogate escape; UTF-8 cannot hold it.
+                json.dumps(obj, ensure_ascii=False).encode("utf-8")
+            except ValueError as e:
+                raise ValueError(f"{path}:{n}: not valid JSON: {e}") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get(field), str):
                 raise ValueError(f"{path}:{n}: no string field {field!r}")
             texts.append(obj[field])
     return texts
