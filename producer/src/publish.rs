@@ -4,8 +4,7 @@ use anyhow::Context;
 use async_nats::jetstream;
 use minions_endpoints::resilient;
 use minions_schemas::messages::{EventKind, ShardEvent, ShardTask};
-use minions_schemas::time::now_ms;
-use minions_schemas::{JobId, SCHEMA_VERSION, WorkerId, encode, subjects};
+use minions_schemas::{JobId, encode, subjects};
 
 /// Publishes one shard task under `msg_id`; true when the stream stored it
 /// (false: a duplicate of a message id it has seen within its window).
@@ -34,17 +33,7 @@ pub async fn event(
     shard: u32,
     kind: EventKind,
 ) -> anyhow::Result<()> {
-    let e = ShardEvent {
-        energy: None,
-        v: SCHEMA_VERSION,
-        job: job.clone(),
-        shard,
-        worker: WorkerId::new(minions_schemas::messages::CLI_SENDER)?,
-        host: minions_schemas::messages::CLI_SENDER.to_owned(),
-        attempt: 0,
-        at_ms: now_ms(),
-        kind,
-    };
+    let e = ShardEvent::by_cli(job.clone(), shard, kind)?;
     let mut headers = async_nats::HeaderMap::new();
     headers.insert(async_nats::header::NATS_MESSAGE_ID, e.msg_id().as_str());
     resilient::publish_confirmed(

@@ -7,8 +7,7 @@
 
 use async_nats::jetstream;
 use minions_schemas::messages::{EventKind, ShardEvent, ShardTask};
-use minions_schemas::time::now_ms;
-use minions_schemas::{SCHEMA_VERSION, WorkerId, decode, encode, limits, streams, subjects};
+use minions_schemas::{WorkerId, decode, encode, limits, streams, subjects};
 use serde::Deserialize;
 
 /// The part of a JetStream consumer advisory the watchdog reads.
@@ -149,17 +148,13 @@ fn watchdog_event(
     attempt: u64,
     kind: EventKind,
 ) -> ShardEvent {
-    ShardEvent {
-        energy: None,
-        v: SCHEMA_VERSION,
-        job: task.job.clone(),
-        shard: task.shard,
-        worker: watchdog.clone(),
-        host: minions_schemas::messages::WATCHDOG_HOST.to_owned(),
+    ShardEvent::by_watchdog(
+        task.job.clone(),
+        task.shard,
+        watchdog.clone(),
         attempt,
-        at_ms: now_ms(),
         kind,
-    }
+    )
 }
 
 /// How many times a check run that reached max deliveries is queued anew

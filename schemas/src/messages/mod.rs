@@ -33,7 +33,9 @@ pub use model::{ModelFamily, ModelFile, ModelManifest, ModelRecord, Precision};
 pub use provenance::Provenance;
 pub use quarantine::Quarantine;
 pub use schedule::{Priority, QueuedJob, Requirements, Schedule, TeamPolicy, TeamShare};
-pub use shard_event::{CLI_SENDER, Energy, EventKind, ShardEvent, VerdictOutcome, WATCHDOG_HOST};
+pub use shard_event::{
+    CLI_SENDER, Energy, EventKind, Sender, ShardEvent, VerdictOutcome, WATCHDOG_HOST,
+};
 pub use shard_io::{OutputPayload, ShardCheckpoint, ShardInput, ShardOutput};
 pub use shard_task::ShardTask;
 pub use worker_record::{WorkerRecord, WorkerState};

@@ -226,17 +226,107 @@ pub const CLI_SENDER: &str = "cli";
 /// The `host` of events a watchdog sends (its `worker` is its name).
 pub const WATCHDOG_HOST: &str = "watchdog";
 
+/// Who sent an event. On the wire it is the event's `worker` and `host`:
+/// a watchdog's events carry its name and the host [`WATCHDOG_HOST`], the
+/// CLI's [`CLI_SENDER`] in both; anything else is a worker's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sender<'a> {
+    /// A worker, about a delivery it ran.
+    Worker {
+        /// The worker.
+        id: &'a WorkerId,
+        /// Its host.
+        host: &'a str,
+    },
+    /// A watchdog, by its name.
+    Watchdog(&'a WorkerId),
+    /// The CLI (`minions submit`, `retry`, ...).
+    Cli,
+}
+
 impl ShardEvent {
+    /// An event that a worker (`worker` on `host`) sends now about its
+    /// delivery `attempt` of `job`'s `shard`.
+    pub fn by_worker(
+        job: JobId,
+        shard: u32,
+        worker: WorkerId,
+        host: String,
+        attempt: u64,
+        kind: EventKind,
+    ) -> Self {
+        Self {
+            v: crate::SCHEMA_VERSION,
+            job,
+            shard,
+            worker,
+            host,
+            attempt,
+            at_ms: crate::time::now_ms(),
+            kind,
+            energy: None,
+        }
+    }
+
+    /// An event that the watchdog named `watchdog` sends now about `job`'s
+    /// `shard` (`attempt`: the delivery it concerns, where one does).
+    pub fn by_watchdog(
+        job: JobId,
+        shard: u32,
+        watchdog: WorkerId,
+        attempt: u64,
+        kind: EventKind,
+    ) -> Self {
+        Self::by_worker(
+            job,
+            shard,
+            watchdog,
+            WATCHDOG_HOST.to_owned(),
+            attempt,
+            kind,
+        )
+    }
+
+    /// An event that the CLI sends now about `job`'s `shard` (attempt 0).
+    pub fn by_cli(job: JobId, shard: u32, kind: EventKind) -> Result<Self, crate::IdError> {
+        let cli = WorkerId::new(CLI_SENDER)?;
+        Ok(Self::by_worker(
+            job,
+            shard,
+            cli,
+            CLI_SENDER.to_owned(),
+            0,
+            kind,
+        ))
+    }
+
+    /// The event with the energy its delivery used (events that end one).
+    pub fn with_energy(self, energy: Option<Energy>) -> Self {
+        Self { energy, ..self }
+    }
+
+    /// Who sent it.
+    pub fn sender(&self) -> Sender<'_> {
+        match self.host.as_str() {
+            WATCHDOG_HOST => Sender::Watchdog(&self.worker),
+            CLI_SENDER => Sender::Cli,
+            host => Sender::Worker {
+                id: &self.worker,
+                host,
+            },
+        }
+    }
+
     /// Whether a worker sent it (about a delivery it ran), not the CLI or a
     /// watchdog.
     pub fn from_worker(&self) -> bool {
-        self.host != CLI_SENDER && self.host != WATCHDOG_HOST
+        matches!(self.sender(), Sender::Worker { .. })
     }
 
     /// Whether a watchdog sent it (rejections, check rounds and verdicts
     /// count only from one).
     pub fn from_watchdog(&self) -> bool {
-        self.host == WATCHDOG_HOST
+        matches!(self.sender(), Sender::Watchdog(_))
     }
 
     /// The event's message id: the same for every retried publish of this
@@ -282,5 +372,50 @@ impl ShardEvent {
     /// it (or comes from an older release); readers ignore it.
     pub fn is_on(&self, subject: &str) -> bool {
         crate::subjects::is_event_of(subject, &self.job, self.shard, &self.worker)
+    }
+}
+
+#[cfg(test)]
+mod sender_tests {
+    use super::*;
+
+    #[test]
+    fn each_constructor_names_its_sender() -> Result<(), crate::IdError> {
+        let job = JobId::new("j")?;
+        let w = WorkerId::new("mac-1-abc")?;
+        let e = ShardEvent::by_worker(
+            job.clone(),
+            3,
+            w.clone(),
+            "mac-1".into(),
+            2,
+            EventKind::Started,
+        );
+        assert_eq!(
+            e.sender(),
+            Sender::Worker {
+                id: &w,
+                host: "mac-1"
+            }
+        );
+        assert!(e.from_worker() && !e.from_watchdog());
+        assert_eq!(
+            (e.v, e.shard, e.attempt, e.energy.is_none()),
+            (crate::SCHEMA_VERSION, 3, 2, true)
+        );
+        let dog = WorkerId::new("dog-1")?;
+        let e = ShardEvent::by_watchdog(job.clone(), 3, dog.clone(), 2, EventKind::Requeued);
+        assert_eq!(e.sender(), Sender::Watchdog(&dog));
+        assert!(e.from_watchdog() && !e.from_worker());
+        let e = ShardEvent::by_cli(job, 0, EventKind::Requeued)?;
+        assert_eq!((e.sender(), e.attempt), (Sender::Cli, 0));
+        assert!(!e.from_worker() && !e.from_watchdog());
+        let energy = Energy {
+            joules: 1.0,
+            measured: false,
+            source: "estimate".into(),
+        };
+        assert_eq!(e.with_energy(Some(energy.clone())).energy, Some(energy));
+        Ok(())
     }
 }
