@@ -88,9 +88,9 @@ async fn run() -> anyhow::Result<()> {
             out(commands::model::push(ep, args).await?.hash.as_str())
         }
         Command::Model(ModelCommand::List(args)) => out(&commands::model::list(ep, &args).await?),
-        Command::Retry(a) => out(&commands::jobs::retry(ep, &a.job).await?),
-        Command::Cancel(a) => out(&commands::jobs::cancel(ep, &a.job).await?),
-        Command::Reconcile(a) => out(&commands::jobs::reconcile(ep, &a.job).await?),
+        Command::Retry(a) => out(&commands::job_control::retry(ep, &a.job).await?),
+        Command::Cancel(a) => out(&commands::job_control::cancel(ep, &a.job).await?),
+        Command::Reconcile(a) => out(&commands::job_control::reconcile(ep, &a.job).await?),
         Command::Worker(WorkerCommand::List { json }) => {
             out(&commands::worker::list(ep, json).await?)
         }

@@ -199,7 +199,10 @@ impl Fleet {
     /// `minions cancel JOB`; returns its summary line.
     fn cancel(&self, py: Python<'_>, job: String) -> PyResult<String> {
         let ep = &self.endpoints;
-        block(py, async move { commands::jobs::cancel(ep, &job).await })
+        block(
+            py,
+            async move { commands::job_control::cancel(ep, &job).await },
+        )
     }
 
     /// `minions worker list --json`.

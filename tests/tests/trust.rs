@@ -240,7 +240,7 @@ async fn check_run(fleet: &mut Fleet) -> Result<()> {
         &std::fs::read(job_dir.join("spec.msgpack"))?,
         limits::MAX_SPEC_BYTES,
     )?;
-    minions_endpoints::streams::ensure_job_consumer(&js, &streams::WorkSettings::default(), &spec)
+    minions_endpoints::queue::ensure_job_consumer(&js, &streams::WorkSettings::default(), &spec)
         .await?;
     let mut task = spec.task(shard);
     task.check = 1;

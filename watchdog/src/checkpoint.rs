@@ -34,8 +34,8 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::jobs::{RestoreError, SavedTracker, SavedTrackerRef, Tracker};
-use crate::view::jobs::{SavedJobs, SavedJobsRef};
+use crate::tracker::{RestoreError, SavedTracker, SavedTrackerRef, Tracker};
+use crate::view::job_progress::{SavedJobs, SavedJobsRef};
 
 /// The checkpoint format this build writes and reads.
 pub const FORMAT: u16 = 4;
@@ -378,7 +378,7 @@ mod tests {
     use super::*;
     use crate::registry::Registry;
     use crate::view::View;
-    use crate::view::jobs::fixtures::spec;
+    use crate::view::job_progress::fixtures::spec;
 
     type TestResult = Result<(), Box<dyn std::error::Error>>;
 

@@ -21,8 +21,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::{self, CheckpointPolicy, Header, StreamFacts};
-use crate::jobs::Tracker;
 use crate::run::WatchdogError;
+use crate::tracker::Tracker;
 use crate::view::View;
 
 /// One message read from the stream: its sequence, how many more the
@@ -50,7 +50,7 @@ pub async fn start(
     view: Arc<View>,
     policy: CheckpointPolicy,
     name: String,
-    judge: crate::jobs::Judge,
+    judge: crate::tracker::Judge,
     stop: CancellationToken,
 ) -> Result<JoinHandle<()>, WatchdogError> {
     let began = Instant::now();

@@ -10,7 +10,7 @@
 //! - [`registry`] — the live view of workers and their state transitions.
 //! - [`fleet`] — recording transitions (KV, compare-and-set) and hand-backs.
 //! - [`dead_letters`] — max-deliveries advisories.
-//! - [`jobs`] — the job tracker: dead-letter records and manifests, and the
+//! - [`tracker`] — the job tracker: dead-letter records and manifests, and the
 //!   live progress of every job.
 //! - [`checkpoint`] — saving and restoring the tracker's folded events, so a
 //!   restart reads only the events stream's tail.
@@ -29,13 +29,13 @@ pub mod events;
 pub mod explain;
 pub mod fleet;
 pub mod http;
-pub mod jobs;
 pub mod ledger;
 pub mod orphans;
 pub mod queue;
 pub mod registry;
 pub mod run;
 pub mod schedule;
+pub mod tracker;
 pub mod trust;
 pub mod view;
 

@@ -100,13 +100,12 @@ impl OrphanSweep {
                 Some(spec) => {
                     if check_run
                         && let Err(e) =
-                            minions_endpoints::streams::ensure_check_consumer(js, settings, &spec)
+                            minions_endpoints::queue::ensure_check_consumer(js, settings, &spec)
                                 .await
                     {
                         tracing::warn!(job = %spec.job, error = %e, "cannot make a check consumer for queued check runs");
                     }
-                    match minions_endpoints::streams::ensure_job_consumer(js, settings, &spec).await
-                    {
+                    match minions_endpoints::queue::ensure_job_consumer(js, settings, &spec).await {
                         Ok(_) => tracing::warn!(job = %spec.job,
                             "shards queued without a job consumer (queued before jobs had their own): consumer made"),
                         Err(e) => {

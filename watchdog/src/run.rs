@@ -73,7 +73,7 @@ pub struct WatchdogConfig {
     /// Where to keep the usage ledger (PostgreSQL), if anywhere.
     pub ledger: Option<crate::ledger::LedgerSettings>,
     /// Whether workers' done events are checked against their outputs
-    /// (see [`crate::jobs::Judge`]); off only for benchmarks.
+    /// (see [`crate::tracker::Judge`]); off only for benchmarks.
     pub check_results: bool,
     /// The fleet's share of shards checked by a second machine, parts per
     /// million, for jobs that do not set theirs.
@@ -246,7 +246,7 @@ async fn start(
         view.clone(),
         config.checkpoints.clone(),
         config.name.clone(),
-        crate::jobs::Judge {
+        crate::tracker::Judge {
             name: me.clone(),
             work: work_settings.clone(),
             check: config.check_results,

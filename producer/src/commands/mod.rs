@@ -4,7 +4,7 @@ pub mod add_worker;
 pub mod admin;
 pub mod collect;
 pub mod dev;
-pub mod jobs;
+pub mod job_control;
 pub mod model;
 pub mod status;
 pub mod submit;

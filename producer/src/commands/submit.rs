@@ -261,7 +261,7 @@ pub async fn submit(
     };
     let resubmit = write_spec(store.as_ref(), &spec).await?;
     // The job's own consumer, before any of its shards is queued.
-    minions_endpoints::streams::ensure_job_consumer(&js, &settings, &spec).await?;
+    minions_endpoints::queue::ensure_job_consumer(&js, &settings, &spec).await?;
     if !missing.is_empty() {
         tracing::info!(job = %job, shards = missing.len(), "putting back shard inputs missing from the store");
         for input in missing {

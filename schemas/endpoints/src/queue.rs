@@ -1,12 +1,15 @@
-//! Reading the queue the contract's scheduling module describes: the job
-//! consumers' server configurations, every job with its counts, the team
-//! policies, and submits' nudges.
+//! The queue the contract's scheduling module describes: making each job's
+//! consumers (their server configurations, created where missing), reading
+//! every job with its counts and the team policies, and following
+//! submits' nudges.
 
 use async_nats::jetstream::{self, consumer};
 use futures::StreamExt;
 use minions_schemas::messages::{JobSpec, QueuedJob};
 use minions_schemas::scheduling::{JobConsumer, TEAMS_KEY, Teams, add_queued, queued_job};
 use minions_schemas::streams::{WORK_STREAM, WorkSettings};
+
+use crate::streams::EnsureError;
 
 /// The server configuration of a job consumer: the work settings and `c`.
 fn pull_config(settings: &WorkSettings, c: JobConsumer) -> consumer::pull::Config {
@@ -33,6 +36,81 @@ pub fn job_consumer_config(settings: &WorkSettings, spec: &JobSpec) -> consumer:
 /// The configuration of `spec`'s check consumer ([`JobConsumer::of_checks`]).
 pub fn check_consumer_config(settings: &WorkSettings, spec: &JobSpec) -> consumer::pull::Config {
     pull_config(settings, JobConsumer::of_checks(spec))
+}
+
+/// Creates `spec`'s consumer where missing (the same spec makes the same
+/// consumer, so a re-submit changes nothing) and returns it.
+pub async fn ensure_job_consumer(
+    js: &jetstream::Context,
+    settings: &WorkSettings,
+    spec: &minions_schemas::messages::JobSpec,
+) -> Result<consumer::PullConsumer, EnsureError> {
+    ensure_consumer(js, settings, spec, false).await
+}
+
+/// Creates `spec`'s check consumer where missing and returns it. Fails
+/// where the job's consumer takes every subject of the job (made before
+/// check runs had their own); their check runs then go on the job's own
+/// subjects.
+pub async fn ensure_check_consumer(
+    js: &jetstream::Context,
+    settings: &WorkSettings,
+    spec: &minions_schemas::messages::JobSpec,
+) -> Result<consumer::PullConsumer, EnsureError> {
+    ensure_consumer(js, settings, spec, true).await
+}
+
+async fn ensure_consumer(
+    js: &jetstream::Context,
+    settings: &WorkSettings,
+    spec: &minions_schemas::messages::JobSpec,
+    checks: bool,
+) -> Result<consumer::PullConsumer, EnsureError> {
+    let name = if checks {
+        minions_schemas::scheduling::check_consumer(&spec.job)
+    } else {
+        minions_schemas::scheduling::job_consumer(&spec.job)
+    };
+    // A team's quota caps each of its jobs exactly (the server counts the
+    // job's unacknowledged deliveries); across several jobs of the team the
+    // schedule keeps it. Unreadable policies cap nothing.
+    let quota = match read_teams(js).await {
+        Ok((teams, _)) => teams.teams.get(&spec.team).map_or(0, |p| p.quota),
+        Err(e) => {
+            tracing::debug!(error = %e, "team policies unreadable; the job's consumer is not capped");
+            0
+        }
+    };
+    let settings = &WorkSettings {
+        max_ack_pending: if quota > 0 {
+            settings.max_ack_pending.min(i64::from(quota))
+        } else {
+            settings.max_ack_pending
+        },
+        ..settings.clone()
+    };
+    let config = if checks {
+        check_consumer_config(settings, spec)
+    } else {
+        job_consumer_config(settings, spec)
+    };
+    crate::resilient::patiently(
+        "creating the job's consumer",
+        crate::resilient::PATIENCE,
+        || async {
+            let work = js
+                .get_stream(WORK_STREAM)
+                .await
+                .map_err(|e| EnsureError::WorkStream(e.to_string()))?;
+            work.get_or_create_consumer(&name, config.clone())
+                .await
+                .map_err(|source| EnsureError::Consumer {
+                    name: name.clone(),
+                    source,
+                })
+        },
+    )
+    .await
 }
 
 /// A scheduler's word of submits ([`minions_schemas::subjects::QUEUED`]): a job was

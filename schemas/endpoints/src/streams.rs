@@ -1,10 +1,10 @@
 //! Creating what the contract's streams module names: the server's
-//! configurations of the streams and buckets, [`ensure`] to create them
-//! where missing, and the job consumers.
+//! configurations of the streams and buckets, and [`ensure`] to create them
+//! where missing (job consumers are made by the queue module).
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer, stream};
+use async_nats::jetstream::{self, stream};
 use minions_schemas::streams::{
     DEAD_STREAM, EVENTS_MAX_AGE, EVENTS_STREAM, HEARTBEATS_STREAM, LEGACY_WORK_CONSUMER,
     MAX_REPLICAS, QUARANTINE_BUCKET, TEAMS_BUCKET, WORK_STREAM, WORKERS_BUCKET, WorkSettings,
@@ -236,81 +236,6 @@ async fn ensure_once(
         }
     }
     Ok(actual)
-}
-
-/// Creates `spec`'s consumer where missing (the same spec makes the same
-/// consumer, so a re-submit changes nothing) and returns it.
-pub async fn ensure_job_consumer(
-    js: &jetstream::Context,
-    settings: &WorkSettings,
-    spec: &minions_schemas::messages::JobSpec,
-) -> Result<consumer::PullConsumer, EnsureError> {
-    ensure_consumer(js, settings, spec, false).await
-}
-
-/// Creates `spec`'s check consumer where missing and returns it. Fails
-/// where the job's consumer takes every subject of the job (made before
-/// check runs had their own); their check runs then go on the job's own
-/// subjects.
-pub async fn ensure_check_consumer(
-    js: &jetstream::Context,
-    settings: &WorkSettings,
-    spec: &minions_schemas::messages::JobSpec,
-) -> Result<consumer::PullConsumer, EnsureError> {
-    ensure_consumer(js, settings, spec, true).await
-}
-
-async fn ensure_consumer(
-    js: &jetstream::Context,
-    settings: &WorkSettings,
-    spec: &minions_schemas::messages::JobSpec,
-    checks: bool,
-) -> Result<consumer::PullConsumer, EnsureError> {
-    let name = if checks {
-        minions_schemas::scheduling::check_consumer(&spec.job)
-    } else {
-        minions_schemas::scheduling::job_consumer(&spec.job)
-    };
-    // A team's quota caps each of its jobs exactly (the server counts the
-    // job's unacknowledged deliveries); across several jobs of the team the
-    // schedule keeps it. Unreadable policies cap nothing.
-    let quota = match crate::queue::read_teams(js).await {
-        Ok((teams, _)) => teams.teams.get(&spec.team).map_or(0, |p| p.quota),
-        Err(e) => {
-            tracing::debug!(error = %e, "team policies unreadable; the job's consumer is not capped");
-            0
-        }
-    };
-    let settings = &WorkSettings {
-        max_ack_pending: if quota > 0 {
-            settings.max_ack_pending.min(i64::from(quota))
-        } else {
-            settings.max_ack_pending
-        },
-        ..settings.clone()
-    };
-    let config = if checks {
-        crate::queue::check_consumer_config(settings, spec)
-    } else {
-        crate::queue::job_consumer_config(settings, spec)
-    };
-    crate::resilient::patiently(
-        "creating the job's consumer",
-        crate::resilient::PATIENCE,
-        || async {
-            let work = js
-                .get_stream(WORK_STREAM)
-                .await
-                .map_err(|e| EnsureError::WorkStream(e.to_string()))?;
-            work.get_or_create_consumer(&name, config.clone())
-                .await
-                .map_err(|source| EnsureError::Consumer {
-                    name: name.clone(),
-                    source,
-                })
-        },
-    )
-    .await
 }
 
 /// Opens the worker registry, creating it with `replicas` copies where

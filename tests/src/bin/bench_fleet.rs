@@ -715,7 +715,7 @@ async fn scale(n: usize, secs: u64) -> Result<String> {
         needs: Default::default(),
     };
     std::fs::write(&key, encode("job spec", &spec)?)?;
-    minions_endpoints::streams::ensure_job_consumer(&js, &settings, &spec).await?;
+    minions_endpoints::queue::ensure_job_consumer(&js, &settings, &spec).await?;
     let submitted = event(
         &job,
         0,

@@ -4,7 +4,7 @@
 //! queue. Locks are held only to copy or update, never across an await.
 
 pub mod counters;
-pub mod jobs;
+pub mod job_progress;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,7 +18,7 @@ use serde::Serialize;
 use crate::queue::QueueInfo;
 use crate::registry::Registry;
 use counters::Counters;
-use jobs::JobsView;
+use job_progress::JobsView;
 
 /// How many ended jobs the dashboard and metrics keep showing.
 pub const ENDED_JOBS_SHOWN: usize = 20;

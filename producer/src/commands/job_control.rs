@@ -30,7 +30,7 @@ async fn open(endpoints: &Endpoints, job: &str, who: &str) -> anyhow::Result<Ctx
         minions_endpoints::streams::ensure(&js, &endpoints.replication.work_settings()).await?;
     // Retry and reconcile queue shards again: the job's consumer (removed
     // once a job has nothing queued) must exist first.
-    minions_endpoints::streams::ensure_job_consumer(&js, &settings, &spec).await?;
+    minions_endpoints::queue::ensure_job_consumer(&js, &settings, &spec).await?;
     Ok(Ctx {
         js,
         client,

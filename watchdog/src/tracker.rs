@@ -358,7 +358,7 @@ pub enum RestoreError {
     DuplicateShard(JobId, u32),
     /// The view's part is inconsistent.
     #[error(transparent)]
-    View(#[from] crate::view::jobs::DuplicateJob),
+    View(#[from] crate::view::job_progress::DuplicateJob),
 }
 
 /// Follows shard events for every job.
@@ -548,7 +548,7 @@ impl Tracker {
     pub fn restore(
         &mut self,
         tracker: SavedTracker,
-        view: crate::view::jobs::SavedJobs,
+        view: crate::view::job_progress::SavedJobs,
     ) -> Result<(), RestoreError> {
         let mut jobs = HashMap::with_capacity(tracker.jobs.len());
         for j in tracker.jobs {
@@ -586,7 +586,7 @@ impl Tracker {
                 return Err(RestoreError::DuplicateJob(j.job));
             }
         }
-        let view = crate::view::jobs::JobsView::restore(view)?;
+        let view = crate::view::job_progress::JobsView::restore(view)?;
         self.jobs = jobs;
         self.pending_dead = tracker.pending_dead;
         self.strikes = tracker.strikes;
@@ -925,21 +925,17 @@ impl Tracker {
         let EventKind::Done { sha256, .. } = &e.kind else {
             return Ok(());
         };
-        let rejection = ShardEvent {
-            v: SCHEMA_VERSION,
-            job: e.job.clone(),
-            shard: e.shard,
-            worker: judge.name.clone(),
-            host: minions_schemas::messages::WATCHDOG_HOST.to_owned(),
-            attempt: e.attempt,
-            at_ms: now_ms(),
-            kind: EventKind::Rejected {
+        let rejection = ShardEvent::by_watchdog(
+            e.job.clone(),
+            e.shard,
+            judge.name.clone(),
+            e.attempt,
+            EventKind::Rejected {
                 by: e.worker.clone(),
                 sha256: sha256.clone(),
                 reason: why,
             },
-            energy: None,
-        };
+        );
         let bytes = encode("shard event", &rejection).map_err(|e| e.to_string())?;
         resilient::publish_once(
             &js,
@@ -969,7 +965,7 @@ impl Tracker {
             SpecRead::Missing => return Err("the job's spec is missing".to_owned()),
             SpecRead::Failed(why) => return Err(format!("reading the job's spec: {why}")),
         };
-        minions_endpoints::streams::ensure_job_consumer(&js, &judge.work, &spec)
+        minions_endpoints::queue::ensure_job_consumer(&js, &judge.work, &spec)
             .await
             .map_err(|e| e.to_string())?;
         let task = encode("shard task", &spec.task(e.shard)).map_err(|e| e.to_string())?;
@@ -1317,7 +1313,7 @@ mod tests {
     async fn a_done_counts_only_when_its_output_backs_it() -> Res {
         let store: std::sync::Arc<dyn ObjectStore> =
             std::sync::Arc::new(object_store::memory::InMemory::new());
-        let spec = crate::view::jobs::fixtures::spec("j", 2, 15)?;
+        let spec = crate::view::job_progress::fixtures::spec("j", 2, 15)?;
         store
             .put(
                 &StorePath::from(keys::job_spec(&spec.job)),

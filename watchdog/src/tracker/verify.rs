@@ -110,13 +110,13 @@ async fn check_subject(
     spec: &JobSpec,
     shard: u32,
 ) -> Result<String, String> {
-    let jobs = minions_endpoints::streams::ensure_job_consumer(js, work, spec)
+    let jobs = minions_endpoints::queue::ensure_job_consumer(js, work, spec)
         .await
         .map_err(|e| e.to_string())?;
     if jobs.cached_info().config.filter_subject == subjects::job_work(&spec.job) {
         return Ok(subjects::work(&spec.job, shard));
     }
-    minions_endpoints::streams::ensure_check_consumer(js, work, spec)
+    minions_endpoints::queue::ensure_check_consumer(js, work, spec)
         .await
         .map_err(|e| e.to_string())?;
     Ok(subjects::check_work(&spec.job, shard))
@@ -251,17 +251,7 @@ impl Tracker {
         let (Some(js), Some(judge)) = (&self.js, &self.judge) else {
             return Err("no NATS connection".to_owned());
         };
-        let e = ShardEvent {
-            v: SCHEMA_VERSION,
-            job: job.clone(),
-            shard,
-            worker: judge.name.clone(),
-            host: minions_schemas::messages::WATCHDOG_HOST.to_owned(),
-            attempt,
-            at_ms: now_ms(),
-            kind,
-            energy: None,
-        };
+        let e = ShardEvent::by_watchdog(job.clone(), shard, judge.name.clone(), attempt, kind);
         let bytes = encode("shard event", &e).map_err(|e| e.to_string())?;
         resilient::publish_once(
             js,
@@ -679,7 +669,7 @@ impl Tracker {
             SpecRead::Found(spec) => spec,
             _ => return Err("the job's spec cannot be read".to_owned()),
         };
-        minions_endpoints::streams::ensure_job_consumer(&js, &judge.work, &spec)
+        minions_endpoints::queue::ensure_job_consumer(&js, &judge.work, &spec)
             .await
             .map_err(|e| e.to_string())?;
         let mut task = spec.task(shard);
