@@ -11,12 +11,14 @@
 //! (table, CSV, JSON) are pure functions, unit-tested here; only
 //! [`read_usage`] talks to PostgreSQL.
 
-use minions_endpoints::ledger::amount;
 use std::fmt::Write as _;
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, SecondsFormat, TimeDelta, Utc};
 use minions_endpoints::config_file::{self, ConfigFileError};
+use minions_endpoints::ledger::amount;
+pub use minions_endpoints::usage::UsageRow;
+use minions_endpoints::usage::{self, Grouping, Window};
 
 use crate::cli::{Endpoints, UsageArgs, UsageBy};
 
@@ -31,55 +33,14 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest duration `--since`/`--until` accept (100 years, in seconds).
 pub const MAX_AGO_SECS: u64 = 100 * 365 * 86_400;
 
-/// Joules in a kWh, and milliseconds in an hour.
-const PER_KWH_OR_HOUR: f64 = 3.6e6;
-
-/// The sums every grouping reports: busy ms, records, tokens (bigint) and
-/// measured and estimated joules (double precision); SUM of a bigint is
-/// numeric, hence the casts.
-const SUMS: &str = "\
-       COALESCE(SUM(u.busy_ms), 0)::bigint,
-       COALESCE(SUM(u.records), 0)::bigint,
-       COALESCE(SUM(u.tokens), 0)::bigint,
-       COALESCE(SUM(u.energy_measured_j), 0)::double precision,
-       COALESCE(SUM(u.energy_estimated_j), 0)::double precision";
-
-/// The query for a grouping, over `usage_hourly` rows whose hour is from
-/// `to_timestamp($1)` (included) to `to_timestamp($2)` (excluded), `$1`
-/// and `$2` Unix seconds as double precision. Every grouping returns the
-/// same nine columns: the group's name, host, team and model (NULL where
-/// the grouping has none), then [`SUMS`], largest device time first.
-/// Teams and models come from `jobs` (NULL for a job the ledger has no
-/// spec for), a worker's host from `workers`.
-pub fn sql_for(by: UsageBy) -> String {
-    let (columns, join, group) = match by {
-        UsageBy::Team => (
-            "j.team, NULL::text, NULL::text, NULL::text",
-            "LEFT JOIN jobs j ON j.job = u.job",
-            "j.team",
-        ),
-        UsageBy::Worker => (
-            "u.worker, w.host, NULL::text, NULL::text",
-            "LEFT JOIN workers w ON w.worker = u.worker",
-            "u.worker, w.host",
-        ),
-        UsageBy::Model => (
-            "j.model, NULL::text, NULL::text, NULL::text",
-            "LEFT JOIN jobs j ON j.job = u.job",
-            "j.model",
-        ),
-        UsageBy::Job => (
-            "u.job, NULL::text, j.team, j.model",
-            "LEFT JOIN jobs j ON j.job = u.job",
-            "u.job, j.team, j.model",
-        ),
-    };
-    format!(
-        "SELECT {columns},\n{SUMS}\nFROM usage_hourly u\n{join}\n\
-         WHERE u.hour >= to_timestamp($1::double precision)\n  \
-         AND u.hour < to_timestamp($2::double precision)\n\
-         GROUP BY {group}\nORDER BY 5 DESC, 1"
-    )
+/// The ledger's grouping for `--by`.
+pub fn grouping(by: UsageBy) -> Grouping {
+    match by {
+        UsageBy::Team => Grouping::Team,
+        UsageBy::Worker => Grouping::Worker,
+        UsageBy::Model => Grouping::Model,
+        UsageBy::Job => Grouping::Job,
+    }
 }
 
 /// Why `minions usage` could not answer.
@@ -261,52 +222,6 @@ pub fn parse_when(value: &str) -> Result<When, TimeError> {
                 "not an RFC 3339 time ({e}); write e.g. 2025-01-31T09:00:00Z or 2025-01-31T09:00:00+01:00"
             ))
         })
-}
-
-/// One group's usage, as the ledger sums it.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct UsageRow {
-    /// The group: team, worker, model or job (None: a job the ledger has
-    /// no spec for, grouped by team or model).
-    pub name: Option<String>,
-    /// The worker's host (`--by worker`).
-    pub host: Option<String>,
-    /// The job's team (`--by job`).
-    pub team: Option<String>,
-    /// The job's model (`--by job`).
-    pub model: Option<String>,
-    /// Device-busy time, ms.
-    pub busy_ms: i64,
-    /// Records processed.
-    pub records: i64,
-    /// Tokens generated.
-    pub tokens: i64,
-    /// Energy read from meters, joules.
-    pub measured_j: f64,
-    /// Energy estimated, joules.
-    pub estimated_j: f64,
-}
-
-impl UsageRow {
-    /// Device-hours: busy ms / 3.6e6.
-    pub fn device_hours(&self) -> f64 {
-        self.busy_ms as f64 / PER_KWH_OR_HOUR
-    }
-
-    /// Measured energy, kWh.
-    pub fn kwh_measured(&self) -> f64 {
-        self.measured_j / PER_KWH_OR_HOUR
-    }
-
-    /// Estimated energy, kWh.
-    pub fn kwh_estimated(&self) -> f64 {
-        self.estimated_j / PER_KWH_OR_HOUR
-    }
-
-    /// (measured + estimated kWh) × `price_per_kwh`.
-    pub fn cost(&self, price_per_kwh: f64) -> f64 {
-        (self.kwh_measured() + self.kwh_estimated()) * price_per_kwh
-    }
 }
 
 /// A usage report: the rows of one grouping over one window, most
@@ -618,8 +533,11 @@ pub async fn read_usage(
             e @ LedgerConnectError::Ca { .. } => UsageError::Tls(e.to_string()),
         })?;
     let seconds = |t: DateTime<Utc>| t.timestamp_micros() as f64 / 1e6;
-    let rows = client
-        .query(&sql_for(by), &[&seconds(since), &seconds(until)])
+    let window = Window::Between {
+        since_s: seconds(since),
+        until_s: seconds(until),
+    };
+    let out = usage::read(&client, grouping(by), &window, None)
         .await
         .map_err(|e| {
             if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) {
@@ -631,24 +549,6 @@ pub async fn read_usage(
                 }
             }
         })?;
-    let query_err = |e: tokio_postgres::Error| UsageError::Query {
-        url: shown.clone(),
-        cause: describe(&e),
-    };
-    let mut out = Vec::with_capacity(rows.len());
-    for r in &rows {
-        out.push(UsageRow {
-            name: r.try_get(0).map_err(query_err)?,
-            host: r.try_get(1).map_err(query_err)?,
-            team: r.try_get(2).map_err(query_err)?,
-            model: r.try_get(3).map_err(query_err)?,
-            busy_ms: r.try_get(4).map_err(query_err)?,
-            records: r.try_get(5).map_err(query_err)?,
-            tokens: r.try_get(6).map_err(query_err)?,
-            measured_j: r.try_get(7).map_err(query_err)?,
-            estimated_j: r.try_get(8).map_err(query_err)?,
-        });
-    }
     tracing::debug!(ledger = %shown, groups = out.len(), "usage read");
     Ok(out)
 }

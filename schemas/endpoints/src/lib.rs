@@ -16,3 +16,4 @@ pub mod signals;
 pub mod snapshot;
 pub mod store;
 pub mod streams;
+pub mod usage;

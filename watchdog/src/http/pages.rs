@@ -2,9 +2,9 @@
 //! offline), and the live fragments its script swaps in every second.
 //! Every value from outside (hosts, reasons, job ids) is escaped.
 
-use minions_endpoints::ledger::amount;
 use std::fmt::Write;
 
+use minions_endpoints::ledger::amount;
 use minions_schemas::progress::{Progress, human_secs};
 
 use super::usage::{LedgerState, Sums, UsageReport};

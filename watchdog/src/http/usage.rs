@@ -14,10 +14,11 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde::Serialize;
-use tokio_postgres::{Client, Row};
+use tokio_postgres::Client;
 
 use crate::ledger::{LedgerStatus, redact};
 use minions_endpoints::ledger::describe;
+use minions_endpoints::usage::{self, Grouping, UsageRow, Window};
 
 /// Days shown unless `days` says otherwise.
 pub const DEFAULT_DAYS: u32 = 30;
@@ -26,7 +27,7 @@ pub const DEFAULT_DAYS: u32 = 30;
 pub const MAX_DAYS: u32 = 366;
 
 /// Rows in each table (the largest first).
-pub const TOP: i64 = 50;
+pub const TOP: u32 = 50;
 
 /// How long connecting to the ledger may take, unless its URL sets
 /// `connect_timeout`.
@@ -34,37 +35,6 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// How long one read (connecting included) may take.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(8);
-
-/// Joules in a kWh, and milliseconds in an hour.
-const PER_KWH_OR_HOUR: f64 = 3.6e6;
-
-/// The sums each row reports: busy ms, records, tokens (bigint), measured
-/// and estimated joules (double precision).
-const SUMS: &str = "\
-COALESCE(SUM(u.busy_ms), 0)::bigint, COALESCE(SUM(u.records), 0)::bigint, \
-COALESCE(SUM(u.tokens), 0)::bigint, COALESCE(SUM(u.energy_measured_j), 0)::double precision, \
-COALESCE(SUM(u.energy_estimated_j), 0)::double precision";
-
-/// The rows of the last `$1` days (an int).
-const WINDOW: &str = "u.hour >= now() - make_interval(days => $1::int)";
-
-fn total_sql() -> String {
-    format!("SELECT {SUMS} FROM usage_hourly u WHERE {WINDOW}")
-}
-
-fn teams_sql() -> String {
-    format!(
-        "SELECT j.team, {SUMS} FROM usage_hourly u LEFT JOIN jobs j ON j.job = u.job \
-         WHERE {WINDOW} GROUP BY j.team ORDER BY 2 DESC, 1 NULLS LAST LIMIT {TOP}"
-    )
-}
-
-fn workers_sql() -> String {
-    format!(
-        "SELECT u.worker, w.host, {SUMS} FROM usage_hourly u LEFT JOIN workers w ON w.worker = u.worker \
-         WHERE {WINDOW} GROUP BY u.worker, w.host ORDER BY 3 DESC, 1 LIMIT {TOP}"
-    )
-}
 
 /// Why `days` was refused (the text names the parameter).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -103,15 +73,15 @@ pub struct Sums {
 }
 
 impl Sums {
-    /// The sums in `row` from column `at` on (as [`SUMS`] lists them).
-    fn from_row(row: &Row, at: usize) -> Result<Self, tokio_postgres::Error> {
-        Ok(Self {
-            device_hours: row.try_get::<_, i64>(at)? as f64 / PER_KWH_OR_HOUR,
-            records: row.try_get(at + 1)?,
-            tokens: row.try_get(at + 2)?,
-            kwh_measured: row.try_get::<_, f64>(at + 3)? / PER_KWH_OR_HOUR,
-            kwh_estimated: row.try_get::<_, f64>(at + 4)? / PER_KWH_OR_HOUR,
-        })
+    /// A ledger row's sums, in hours and kWh.
+    fn of(row: &UsageRow) -> Self {
+        Self {
+            device_hours: row.device_hours(),
+            records: row.records,
+            tokens: row.tokens,
+            kwh_measured: row.kwh_measured(),
+            kwh_estimated: row.kwh_estimated(),
+        }
     }
 }
 
@@ -346,37 +316,32 @@ impl LedgerReader {
     }
 }
 
-/// The three queries, pipelined on one connection.
+/// The three reads (the total, the top teams, the top workers), pipelined
+/// on one connection.
 async fn query(client: &Client, days: u32) -> Result<Usage, tokio_postgres::Error> {
-    let days = i32::try_from(days).unwrap_or(i32::MAX);
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&days];
-    let (total, teams, workers) = (total_sql(), teams_sql(), workers_sql());
+    let window = Window::LastDays(days);
     let (total, teams, workers) = futures::try_join!(
-        client.query_one(&total, &params),
-        client.query(&teams, &params),
-        client.query(&workers, &params),
+        usage::read(client, Grouping::Total, &window, None),
+        usage::read(client, Grouping::Team, &window, Some(TOP)),
+        usage::read(client, Grouping::Worker, &window, Some(TOP)),
     )?;
     Ok(Usage {
-        total: Sums::from_row(&total, 0)?,
+        total: total.first().map(Sums::of).unwrap_or_default(),
         teams: teams
             .iter()
-            .map(|r| {
-                Ok(TeamUsage {
-                    team: r.try_get(0)?,
-                    sums: Sums::from_row(r, 1)?,
-                })
+            .map(|r| TeamUsage {
+                team: r.name.clone(),
+                sums: Sums::of(r),
             })
-            .collect::<Result<_, tokio_postgres::Error>>()?,
+            .collect(),
         workers: workers
             .iter()
-            .map(|r| {
-                Ok(WorkerUsage {
-                    worker: r.try_get(0)?,
-                    host: r.try_get(1)?,
-                    sums: Sums::from_row(r, 2)?,
-                })
+            .map(|r| WorkerUsage {
+                worker: r.name.clone().unwrap_or_default(),
+                host: r.host.clone(),
+                sums: Sums::of(r),
             })
-            .collect::<Result<_, tokio_postgres::Error>>()?,
+            .collect(),
     })
 }
 
