@@ -17,7 +17,7 @@ use minions_schemas::messages::{CanaryAnswer, CanaryReport, CanaryVerdict};
 use minions_schemas::{SCHEMA_VERSION, canary, decode, encode, limits, subjects};
 
 use crate::context::Ctx;
-use crate::run::WorkerError;
+use crate::worker_error::WorkerError;
 
 /// How long one request for a verdict waits.
 const ASK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -27,7 +27,7 @@ const ASKS: u32 = 3;
 /// Runs the canary and returns once this worker may pull work, or the
 /// reason it may not.
 pub(crate) async fn gate(ctx: &Ctx, cache_dir: &Path) -> Result<(), WorkerError> {
-    let worker = ctx.worker_id();
+    let worker = ctx.identity.worker_id();
     let started = std::time::Instant::now();
     let dir = cache_dir.join(format!("canary-{worker}"));
     let answers = run_on(ctx.cache.device().clone(), &dir)
@@ -41,7 +41,7 @@ pub(crate) async fn gate(ctx: &Ctx, cache_dir: &Path) -> Result<(), WorkerError>
     let report = CanaryReport {
         v: SCHEMA_VERSION,
         worker: worker.to_string(),
-        made_by: ctx.made_by.clone(),
+        made_by: ctx.identity.made_by.clone(),
         answers,
     };
     let verdict = match ask(ctx, &report).await {
@@ -61,12 +61,12 @@ pub(crate) async fn gate(ctx: &Ctx, cache_dir: &Path) -> Result<(), WorkerError>
     };
     if verdict.passed {
         tracing::info!(by = %verdict.by, detail = %verdict.detail, ran_ms,
-            build = %ctx.made_by.build, device = %ctx.made_by.device, kernel = %ctx.made_by.kernel,
+            build = %ctx.identity.made_by.build, device = %ctx.identity.made_by.device, kernel = %ctx.identity.made_by.kernel,
             "canary passed");
         Ok(())
     } else {
         tracing::error!(by = %verdict.by, detail = %verdict.detail,
-            build = %ctx.made_by.build, device = %ctx.made_by.device, kernel = %ctx.made_by.kernel,
+            build = %ctx.identity.made_by.build, device = %ctx.identity.made_by.device, kernel = %ctx.identity.made_by.kernel,
             "canary FAILED: this machine's kernels give wrong answers; pulling nothing");
         Err(WorkerError::Canary {
             by: verdict.by,
@@ -106,7 +106,7 @@ async fn ask(ctx: &Ctx, report: &CanaryReport) -> Option<CanaryVerdict> {
             return None;
         }
     };
-    let subject = subjects::canary(&ctx.worker_id());
+    let subject = subjects::canary(&ctx.identity.worker_id());
     for attempt in 1..=ASKS {
         let asked = tokio::time::timeout(
             ASK_TIMEOUT,

@@ -1,4 +1,4 @@
-//! The worker's configuration, from flags and environment (see [`crate::cli`]).
+//! The worker's configuration, from flags and environment (the flags are in `cli`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -7,7 +7,7 @@ use minions_schemas::streams::WorkSettings;
 
 use crate::model::DeviceChoice;
 
-/// Everything a worker needs to run. Built by [`crate::cli::WorkerArgs`].
+/// Everything a worker needs to run. Built from the flags (`cli::WorkerArgs`) or by a program that embeds a worker.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
     /// NATS server URL.

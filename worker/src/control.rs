@@ -9,13 +9,13 @@ use minions_schemas::{JobId, SCHEMA_VERSION, decode, encode, limits, subjects};
 use tokio_util::sync::CancellationToken;
 
 use crate::context::Ctx;
-use crate::run::new_worker_id;
+use crate::identity::new_worker_id;
 
 async fn reply(ctx: &Ctx, to: Option<async_nats::Subject>, status: &str, handed_back: usize) {
     let Some(to) = to else { return };
     let r = ControlReply {
         v: SCHEMA_VERSION,
-        worker: ctx.worker_id(),
+        worker: ctx.identity.worker_id(),
         status: status.to_owned(),
         handed_back: u32::try_from(handed_back).unwrap_or(u32::MAX),
     };
@@ -42,7 +42,7 @@ pub(crate) async fn run(
         }
     };
     loop {
-        let id = ctx.worker_id();
+        let id = ctx.identity.worker_id();
         let mut ctl = match ctx.client.subscribe(subjects::control(&id)).await {
             Ok(s) => s,
             Err(e) => {
@@ -59,7 +59,7 @@ pub(crate) async fn run(
                 Some(m) = cancels.next() => {
                     let job = m.subject.as_str().rsplit('.').next().unwrap_or_default();
                     if JobId::new(job).is_ok() {
-                        let n = ctx.cancel_job(job);
+                        let n = ctx.running.cancel_job(job);
                         tracing::info!(job, stopped = n, "job cancelled");
                     }
                 }
@@ -74,26 +74,26 @@ pub(crate) async fn run(
                     };
                     match c.command {
                         ControlCommand::Drain => {
-                            ctx.set_operator_hold(true);
-                            tracing::info!(by = %c.by, running = ctx.in_flight().len(), "draining: finishing running shards, pulling nothing new");
+                            ctx.holds.set_operator(true);
+                            tracing::info!(by = %c.by, running = ctx.running.in_flight().len(), "draining: finishing running shards, pulling nothing new");
                             reply(&ctx, m.reply, "draining", 0).await;
                         }
                         ControlCommand::Resume => {
-                            ctx.set_operator_hold(false);
+                            ctx.holds.set_operator(false);
                             tracing::info!(by = %c.by, "resumed: pulling again");
                             reply(&ctx, m.reply, "resumed", 0).await;
                         }
                         ControlCommand::Evict => {
-                            ctx.set_operator_hold(true);
-                            let n = ctx.hand_back_all();
+                            ctx.holds.set_operator(true);
+                            let n = ctx.running.hand_back_all();
                             tracing::warn!(by = %c.by, handed_back = n, "evicted: handing back running shards, pulling nothing new");
                             reply(&ctx, m.reply, "evicted", n).await;
                         }
                         ControlCommand::Rejoin => {
-                            let new = new_worker_id(&ctx.name);
+                            let new = new_worker_id(&ctx.identity.name);
                             tracing::warn!(old = %id, new = %new, by = %c.by,
                                 "this worker was declared dead while it was unreachable; rejoining as a new session");
-                            ctx.set_worker_id(new);
+                            ctx.identity.set_worker_id(new);
                             reply(&ctx, m.reply, "rejoined", 0).await;
                             break;
                         }

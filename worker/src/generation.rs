@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use minions_schemas::messages::{
     EventKind, Generation, OutputPayload, ShardCheckpoint, ShardInput, ShardTask,
@@ -26,26 +26,7 @@ use crate::error::ShardError;
 use crate::model::Model;
 use crate::model::llm::{GenControl, GenLimits};
 
-/// How a worker runs generation shards.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GenSettings {
-    /// Sequences generated at once.
-    pub max_seqs: usize,
-    /// Bytes the sequences' key/value caches may take together.
-    pub kv_budget_bytes: usize,
-    /// How often finished records are checkpointed to the store.
-    pub checkpoint_every: Duration,
-}
-
-impl Default for GenSettings {
-    fn default() -> Self {
-        Self {
-            max_seqs: 32,
-            kv_budget_bytes: 512 << 20,
-            checkpoint_every: Duration::from_secs(10),
-        }
-    }
-}
+pub use crate::settings::GenSettings;
 
 /// What a generation run produced.
 pub(crate) struct Generated {
@@ -84,8 +65,8 @@ pub(crate) async fn run(
     };
     let started = Instant::now();
     let limits = GenLimits {
-        max_seqs: ctx.generation.max_seqs,
-        kv_budget_bytes: ctx.generation.kv_budget_bytes,
+        max_seqs: ctx.settings.generation.max_seqs,
+        kv_budget_bytes: ctx.settings.generation.kv_budget_bytes,
         ..GenLimits::default()
     };
     let worker_control = control.clone();
@@ -100,7 +81,7 @@ pub(crate) async fn run(
             let _ = tx.send((i, g));
         })
     });
-    let mut tick = tokio::time::interval(ctx.generation.checkpoint_every);
+    let mut tick = tokio::time::interval(ctx.settings.generation.checkpoint_every);
     tick.tick().await;
     let mut unsaved = 0usize;
     let mut stop: Option<ShardError> = None;
@@ -261,7 +242,7 @@ async fn progress(
         records: results.iter().filter(|g| g.is_some()).count() as u64,
         tokens: control.generated.load(Ordering::Relaxed),
     };
-    crate::shard::publish_event(ctx, task, attempt, kind, false).await;
+    crate::events::publish_event(ctx, task, attempt, kind, false).await;
 }
 
 /// Removes a finished shard's checkpoint (its output holds everything now).

@@ -2,7 +2,6 @@
 //! (the heartbeat stream keeps the last one), and a last one when it leaves.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use minions_schemas::messages::Heartbeat;
@@ -37,24 +36,28 @@ pub(crate) fn beat(
 ) -> Heartbeat {
     Heartbeat {
         power: ctx.energy.reading(),
-        chip: ctx.chip.clone(),
-        build: ctx.made_by.build.clone(),
-        kernel: ctx.made_by.kernel.clone(),
+        chip: ctx.identity.chip.clone(),
+        build: ctx.identity.made_by.build.clone(),
+        kernel: ctx.identity.made_by.kernel.clone(),
         lend_mb: ctx.sched.lend_mb,
         v: SCHEMA_VERSION,
-        worker: ctx.worker_id(),
-        host: ctx.host.clone(),
-        device: ctx.device.clone(),
-        slots: u32::try_from(ctx.slots).unwrap_or(u32::MAX),
-        draining: ctx.draining(),
+        worker: ctx.identity.worker_id(),
+        host: ctx.identity.host.clone(),
+        device: ctx.identity.device.clone(),
+        slots: u32::try_from(ctx.settings.slots).unwrap_or(u32::MAX),
+        draining: ctx.holds.draining(),
         leaving,
-        owner: ctx.owner_state(),
+        owner: ctx.holds.owner_state(),
         mem_total_mb,
         mem_avail_mb,
-        mem_budget_mb: ctx.mem_budget_mb,
-        in_flight: if leaving { Vec::new() } else { ctx.in_flight() },
-        done: ctx.done.load(Ordering::Relaxed),
-        failed: ctx.failed.load(Ordering::Relaxed),
+        mem_budget_mb: ctx.settings.mem_budget_mb,
+        in_flight: if leaving {
+            Vec::new()
+        } else {
+            ctx.running.in_flight()
+        },
+        done: ctx.running.done(),
+        failed: ctx.running.failed(),
         interval_ms: u64::try_from(interval.as_millis()).unwrap_or(u64::MAX),
         started_ms,
         at_ms: now_ms(),
@@ -127,9 +130,9 @@ pub(crate) async fn run(
             // Memory is read on the periodic beat only: beats on shard
             // starts sit on the hot path and reuse the last reading.
             _ = tick.tick() => mem = memory_mb(),
-            _ = ctx.beat_now.notified() => tick.reset(),
+            _ = ctx.beats.asked_now() => tick.reset(),
             _ = finish_beat => tick.reset(),
-            _ = ctx.beat_soon.notified() => {
+            _ = ctx.beats.asked_soon() => {
                 finish_due.get_or_insert(tokio::time::Instant::now() + FINISH_BEAT_DELAY);
                 continue;
             }

@@ -1,7 +1,7 @@
 //! The Minions worker: lends this machine's GPU to the fleet.
 //!
-//! It shares one durable pull consumer with every other worker, pulls no more
-//! shards than it has free slots, keeps running shards alive with in-progress
+//! It pulls from the job consumer the schedule picks, no more shards than it
+//! has free slots, keeps running shards alive with in-progress
 //! acks, runs them on candle (Metal on macOS, CUDA, or the CPU), writes each
 //! output create-only to the store, publishes a shard event and only then
 //! acks. Failures are settled by kind (see [`error::Settle`]).
@@ -12,7 +12,13 @@
 //! - `canary`: the known shard run before any work, and its verdict.
 //! - [`doctor`] — what this machine brings and what stands in the way.
 //! - [`service`] — install as a systemd user unit or launchd LaunchAgent.
-//! - `shard`: one delivery from message to settlement.
+//! - `context`: what the slots share, in parts with one owner each:
+//!   `identity` (who this worker is), `settings` (how it runs shards),
+//!   `holds` (what keeps it from pulling), `running` (the shards it runs),
+//!   `beats` (asking for an early heartbeat) and `schedule` (which job a
+//!   free slot pulls from, fed by `follow_schedule`).
+//! - `shard`: one delivery from message to settlement; `events`: its
+//!   events.
 //! - [`generation`] — generation shards: continuous batching, checkpoints.
 //! - `heartbeat`: the periodic sign of life (and the last one on leaving).
 //! - `control`: drain, resume, evict, rejoin requests and job cancellations.
@@ -23,6 +29,7 @@
 //! - [`energy`] — the energy meters, each delivery's share, the
 //!   heartbeat's power.
 
+mod beats;
 mod canary;
 mod chip;
 pub mod cli;
@@ -32,18 +39,29 @@ mod control;
 pub mod doctor;
 pub mod energy;
 pub mod error;
+mod events;
 pub mod fault;
+mod follow_schedule;
 pub mod generation;
 mod heartbeat;
+mod holds;
+mod identity;
+#[cfg(test)]
+mod layout;
+mod lock;
 pub mod model;
 pub mod owner;
 pub mod process_env;
 mod provenance;
 mod quarantine;
 pub mod run;
+mod running;
 mod schedule;
 pub mod service;
+mod settings;
 mod shard;
+mod worker_error;
 
 pub use config::WorkerConfig;
-pub use run::{RunSummary, WorkerError, run};
+pub use run::{RunSummary, run};
+pub use worker_error::WorkerError;

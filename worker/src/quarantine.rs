@@ -26,7 +26,7 @@ pub(crate) async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
             kv = ctx.js.get_key_value(streams::QUARANTINE_BUCKET).await.ok();
         }
         if let Some(store) = &kv {
-            let machine = subjects::machine(&ctx.worker_id()).to_owned();
+            let machine = subjects::machine(&ctx.identity.worker_id()).to_owned();
             match store.get(&machine).await {
                 Ok(Some(bytes)) => {
                     match decode::<Quarantine>(
@@ -54,12 +54,12 @@ pub(crate) async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
 
 fn hold(ctx: &Ctx, reason: Option<String>) {
     let quarantined = reason.clone();
-    if !ctx.set_quarantine_hold(reason) {
+    if !ctx.holds.set_quarantine(reason) {
         return;
     }
     match quarantined {
         Some(why) => {
-            let n = ctx.hand_back_all();
+            let n = ctx.running.hand_back_all();
             tracing::error!(reason = %why, handed_back = n,
                 "this machine is quarantined: its results disagreed with other machines'; pulling nothing until an operator runs `minions worker release`");
         }

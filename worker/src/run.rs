@@ -1,64 +1,27 @@
 //! The worker's main loop: connect, pull into free slots, drain on shutdown.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream;
 use futures::StreamExt;
 use minions_endpoints::{host, nats, store};
+use minions_schemas::streams;
 use minions_schemas::time::now_ms;
-use minions_schemas::{WorkerId, streams};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::beats::Beats;
 use crate::config::WorkerConfig;
 use crate::context::Ctx;
+use crate::holds::Holds;
+use crate::identity::{Identity, new_worker_id};
 use crate::model::{ModelCache, describe_device, select_device};
+use crate::running::RunningTable;
+use crate::settings::Settings;
+use crate::worker_error::WorkerError;
 use crate::{control, heartbeat, shard};
-
-/// Why a worker could not start or keep running.
-#[derive(Debug, thiserror::Error)]
-pub enum WorkerError {
-    /// NATS is unreachable, too old, or lacks JetStream.
-    #[error(transparent)]
-    Nats(#[from] nats::NatsConnectError),
-    /// The store URL is wrong.
-    #[error(transparent)]
-    Store(#[from] store::StoreUrlError),
-    /// The streams or the work consumer could not be set up.
-    #[error(transparent)]
-    Streams(#[from] minions_endpoints::streams::EnsureError),
-    /// The compute device could not be opened.
-    #[error("cannot open compute device: {0}")]
-    Device(#[from] candle_core::Error),
-    /// The canary shard gave wrong answers on this machine (or could not
-    /// run): its kernels are not trusted with real work.
-    #[error(
-        "this machine failed its canary, judged by {by}: {detail}. Its build, device or kernel path gives wrong answers, so it pulls no work. Check it with `minions-worker doctor` (a driver, a build, MINIONS_CPU_PATH); where a watchdog judged it, machine {machine:?} is quarantined too, until `minions worker release {machine}` once it is fixed"
-    )]
-    Canary {
-        /// Who judged: a watchdog's name, or this worker.
-        by: String,
-        /// Which answer was wrong, and how.
-        detail: String,
-        /// The machine.
-        machine: String,
-    },
-    /// The NATS identity may not publish this worker's heartbeats: it was
-    /// issued for another machine name.
-    #[error(
-        "the NATS server refused this worker's heartbeats on {subject}: its identity was issued for another machine name (run it with the --name given to `minions admin add-worker`, here {name:?} was used)"
-    )]
-    Identity {
-        /// The refused subject.
-        subject: String,
-        /// The name the worker ran with.
-        name: String,
-    },
-}
 
 /// What a worker reports when it stops.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -73,23 +36,12 @@ pub struct RunSummary {
     pub handed_back: Vec<String>,
 }
 
-/// A fresh worker id: the (sanitised) prefix and a random suffix. A worker
-/// gets a new one on every start and whenever it rejoins after being
-/// declared dead.
-pub(crate) fn new_worker_id(prefix: &str) -> WorkerId {
-    let base = host::id_prefix(prefix, "worker");
-    let suffix = ulid::Ulid::new().to_string().to_lowercase();
-    let id = format!("{base}-{}", &suffix[suffix.len() - 8..]);
-    WorkerId::new(id)
-        .unwrap_or_else(|_| WorkerId::new("worker-x").unwrap_or_else(|_| unreachable!()))
-}
-
 /// Sends the first heartbeat and fails if the server refuses it: a worker
 /// whose identity belongs to another machine name would otherwise run
 /// shards that no one sees (its heartbeats and events all refused).
 async fn check_identity(ctx: &Ctx, interval: Duration, started_ms: u64) -> Result<(), WorkerError> {
     let mut refusals = nats::refusals();
-    let subject = minions_schemas::subjects::heartbeat(&ctx.worker_id());
+    let subject = minions_schemas::subjects::heartbeat(&ctx.identity.worker_id());
     heartbeat::send(ctx, interval, started_ms, false, heartbeat::memory_mb()).await;
     // A round trip: the server answers after it has judged the heartbeat.
     let _ = ctx.js.get_stream(streams::WORK_STREAM).await;
@@ -108,7 +60,7 @@ async fn check_identity(ctx: &Ctx, interval: Duration, started_ms: u64) -> Resul
     if refused {
         return Err(WorkerError::Identity {
             subject,
-            name: ctx.name.clone(),
+            name: ctx.identity.name.clone(),
         });
     }
     Ok(())
@@ -221,42 +173,31 @@ pub async fn run(
         tracing::warn!(switch = ?p, variable = crate::fault::PERTURB_VAR,
             "FAULT SWITCH ON: this worker perturbs its outputs on purpose, for tests only");
     }
+    let beats = Arc::new(Beats::default());
     let ctx = Arc::new(Ctx {
-        chip,
-        made_by,
-        perturb,
         client: client.clone(),
         js,
         store: store.clone(),
         cache: ModelCache::new(store, config.cache_dir.clone(), device, config.keep_warm)
             .with_budget_mb(mem_budget_mb)
             .with_kv_mb((config.generation.kv_budget_bytes >> 20) as u64),
-        mem_budget_mb: mem_budget_mb.unwrap_or(0),
         compute: Semaphore::new(1),
-        worker: RwLock::new(worker.clone()),
-        name,
-        host,
-        device: device_name,
-        slots: config.slots,
-        max_batch: config.max_batch,
-        batch_tokens: config.batch_tokens,
-        generation: config.generation,
-        ack_wait,
-        max_deliver,
-        running: Mutex::new(HashMap::new()),
-        cancelled_jobs: Mutex::new(HashSet::new()),
-        done: AtomicU64::new(0),
-        failed: AtomicU64::new(0),
-        pulling: watch::Sender::new(true),
-        operator_hold: Mutex::new(false),
-        owner_hold: Mutex::new(None),
-        quarantine_hold: Mutex::new(None),
-        mean_shard_ms: AtomicU64::new(0),
-        duty_cycle: config.policy.as_ref().map_or(1.0, |p| p.max_duty_cycle),
-        beat_now: tokio::sync::Notify::new(),
-        beat_soon: tokio::sync::Notify::new(),
-        sched: crate::schedule::Scheduler::new(lend_mb),
-        preempted: Mutex::new(HashSet::new()),
+        sched: crate::schedule::Scheduler::new(lend_mb, device_name.clone()),
+        identity: Identity::new(worker.clone(), name, host, device_name, chip, made_by),
+        settings: Settings {
+            slots: config.slots,
+            max_batch: config.max_batch,
+            batch_tokens: config.batch_tokens,
+            generation: config.generation,
+            ack_wait,
+            max_deliver,
+            mem_budget_mb: mem_budget_mb.unwrap_or(0),
+            duty_cycle: config.policy.as_ref().map_or(1.0, |p| p.max_duty_cycle),
+            perturb,
+        },
+        holds: Holds::new(beats.clone()),
+        running: RunningTable::new(beats.clone()),
+        beats,
         energy,
     });
 
@@ -294,7 +235,8 @@ pub async fn run(
 
     if config.policy.is_some() {
         // Lend nothing until the owner policy has read its signals once.
-        ctx.set_owner_hold(Some("waiting for the first owner reading".to_owned()));
+        ctx.holds
+            .set_owner(Some("waiting for the first owner reading".to_owned()));
     }
     let owner = config.policy.clone().map(|p| {
         tokio::spawn(crate::owner::controller::run(
@@ -303,7 +245,10 @@ pub async fn run(
             stop_control.clone(),
         ))
     });
-    let schedule = tokio::spawn(crate::schedule::run(ctx.clone(), stop_control.clone()));
+    let schedule = tokio::spawn(crate::follow_schedule::run(
+        ctx.clone(),
+        stop_control.clone(),
+    ));
     let quarantine = tokio::spawn(crate::quarantine::run(ctx.clone(), stop_control.clone()));
     let stop_pulling = shutdown.child_token();
     let mut slots = JoinSet::new();
@@ -317,8 +262,8 @@ pub async fn run(
     }
 
     shutdown.cancelled().await;
-    ctx.set_operator_hold(true);
-    let running = ctx.in_flight();
+    ctx.holds.set_operator(true);
+    let running = ctx.running.in_flight();
     tracing::info!(
         running = running.len(),
         deadline_s = config.drain_timeout.as_secs_f64(),
@@ -332,12 +277,13 @@ pub async fn run(
     let mut handed_back = Vec::new();
     if !drained {
         handed_back = ctx
+            .running
             .in_flight()
             .iter()
             .map(|f| format!("{}/{}", f.job, f.shard))
             .collect();
         tracing::warn!(shards = ?handed_back, "drain deadline passed; handing back running shards");
-        ctx.hand_back_all();
+        ctx.running.hand_back_all();
         let _ = tokio::time::timeout(std::time::Duration::from_secs(5), async {
             while slots.join_next().await.is_some() {}
         })
@@ -358,9 +304,9 @@ pub async fn run(
     ctx.energy.join().await;
     heartbeat::send_leaving(&ctx, config.heartbeat_interval, started_ms).await;
     let summary = RunSummary {
-        worker: ctx.worker_id().to_string(),
-        done: ctx.done.load(Ordering::Relaxed),
-        failed: ctx.failed.load(Ordering::Relaxed),
+        worker: ctx.identity.worker_id().to_string(),
+        done: ctx.running.done(),
+        failed: ctx.running.failed(),
         handed_back,
     };
     tracing::info!(
@@ -375,7 +321,7 @@ pub async fn run(
 /// Quiet mode: after `busy_ms` of device work, rest long enough that the
 /// device works at most the policy's duty cycle (keeps fans down).
 async fn quiet_pause(ctx: &Ctx, busy_ms: u64, stop: &CancellationToken) {
-    let duty = ctx.duty_cycle;
+    let duty = ctx.settings.duty_cycle;
     if busy_ms == 0 || duty >= 1.0 {
         return;
     }
@@ -404,7 +350,7 @@ async fn slot_loop(
     idle_wait: std::time::Duration,
     stop_pulling: CancellationToken,
 ) {
-    let mut pulling = ctx.pulling.subscribe();
+    let mut pulling = ctx.holds.subscribe();
     let mut settling: Option<tokio::task::JoinHandle<()>> = None;
     let mut previous_team: Option<String> = None;
     while !stop_pulling.is_cancelled() {
@@ -414,7 +360,11 @@ async fn slot_loop(
                 _ = pulling.changed() => continue,
             }
         }
-        let Some((job, team)) = ctx.sched.pick(&ctx, previous_team.as_deref()) else {
+        let Some((job, team)) = ctx.sched.pick(
+            ctx.cache.held(),
+            ctx.running.mean_shard_ms(),
+            previous_team.as_deref(),
+        ) else {
             tokio::select! {
                 _ = stop_pulling.cancelled() => break,
                 _ = pulling.changed() => {}
@@ -477,7 +427,7 @@ async fn slot_loop(
                 }
             };
             match item {
-                Ok(msg) if stop_pulling.is_cancelled() || ctx.draining() => {
+                Ok(msg) if stop_pulling.is_cancelled() || ctx.holds.draining() => {
                     // Arrived as we stopped or drained: hand it straight back.
                     got = true;
                     let _ = msg.ack_with(jetstream::AckKind::Nak(None)).await;

@@ -3,30 +3,23 @@
 //! worker did since, and a cache of job consumers. The rule itself is
 //! [`minions_schemas::scheduling::pick`], shared with the watchdog.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer::PullConsumer};
-use futures::StreamExt;
 use minions_schemas::messages::Schedule;
 use minions_schemas::scheduling::{self, Lender, Since, Tiers, Turn};
-use minions_schemas::time::now_ms;
-use minions_schemas::{JobId, limits, streams, subjects};
+use minions_schemas::{JobId, ModelHash, streams};
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 
-use crate::context::Ctx;
+use crate::lock::lock;
+use crate::running::RunningTable;
 
-/// After this long without a watchdog's schedule, a worker reads the queue
-/// itself.
-const WATCHDOG_SILENCE: Duration = Duration::from_secs(2);
-/// How often a worker reads the queue itself while no watchdog publishes.
-const OWN_READ_EVERY: Duration = Duration::from_secs(1);
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+/// How often a worker reads the queue itself while no watchdog publishes
+/// (the period a new scheduler assumes).
+pub(crate) const OWN_READ_EVERY: Duration = Duration::from_secs(1);
 
 /// A worker's view of what is queued.
 pub(crate) struct Scheduler {
@@ -39,14 +32,17 @@ pub(crate) struct Scheduler {
     checks_seen: Mutex<std::collections::HashSet<JobId>>,
     /// Memory this worker lends to models, MB (0 = unknown).
     pub(crate) lend_mb: u64,
+    /// The device kind shards run on, as jobs' needs name it.
+    device: String,
     /// How often a schedule arrives, ms (the watchdog's period, or this
     /// worker's own reading).
-    period_ms: std::sync::atomic::AtomicU64,
+    period_ms: AtomicU64,
 }
 
 impl Scheduler {
-    /// An empty view; `lend_mb` is the memory this worker lends.
-    pub(crate) fn new(lend_mb: u64) -> Self {
+    /// An empty view; `lend_mb` is the memory this worker lends, `device`
+    /// what it runs shards on.
+    pub(crate) fn new(lend_mb: u64, device: String) -> Self {
         Self {
             current: watch::Sender::new(Arc::new(scheduling::build(
                 0,
@@ -58,32 +54,42 @@ impl Scheduler {
             consumers: Mutex::new(HashMap::new()),
             checks_seen: Mutex::new(Default::default()),
             lend_mb,
-            period_ms: std::sync::atomic::AtomicU64::new(OWN_READ_EVERY.as_millis() as u64),
+            device,
+            period_ms: AtomicU64::new(OWN_READ_EVERY.as_millis() as u64),
         }
     }
 
-    fn lender(&self, ctx: &Ctx) -> Lender {
+    fn lender(&self, cached: HashSet<ModelHash>) -> Lender {
         Lender {
             memory_mb: self.lend_mb,
-            device: ctx.device.clone(),
-            cached: ctx.cache.held(),
+            device: self.device.clone(),
+            cached,
         }
     }
 
-    /// Takes a new schedule: what this worker did before it is in it.
-    fn set(&self, schedule: Schedule) {
+    /// Takes a new schedule (`period` after the one before): what this
+    /// worker did before it is in it.
+    pub(crate) fn set(&self, schedule: Schedule, period: Duration) {
+        self.period_ms
+            .store(period.as_millis().max(50) as u64, Ordering::Relaxed);
         *lock(&self.since) = Since::default();
         lock(&self.checks_seen).clear();
         self.current.send_replace(Arc::new(schedule));
     }
 
     /// The job a free slot should pull from now, if any, and its team;
-    /// `previous_team` is the team of the slot's last shard.
-    pub(crate) fn pick(&self, ctx: &Ctx, previous_team: Option<&str>) -> Option<(JobId, String)> {
+    /// `cached` are the models this worker holds, `mean_ms` its mean shard
+    /// time (0: none yet), `previous_team` the team of the slot's last
+    /// shard.
+    pub(crate) fn pick(
+        &self,
+        cached: HashSet<ModelHash>,
+        mean_ms: u64,
+        previous_team: Option<&str>,
+    ) -> Option<(JobId, String)> {
         let schedule = self.current.borrow().clone();
         let running: u64 = schedule.jobs.iter().map(|j| j.running).sum();
-        let mean_ms = ctx.mean_shard_ms.load(std::sync::atomic::Ordering::Relaxed);
-        let period_ms = self.period_ms.load(std::sync::atomic::Ordering::Relaxed);
+        let period_ms = self.period_ms.load(Ordering::Relaxed);
         let turn = Turn {
             previous_team: previous_team.map(str::to_owned),
             // Slots that free before the next schedule, and idle ones, which
@@ -101,7 +107,7 @@ impl Scheduler {
         // copy of the maps made for every pick.
         let job = {
             let since = lock(&self.since);
-            scheduling::pick(&schedule, &self.lender(ctx), &since, Tiers::All, &turn)?
+            scheduling::pick(&schedule, &self.lender(cached), &since, Tiers::All, &turn)?
         };
         let team = schedule
             .jobs
@@ -183,105 +189,122 @@ impl Scheduler {
         lock(&self.consumers).retain(|(j, _), _| j != job);
     }
 
-    /// Preemption: with the schedule's probability, hands back each running
-    /// shard of a preemptible job, when work that is not preemptible waits
-    /// for a worker like this one.
-    fn preempt(&self, ctx: &Ctx, schedule: &Schedule) {
+    /// Preemption: with the schedule's probability, hands back each of
+    /// `running`'s shards of a preemptible job, when work that is not
+    /// preemptible waits for a worker like this one (holding `cached`).
+    pub(crate) fn preempt(
+        &self,
+        schedule: &Schedule,
+        cached: HashSet<ModelHash>,
+        running: &RunningTable,
+    ) {
         if schedule.preempt <= 0.0 {
             return;
         }
         let regular = scheduling::pick(
             schedule,
-            &self.lender(ctx),
+            &self.lender(cached),
             &Since::default(),
             Tiers::RegularOnly,
             &Turn::eager(),
         );
         let Some(wanted) = regular else { return };
-        for f in ctx.in_flight() {
+        for f in running.in_flight() {
             let preemptible = schedule
                 .jobs
                 .iter()
                 .any(|j| j.job == f.job && j.preemptible);
             if preemptible && fastrand::f64() < schedule.preempt {
                 tracing::info!(job = %f.job, shard = f.shard, for_job = %wanted, "preempted: handing the shard back");
-                ctx.preempt_shard(f.job.as_str(), f.shard);
+                running.preempt_shard(f.job.as_str(), f.shard);
             }
         }
     }
 }
 
-/// Follows the watchdog's schedule until `stop`; reads the queue itself
-/// while none arrives.
-pub(crate) async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
-    let mut sub = match ctx.client.subscribe(subjects::SCHEDULE).await {
-        Ok(s) => Some(s),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot follow the schedule; reading the queue directly");
-            None
-        }
-    };
-    // A submit's nudge: with no watchdog to follow, the queue is read at
-    // once, so a new job starts without waiting for the tick.
-    let mut queued = minions_endpoints::queue::Nudges::follow(&ctx.client).await;
-    let mut last_remote = tokio::time::Instant::now() - WATCHDOG_SILENCE;
-    let mut own = tokio::time::interval(OWN_READ_EVERY);
-    own.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => break,
-            msg = async {
-                match sub.as_mut() {
-                    Some(s) => s.next().await,
-                    None => std::future::pending().await,
-                }
-            } => {
-                let Some(msg) = msg else { sub = None; continue };
-                match minions_schemas::decode::<Schedule>("schedule", &msg.payload, limits::MAX_SCHEDULE_BYTES) {
-                    Ok(s) => {
-                        let now = tokio::time::Instant::now();
-                        let gap = now.duration_since(last_remote).min(OWN_READ_EVERY);
-                        ctx.sched.period_ms.store(gap.as_millis().max(50) as u64, std::sync::atomic::Ordering::Relaxed);
-                        last_remote = now;
-                        ctx.sched.preempt(&ctx, &s);
-                        ctx.sched.set(s);
-                    }
-                    Err(e) => tracing::warn!(error = %e, "ignoring a schedule that does not decode"),
-                }
-            }
-            () = queued.next() => {
-                // The watchdog, where one publishes, answers the nudge.
-                if last_remote.elapsed() >= WATCHDOG_SILENCE {
-                    own.reset_immediately();
-                }
-            }
-            _ = own.tick() => {
-                if last_remote.elapsed() < WATCHDOG_SILENCE {
-                    continue;
-                }
-                match read_own(&ctx.js).await {
-                    Ok(s) => {
-                        ctx.sched.period_ms.store(OWN_READ_EVERY.as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
-                        ctx.sched.set(s);
-                    }
-                    Err(e) => tracing::debug!(error = %e, "cannot read the queue"),
-                }
-            }
-        }
-    }
-}
+#[cfg(test)]
+mod tests {
+    use minions_schemas::messages::{Priority, QueuedJob, Requirements};
 
-/// A schedule read straight from the queue (no usage history).
-async fn read_own(
-    js: &jetstream::Context,
-) -> Result<Schedule, minions_endpoints::queue::ScheduleError> {
-    let jobs = minions_endpoints::queue::list_jobs(js).await?;
-    let teams = match minions_endpoints::queue::read_teams(js).await {
-        Ok((t, _)) => t,
-        Err(e) => {
-            tracing::debug!(error = %e, "team policies unreadable; teams share equally");
-            Default::default()
-        }
-    };
-    Ok(scheduling::build(now_ms(), jobs, &teams, &HashMap::new()))
+    use super::*;
+
+    type Res = Result<(), Box<dyn std::error::Error>>;
+
+    fn queued(
+        job: &str,
+        team: &str,
+        memory_mb: u64,
+        checks: u64,
+    ) -> Result<QueuedJob, Box<dyn std::error::Error>> {
+        Ok(QueuedJob {
+            job: JobId::new(job)?,
+            team: team.to_owned(),
+            priority: Priority::Normal,
+            preemptible: false,
+            needs: Requirements {
+                memory_mb,
+                devices: Vec::new(),
+            },
+            model_hash: ModelHash::new("ab".repeat(32))?,
+            created_ms: 1,
+            pending: 5,
+            running: 0,
+            checks,
+        })
+    }
+
+    fn schedule(jobs: Vec<QueuedJob>) -> Schedule {
+        scheduling::build(1, jobs, &Default::default(), &HashMap::new())
+    }
+
+    #[test]
+    fn a_slot_picks_only_what_this_worker_can_run_until_it_runs_dry() -> Res {
+        let sched = Scheduler::new(1_000, "cpu".to_owned());
+        assert_eq!(sched.pick(HashSet::new(), 0, None), None, "nothing queued");
+        sched.set(
+            schedule(vec![
+                queued("big", "a", 50_000, 0)?,
+                queued("small", "b", 100, 0)?,
+            ]),
+            OWN_READ_EVERY,
+        );
+        // The big job needs more memory than this worker lends.
+        let (job, team) = sched.pick(HashSet::new(), 0, None).ok_or("no pick")?;
+        assert_eq!((job.as_str(), team.as_str()), ("small", "b"));
+        sched.count(&job, 1);
+        // Its consumer came back empty: skipped until the next schedule.
+        sched.mark_empty(&job);
+        assert_eq!(sched.pick(HashSet::new(), 0, None), None);
+        sched.set(
+            schedule(vec![queued("small", "b", 100, 0)?]),
+            OWN_READ_EVERY,
+        );
+        assert!(sched.pick(HashSet::new(), 0, None).is_some());
+        Ok(())
+    }
+
+    #[test]
+    fn check_runs_are_pulled_first_until_seen_missing() -> Res {
+        let sched = Scheduler::new(0, "cpu".to_owned());
+        let job = JobId::new("checked")?;
+        sched.set(
+            schedule(vec![queued("checked", "a", 0, 2)?]),
+            OWN_READ_EVERY,
+        );
+        assert!(sched.checks_waiting(&job));
+        sched.mark_checks_seen(&job);
+        assert!(!sched.checks_waiting(&job));
+        // A new schedule is read afresh.
+        sched.set(
+            schedule(vec![queued("checked", "a", 0, 2)?]),
+            OWN_READ_EVERY,
+        );
+        assert!(sched.checks_waiting(&job));
+        sched.set(
+            schedule(vec![queued("checked", "a", 0, 0)?]),
+            OWN_READ_EVERY,
+        );
+        assert!(!sched.checks_waiting(&job));
+        Ok(())
+    }
 }

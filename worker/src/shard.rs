@@ -12,10 +12,7 @@ use std::time::Instant;
 
 use async_nats::jetstream::{AckKind, Message};
 use bytes::Bytes;
-use minions_endpoints::resilient;
-use minions_schemas::messages::{
-    Energy, EventKind, InFlight, ShardEvent, ShardInput, ShardOutput, ShardTask,
-};
+use minions_schemas::messages::{Energy, EventKind, InFlight, ShardInput, ShardOutput, ShardTask};
 use minions_schemas::time::now_ms;
 use minions_schemas::{SCHEMA_VERSION, decode, encode, keys, limits, subjects};
 use object_store::path::Path as StorePath;
@@ -25,12 +22,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::Ctx;
-
-/// How long a confirmed shard event keeps trying through a cluster's leader
-/// election before the shard is handed back (well inside the ack wait).
-const EVENT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(20);
 use crate::error::{Settle, ShardError, backoff};
+use crate::events::{publish, publish_event};
 use crate::model::Batching;
+use crate::running::Stops;
 
 /// What a successful run produced.
 struct Done {
@@ -77,7 +72,7 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) -> Handled {
             tracing::error!(subject = %msg.subject, stream_seq = seq, error = %e,
                 "shard message does not decode; terminated");
             term(ctx, &msg, &e.to_string()).await;
-            ctx.count_failed();
+            ctx.running.count_failed();
             return Handled::nothing();
         }
     };
@@ -90,10 +85,10 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) -> Handled {
         );
         tracing::error!(stream_seq = seq, reason = %reason, "forged or misrouted shard");
         term(ctx, &msg, &reason).await;
-        ctx.count_failed();
+        ctx.running.count_failed();
         return Handled::nothing();
     }
-    let me = ctx.worker_id();
+    let me = ctx.identity.worker_id();
     if !task.may_run_on(subjects::machine(&me)) {
         // A check run of a shard this machine ran: another machine takes it.
         // It stays away for a moment (so that this slot's next pull gets
@@ -119,7 +114,7 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) -> Handled {
         .as_ref()
         .map(|r| r.to_string())
         .unwrap_or_default();
-    let (hand_back, cancel) = ctx.track(InFlight {
+    let Stops { hand_back, cancel } = ctx.running.track(InFlight {
         job: task.job.clone(),
         shard: task.shard,
         reply: reply.clone(),
@@ -155,7 +150,7 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) -> Handled {
         let ctx = ctx.clone();
         let settling = tokio::spawn(async move {
             settle(&ctx, &msg, &task, attempt, duration_ms, result, energy).await;
-            ctx.untrack(task.job.as_str(), task.shard);
+            ctx.running.untrack(task.job.as_str(), task.shard);
         });
         return Handled {
             busy_ms,
@@ -164,7 +159,7 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) -> Handled {
         };
     }
     settle(ctx, &msg, &task, attempt, duration_ms, result, energy).await;
-    ctx.untrack(task.job.as_str(), task.shard);
+    ctx.running.untrack(task.job.as_str(), task.shard);
     Handled {
         busy_ms,
         settling: None,
@@ -189,7 +184,7 @@ async fn keep_alive(ctx: Arc<Ctx>, reply: String, stop: CancellationToken) {
     if reply.is_empty() {
         return;
     }
-    let every = (ctx.ack_wait / 3).max(std::time::Duration::from_millis(100));
+    let every = (ctx.settings.ack_wait / 3).max(std::time::Duration::from_millis(100));
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -212,7 +207,7 @@ async fn run(
     hand_back: &CancellationToken,
     cancel: &CancellationToken,
 ) -> Result<Done, ShardError> {
-    if ctx.is_cancelled(task.job.as_str()) {
+    if ctx.running.is_cancelled(task.job.as_str()) {
         return Err(ShardError::Cancelled);
     }
     let out_key = StorePath::from(task.output_key());
@@ -246,6 +241,7 @@ async fn run(
         (payload, compute_ms, 0)
     };
     if ctx
+        .settings
         .perturb
         .is_some_and(|p| p.hits(task.job.as_str(), task.shard))
     {
@@ -265,9 +261,9 @@ async fn embed(
         max_texts: if task.max_batch > 0 {
             task.max_batch as usize
         } else {
-            ctx.max_batch
+            ctx.settings.max_batch
         },
-        max_tokens: ctx.batch_tokens,
+        max_tokens: ctx.settings.batch_tokens,
     };
     let permit = ctx
         .compute
@@ -301,9 +297,9 @@ async fn write_output(
         first_row: task.first_row,
         rows: u64::from(task.rows),
         model_hash: task.model_hash.clone(),
-        worker: ctx.worker_id(),
+        worker: ctx.identity.worker_id(),
         payload,
-        made_by: Some(ctx.made_by.clone()),
+        made_by: Some(ctx.identity.made_by.clone()),
     };
     output.check_shape().map_err(ShardError::Permanent)?;
     let bytes =
@@ -442,7 +438,7 @@ async fn settle(
                 }
             };
             if !done.already_done {
-                ctx.record_duration(duration_ms);
+                ctx.running.record_duration(duration_ms);
             }
             // Ack only once the done event is stored: an acked shard whose
             // event was lost would leave its job short of done for ever. A
@@ -462,13 +458,13 @@ async fn settle(
                 Err(e) => tracing::warn!(job = %task.job, shard = task.shard, error = %e,
                     "ack not confirmed; a redelivery will find the output and ack"),
             }
-            ctx.count_done();
+            ctx.running.count_done();
         }
         Err(err) => {
-            ctx.count_failed();
+            ctx.running.count_failed();
             let reason = err.to_string();
             let mut settle = err.settle(attempt);
-            let last = ctx.max_deliver > 0 && attempt >= ctx.max_deliver as u64;
+            let last = ctx.settings.max_deliver > 0 && attempt >= ctx.settings.max_deliver as u64;
             if matches!(settle, Settle::Nak(_)) && last {
                 settle = Settle::Term;
             }
@@ -558,72 +554,5 @@ async fn term(ctx: &Ctx, msg: &Message, reason: &str) {
     let body = Bytes::from(format!("+TERM {short}"));
     if let Err(e) = ctx.client.publish(reply, body).await {
         tracing::warn!(error = %e, "term not sent");
-    }
-}
-
-/// Publishes a shard event; with `confirm`, through JetStream, waiting for
-/// the stream to store it; without, as a plain publish the stream stores
-/// without answering (nobody would read the answer). Returns whether it was
-/// sent (and, with `confirm`, stored).
-pub(crate) async fn publish_event(
-    ctx: &Ctx,
-    task: &ShardTask,
-    attempt: u64,
-    kind: EventKind,
-    confirm: bool,
-) -> bool {
-    publish(ctx, task, attempt, kind, confirm, None).await
-}
-
-/// [`publish_event`] with the delivery's energy, for the events that end a
-/// delivery (done, failed, handed back).
-async fn publish(
-    ctx: &Ctx,
-    task: &ShardTask,
-    attempt: u64,
-    kind: EventKind,
-    confirm: bool,
-    energy: Option<Energy>,
-) -> bool {
-    let event = ShardEvent {
-        energy,
-        v: SCHEMA_VERSION,
-        job: task.job.clone(),
-        shard: task.shard,
-        worker: ctx.worker_id(),
-        host: ctx.host.clone(),
-        attempt,
-        at_ms: now_ms(),
-        kind,
-    };
-    let bytes = match encode("shard event", &event) {
-        Ok(b) => b,
-        Err(e) => {
-            tracing::error!(error = %e, "shard event does not encode");
-            return false;
-        }
-    };
-    let subject = subjects::event(&task.job, task.shard, &event.worker);
-    if !confirm {
-        return match ctx.client.publish(subject, bytes.into()).await {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!(job = %task.job, shard = task.shard, error = %e, "shard event not sent");
-                false
-            }
-        };
-    }
-    // Retried through leader elections; the message id keeps a retry whose
-    // first try was stored from being stored twice.
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert(async_nats::header::NATS_MESSAGE_ID, event.msg_id().as_str());
-    match resilient::publish_confirmed(&ctx.js, &subject, headers, bytes.into(), EVENT_PATIENCE)
-        .await
-    {
-        Ok(_) => true,
-        Err(e) => {
-            tracing::warn!(job = %task.job, shard = task.shard, error = %e, "shard event not confirmed");
-            false
-        }
     }
 }

@@ -10,12 +10,14 @@
 //! the rest of the run (its deliveries then report `measured: false`).
 
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use minions_schemas::messages::{Energy, PowerReading};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+use crate::lock::lock;
 
 use super::choose::{Choice, Meter, choose};
 use super::error::EnergyError;
@@ -166,10 +168,6 @@ pub struct EnergyMeter {
     choice: Choice,
     state: Mutex<State>,
     task: Mutex<Option<JoinHandle<()>>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl EnergyMeter {

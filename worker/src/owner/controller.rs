@@ -48,7 +48,8 @@ pub(crate) async fn run(ctx: Arc<Ctx>, policy: Policy, stop: CancellationToken) 
     let mut tick = tokio::time::interval(Duration::from_millis(policy.sample_every_ms.max(1)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Not lent until the first reading says so.
-    ctx.set_owner_hold(Some("waiting for the first owner reading".to_owned()));
+    ctx.holds
+        .set_owner(Some("waiting for the first owner reading".to_owned()));
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -59,20 +60,20 @@ pub(crate) async fn run(ctx: Arc<Ctx>, policy: Policy, stop: CancellationToken) 
         let verdict = policy.check(&o);
         match gate.update(&verdict, Instant::now()) {
             Some(Change::Yield(reason)) => {
-                ctx.set_owner_hold(Some(reason.clone()));
-                let n = ctx.hand_back_unless_finishing(finish_within);
+                ctx.holds.set_owner(Some(reason.clone()));
+                let n = ctx.running.hand_back_unless_finishing(finish_within);
                 ctx.cache.release();
                 tracing::warn!(reason = %reason, handed_back = n, "yielding to the owner: pulling nothing, shards handed back, models released");
             }
             Some(Change::Resume) => {
-                ctx.set_owner_hold(None);
+                ctx.holds.set_owner(None);
                 tracing::info!("owner away: lending the GPU");
             }
             None => {
                 if !gate.lending()
                     && let Err(reason) = verdict
                 {
-                    ctx.set_owner_hold(Some(reason));
+                    ctx.holds.set_owner(Some(reason));
                 }
             }
         }
