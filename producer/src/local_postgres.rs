@@ -748,9 +748,18 @@ impl LocalPostgres {
     /// start recovers from the write-ahead log.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = killpg(Self::raw_pid(&child), Signal::SIGKILL);
+            let group = Self::raw_pid(&child);
+            let _ = killpg(group, Signal::SIGKILL);
             let _ = child.kill();
             let _ = child.wait();
+            // The postmaster's own children are reaped by init, a moment
+            // later: until the last is gone it holds the shared memory, and
+            // a start on the same folder fails ("pre-existing shared memory
+            // block is still in use"). Wait for the group to empty.
+            let until = Instant::now() + STOP_TIMEOUT;
+            while killpg(group, None).is_ok() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
     }
 
