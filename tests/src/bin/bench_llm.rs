@@ -119,7 +119,9 @@ fn llama_server(
     let port = wait_logged_port(
         &mut server,
         0,
-        "server is listening on",
+        // Older builds log `server is listening on`, newer ones
+        // `llama_server: listening on`.
+        "listening on",
         Duration::from_secs(120),
     )?;
     let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
