@@ -71,19 +71,32 @@ fn doctor_reports_every_signal_and_endpoint() -> Result<()> {
                 .any(|p| l.contains(p))),
         "{report}"
     );
+    assert!(
+        line("engine path ").is_some_and(|l| l.contains("fast:")),
+        "{report}"
+    );
+    assert!(
+        line("canary ").is_some_and(|l| l.contains("ok:")),
+        "{report}"
+    );
+    // A cap on the kernels' path, and the device path: the canary runs the
+    // code a GPU runs, on this CPU, and passes.
     let out = Command::new(bin("minions-worker")?)
         .args(["doctor", "--nats", &nats.url(), "--store", &store])
         .env("RUST_LOG", "warn")
         .env("MINIONS_CPU_PATH", "portable")
+        .env("MINIONS_ENGINE_PATH", "device")
         .stdin(Stdio::null())
         .output()?;
     let capped = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
+    let has = |start: &str, part: &str| {
         capped
             .lines()
-            .any(|l| l.starts_with("cpu kernels") && l.contains("ok: portable")),
-        "{capped}"
-    );
+            .any(|l| l.starts_with(start) && l.contains(part))
+    };
+    assert!(has("cpu kernels", "ok: portable"), "{capped}");
+    assert!(has("engine path", "device:"), "{capped}");
+    assert!(has("canary", "ok:"), "{capped}");
 
     drop(nats);
     let report = doctor(&["--nats", "nats://127.0.0.1:1", "--store", &store])?;

@@ -2,29 +2,51 @@
 //! Q4_1: a 500-prompt job in 10 shards on 2 workers, collected in input
 //! order (the same job at 2,000 prompts and more is `bench_llm --prompts`); a
 //! worker killed (SIGKILL) mid-shard and an owner's return mid-shard, both
-//! resumed elsewhere from the shard's checkpoint with every record once;
-//! OpenAI batch files in and out; bad records, bad models.
+//! resumed elsewhere from the shard's checkpoint with every record once (the
+//! killed one on the device path, `MINIONS_ENGINE_PATH=device`, where the
+//! resumed shard equals the same records run whole); OpenAI batch files in
+//! and out; bad records, bad models.
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use minions_schemas::messages::{ChatTurn, GenerationRecord, Prompt, SamplingParams};
 use minions_tests::{Fleet, Result, log_count, real_gguf};
+use minions_worker::model::llm::{GenControl, GenLimits, GgufGenerator};
+use minions_worker::model::{EnginePath, Model};
 
-/// Short raw prompts and chat prompts, each with its id.
-fn write_prompts(path: &Path, n: usize) -> Result<Vec<String>> {
+/// Prompt `i` of [`write_prompts`]: short raw prompts, every fifth a chat.
+fn prompt(i: usize) -> Prompt {
     let subjects = [
         "cats", "rain", "rust", "tea", "maps", "snow", "bees", "jazz",
     ];
+    let s = subjects[i % subjects.len()];
+    if i % 5 == 4 {
+        Prompt::Messages(vec![ChatTurn {
+            role: "user".into(),
+            content: format!("One word for {s}?"),
+        }])
+    } else {
+        Prompt::Text(format!("{i} {s} are"))
+    }
+}
+
+/// Short raw prompts and chat prompts, each with its id.
+fn write_prompts(path: &Path, n: usize) -> Result<Vec<String>> {
     let mut ids = Vec::with_capacity(n);
     let mut out = String::new();
     for i in 0..n {
         let id = format!("p{i}");
-        let s = subjects[i % subjects.len()];
-        let line = if i % 5 == 4 {
-            serde_json::json!({"id": id, "messages": [{"role": "user", "content": format!("One word for {s}?")}]})
-        } else {
-            serde_json::json!({"id": id, "prompt": format!("{i} {s} are")})
+        let line = match prompt(i) {
+            Prompt::Messages(turns) => {
+                let m: Vec<_> = turns
+                    .iter()
+                    .map(|t| serde_json::json!({"role": t.role, "content": t.content}))
+                    .collect();
+                serde_json::json!({"id": id, "messages": m})
+            }
+            Prompt::Text(t) => serde_json::json!({"id": id, "prompt": t}),
         };
         out.push_str(&line.to_string());
         out.push('\n');
@@ -121,27 +143,44 @@ async fn big_job(fleet: &mut Fleet) -> Result<()> {
     Ok(())
 }
 
-/// The disrupted shard's records: enough that the disruption, soon after
-/// the first checkpoint of 16 or more, lands well inside the shard.
-const SHARD: usize = 120;
+/// The disrupted shard's size and where its disruption lands.
+struct Shard {
+    /// Records: enough that the disruption, soon after the first
+    /// checkpoint of `checkpointed` or more, lands well inside the shard.
+    records: usize,
+    /// Tokens generated per record.
+    max_tokens: u32,
+    /// Records checkpointed before the disruption.
+    checkpointed: u64,
+    /// The code the workers run (the device path is several times slower
+    /// on the CPU, so its shard is smaller).
+    path: EnginePath,
+}
 
 /// A one-shard job whose worker is disrupted by `disrupt` once it has
 /// checkpointed some records; a second worker finishes it. Returns the
-/// records the first worker had finished and the second resumed with.
+/// collected answers, in input order.
 async fn disrupted_shard(
     fleet: &mut Fleet,
     job: &str,
+    shard: &Shard,
     first_worker: &[&str],
     disrupt: impl FnOnce(&mut Fleet) -> Result<()>,
-) -> Result<()> {
+) -> Result<Vec<serde_json::Value>> {
     push_smollm2(fleet)?;
     let input = fleet.dir.path().join(format!("{job}.jsonl"));
-    let ids = write_prompts(&input, SHARD)?;
+    let ids = write_prompts(&input, shard.records)?;
     fleet.add_watchdog(&[])?;
-    fleet.worker_env = vec![(
-        "RUST_LOG".into(),
-        "info,minions_worker::generation=debug".into(),
-    )];
+    fleet.worker_env = vec![
+        (
+            "RUST_LOG".into(),
+            "info,minions_worker::generation=debug".into(),
+        ),
+        (
+            minions_worker::model::ENGINE_PATH_ENV.into(),
+            shard.path.to_string(),
+        ),
+    ];
     let mut args = vec!["--slots", "1", "--checkpoint-secs", "1", "--max-seqs", "8"];
     args.extend_from_slice(first_worker);
     fleet.add_worker(&args)?;
@@ -152,15 +191,15 @@ async fn disrupted_shard(
         "--input",
         &input.display().to_string(),
         "--shard-size",
-        &SHARD.to_string(),
+        &shard.records.to_string(),
         "--max-tokens",
-        "12",
+        &shard.max_tokens.to_string(),
         "--job",
         job,
     ])?;
     let log1 = fleet.workers[0].log.clone();
     let until = Instant::now() + Duration::from_secs(600);
-    while last_value(&log1, "checkpoint written", "records").unwrap_or(0) < 16 {
+    while last_value(&log1, "checkpoint written", "records").unwrap_or(0) < shard.checkpointed {
         assert!(
             Instant::now() < until,
             "no checkpoint written:\n{}",
@@ -178,8 +217,9 @@ async fn disrupted_shard(
     let resumed = last_value(&log2, "generation shard finished", "resumed").unwrap_or(0);
     let recomputed = finished_by_first.saturating_sub(resumed as usize);
     eprintln!(
-        "{job}: the first worker finished {finished_by_first} of {SHARD} records and checkpointed {checkpointed}; \
-         the second resumed with {resumed}: {recomputed} records recomputed"
+        "{job}: the first worker finished {finished_by_first} of {} records and checkpointed {checkpointed}; \
+         the second resumed with {resumed}: {recomputed} records recomputed ({} path)",
+        shard.records, shard.path
     );
     assert!(
         resumed >= checkpointed,
@@ -189,32 +229,82 @@ async fn disrupted_shard(
     let out = fleet.dir.path().join(format!("{job}.out.jsonl"));
     fleet.cli(&["collect", &job, "--output", &out.display().to_string()])?;
     let lines = read_lines(&out)?;
-    assert_eq!(lines.len(), SHARD, "each record once");
+    assert_eq!(lines.len(), shard.records, "each record once");
     let mut seen = HashMap::new();
     for (l, id) in lines.iter().zip(&ids) {
         assert_eq!(l["id"], id.as_str());
         *seen.entry(l["id"].to_string()).or_insert(0) += 1;
     }
     assert!(seen.values().all(|&n| n == 1));
-    Ok(())
+    Ok(lines)
 }
 
+/// The shard's records run whole, in this process, on `path`, greedy as
+/// `minions submit` asks by default: their texts in input order.
+fn run_whole(shard: &Shard) -> Result<Vec<String>> {
+    let g = GgufGenerator::load_with(&real_gguf()?, &candle_core::Device::Cpu, shard.path)?;
+    let records: Vec<GenerationRecord> = (0..shard.records)
+        .map(|i| GenerationRecord {
+            prompt: prompt(i),
+            params: SamplingParams {
+                max_tokens: shard.max_tokens,
+                temperature: 0.0,
+                top_p: 1.0,
+                top_k: 0,
+                seed: 0,
+                stop: vec![],
+            },
+        })
+        .collect();
+    let indexed: Vec<(usize, &GenerationRecord)> = records.iter().enumerate().collect();
+    let mut texts = vec![String::new(); records.len()];
+    let limits = GenLimits {
+        max_seqs: 8,
+        ..GenLimits::default()
+    };
+    g.generate(&indexed, limits, &GenControl::default(), &mut |i, r| {
+        texts[i] = r.text
+    })?;
+    Ok(texts)
+}
+
+/// On the device path: the candle code a GPU runs (device caches, slots
+/// refilled), checkpointed, killed and resumed elsewhere, gives the answers
+/// the same records give run whole.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_worker_resumes_from_the_checkpoint() -> Result<()> {
     let mut fleet = Fleet::local()?;
-    let r = disrupted_shard(&mut fleet, "killed", &[], |f| {
-        // Past a checkpoint, with records finished since: those are lost.
-        let log = f.workers[0].log.clone();
-        let until = Instant::now() + Duration::from_secs(60);
-        while log_count(&log, "record finished")
-            < last_value(&log, "checkpoint written", "records").unwrap_or(0) as usize + 4
-            && Instant::now() < until
-        {
-            std::thread::sleep(Duration::from_millis(20));
+    let shard = Shard {
+        records: 32,
+        max_tokens: 4,
+        checkpointed: 8,
+        path: EnginePath::Device,
+    };
+    let r = async {
+        let lines = disrupted_shard(&mut fleet, "killed", &shard, &[], |f| {
+            // Past a checkpoint, with records finished since: those are lost.
+            let log = f.workers[0].log.clone();
+            let until = Instant::now() + Duration::from_secs(60);
+            while log_count(&log, "record finished")
+                < last_value(&log, "checkpoint written", "records").unwrap_or(0) as usize + 2
+                && Instant::now() < until
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            f.workers[0].kill();
+            Ok(())
+        })
+        .await?;
+        let whole = tokio::task::spawn_blocking(move || run_whole(&shard)).await??;
+        for (i, (l, w)) in lines.iter().zip(&whole).enumerate() {
+            assert_eq!(
+                l["text"].as_str(),
+                Some(w.as_str()),
+                "record {i}: resumed and run whole differ"
+            );
         }
-        f.workers[0].kill();
         Ok(())
-    })
+    }
     .await;
     fleet.explain(r)
 }
@@ -233,7 +323,13 @@ async fn an_owners_return_hands_back_after_a_checkpoint() -> Result<()> {
         ),
     )?;
     let policy = policy.display().to_string();
-    let r = disrupted_shard(&mut fleet, "owned", &["--policy", &policy], |f| {
+    let shard = Shard {
+        records: 120,
+        max_tokens: 12,
+        checkpointed: 16,
+        path: EnginePath::Fast,
+    };
+    let r = disrupted_shard(&mut fleet, "owned", &shard, &["--policy", &policy], |f| {
         std::fs::write(f.dir.path().join("owner"), "active\n")?;
         let log = f.workers[0].log.clone();
         let until = Instant::now() + Duration::from_secs(10);
@@ -245,7 +341,8 @@ async fn an_owners_return_hands_back_after_a_checkpoint() -> Result<()> {
         }
         Ok(())
     })
-    .await;
+    .await
+    .map(drop);
     fleet.explain(r)
 }
 

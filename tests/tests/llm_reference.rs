@@ -7,11 +7,9 @@
 use std::sync::Mutex;
 
 use candle_core::Device;
-use minions_schemas::messages::{ChatTurn, Generation, GenerationRecord, Prompt, SamplingParams};
-use minions_tests::{Result, real_gguf, workspace_root};
-use minions_worker::model::Model;
+use minions_tests::{Result, chat_records, generate_all, greedy_cases, real_gguf, workspace_root};
+use minions_worker::model::llm::GgufGenerator;
 use minions_worker::model::llm::llama::{Llama, argmax, log_prob};
-use minions_worker::model::llm::{GenControl, GenLimits, GgufGenerator};
 
 fn fixture(name: &str) -> Result<serde_json::Value> {
     let path = workspace_root().join("tests/fixtures/smollm2").join(name);
@@ -150,71 +148,21 @@ fn perplexity_and_argmax_agree_with_llama_cpp() -> Result<()> {
 /// arithmetic that is not llama.cpp's own may swing it.
 const NEAR_TIE: f64 = 0.25;
 
-fn greedy_records(cases: &[serde_json::Value]) -> Result<Vec<GenerationRecord>> {
-    cases
-        .iter()
-        .map(|c| {
-            let turns = c["messages"]
-                .as_array()
-                .ok_or("case without messages")?
-                .iter()
-                .map(|m| ChatTurn {
-                    role: m["role"].as_str().unwrap_or_default().to_owned(),
-                    content: m["content"].as_str().unwrap_or_default().to_owned(),
-                })
-                .collect();
-            Ok(GenerationRecord {
-                prompt: Prompt::Messages(turns),
-                params: SamplingParams {
-                    max_tokens: 64,
-                    temperature: 0.0,
-                    top_p: 1.0,
-                    top_k: 0,
-                    seed: 0,
-                    stop: vec![],
-                },
-            })
-        })
-        .collect()
-}
-
-/// Runs `records` with at most `width` sequences in flight; results in order.
-fn run(
-    generator: &GgufGenerator,
-    records: &[GenerationRecord],
-    width: usize,
-) -> Result<Vec<Generation>> {
-    let indexed: Vec<(usize, &GenerationRecord)> = records.iter().enumerate().collect();
-    let mut out: Vec<Option<Generation>> = vec![None; records.len()];
-    let limits = GenLimits {
-        max_seqs: width,
-        ..GenLimits::default()
-    };
-    generator.generate(&indexed, limits, &GenControl::default(), &mut |i, g| {
-        out[i] = Some(g)
-    })?;
-    out.into_iter()
-        .enumerate()
-        .map(|(i, g)| g.ok_or_else(|| format!("record {i} got no result").into()))
-        .collect()
-}
-
 #[test]
 fn greedy_answers_match_llama_cpp_and_do_not_depend_on_the_batch() -> Result<()> {
     let generator = model()?;
-    let f = fixture("greedy.json")?;
-    let cases = f.as_array().ok_or("greedy fixture is not a list")?;
+    let cases = greedy_cases()?;
     assert_eq!(cases.len(), 100);
     // The chat template renders as llama.cpp's does.
-    for c in cases {
-        let record = &greedy_records(std::slice::from_ref(c))?[0];
+    for c in &cases {
+        let record = &chat_records(std::slice::from_ref(c), 64)?[0];
         assert_eq!(
             generator.prompt_text(record)?,
             c["prompt"].as_str().unwrap_or_default()
         );
     }
-    let records = greedy_records(cases)?;
-    let wide = run(generator, &records, 32)?;
+    let records = chat_records(&cases, 64)?;
+    let wide = generate_all(generator, &records, 32)?;
     let mut same = 0;
     let mut clear = Vec::new();
     for (i, (c, g)) in cases.iter().zip(&wide).enumerate() {
@@ -264,7 +212,7 @@ fn greedy_answers_match_llama_cpp_and_do_not_depend_on_the_batch() -> Result<()>
     // One at a time: each record alone, so nothing is shared with it either
     // (32 wide, the chat template's prefix is read once and copied).
     for (i, (record, w)) in records.iter().zip(&wide).enumerate() {
-        let alone = run(generator, std::slice::from_ref(record), 1)?;
+        let alone = generate_all(generator, std::slice::from_ref(record), 1)?;
         assert_eq!(
             alone.first(),
             Some(w),

@@ -30,7 +30,7 @@ pub(crate) async fn gate(ctx: &Ctx, cache_dir: &Path) -> Result<(), WorkerError>
     let worker = ctx.identity.worker_id();
     let started = std::time::Instant::now();
     let dir = cache_dir.join(format!("canary-{worker}"));
-    let answers = run_on(ctx.cache.device().clone(), &dir)
+    let answers = run_on(ctx.cache.device().clone(), ctx.cache.engine_path(), &dir)
         .await
         .map_err(|detail| WorkerError::Canary {
             by: "this worker".into(),
@@ -76,16 +76,17 @@ pub(crate) async fn gate(ctx: &Ctx, cache_dir: &Path) -> Result<(), WorkerError>
     }
 }
 
-/// Builds the canary model in `dir`, runs it on `device` and removes the
-/// folder; the error says what went wrong, in words.
+/// Builds the canary model in `dir`, runs it on `device` (the code `path`
+/// names) and removes the folder; the error says what went wrong, in words.
 pub(crate) async fn run_on(
     device: candle_core::Device,
+    path: minions_engine::EnginePath,
     dir: &Path,
 ) -> Result<Vec<CanaryAnswer>, String> {
     let d = dir.to_owned();
     let ran = tokio::task::spawn_blocking(move || {
         let r = minions_engine::canary::write_model(&d)
-            .and_then(|()| minions_engine::canary::run(&d, &device));
+            .and_then(|()| minions_engine::canary::run(&d, &device, path));
         let _ = std::fs::remove_dir_all(&d);
         r
     })

@@ -8,7 +8,7 @@ use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use minions_endpoints::nats::DEFAULT_NATS_URL;
 
 use crate::config::WorkerConfig;
-use crate::model::{Batching, DeviceChoice};
+use crate::model::{Batching, DeviceChoice, EnginePath};
 
 /// Lend this machine's GPU to a Minions fleet: pull shards, run them, write
 /// their outputs to the store, acknowledge.
@@ -56,6 +56,15 @@ pub struct WorkerArgs {
               DeviceChoice::CHOICES.map(|(name, help)| PossibleValue::new(name).help(help)))
               .try_map(|s| s.parse::<DeviceChoice>()))]
     pub device: DeviceChoice,
+    /// Which code models run on the CPU: `device` runs exactly what Metal
+    /// and CUDA run, on candle's CPU backend, to check a GPU build's code on
+    /// any machine (slower than `fast`; answers close to, not equal to,
+    /// fast's).
+    #[arg(long, global = true, env = "MINIONS_ENGINE_PATH", default_value_t = EnginePath::Fast,
+          value_parser = PossibleValuesParser::new(
+              EnginePath::CHOICES.map(|(name, help)| PossibleValue::new(name).help(help)))
+              .try_map(|s| s.parse::<EnginePath>()))]
+    pub engine_path: EnginePath,
     /// Texts per forward pass when the job does not set one.
     #[arg(long, default_value_t = Batching::DEFAULT_TEXTS as u32, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub max_batch: u32,
@@ -183,6 +192,7 @@ impl WorkerArgs {
         c.slots = usize::from(self.slots);
         c.lend_memory_mb = self.lend_memory_mb;
         c.device = self.device;
+        c.engine_path = self.engine_path;
         c.max_batch = self.max_batch as usize;
         c.batch_tokens = self.batch_tokens as usize;
         c.generation = crate::generation::GenSettings {

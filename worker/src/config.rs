@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use minions_schemas::streams::WorkSettings;
 
-use crate::model::DeviceChoice;
+use crate::model::{DeviceChoice, EnginePath};
 
 /// Everything a worker needs to run. Built from the flags (`cli::WorkerArgs`) or by a program that embeds a worker.
 #[derive(Debug, Clone)]
@@ -24,6 +24,8 @@ pub struct WorkerConfig {
     pub slots: usize,
     /// Which device to run on.
     pub device: DeviceChoice,
+    /// Our CPU kernels, or the code a GPU runs, on the CPU.
+    pub engine_path: EnginePath,
     /// Texts per forward pass when the job does not say.
     pub max_batch: usize,
     /// Tokens per forward pass, padding included (a longer text runs
@@ -68,6 +70,7 @@ impl WorkerConfig {
             cache_dir: default_cache_dir(),
             slots: 2,
             device: DeviceChoice::Auto,
+            engine_path: EnginePath::Fast,
             max_batch: crate::model::Batching::DEFAULT_TEXTS,
             batch_tokens: crate::model::Batching::DEFAULT_TOKENS,
             heartbeat_interval: Duration::from_secs(1),

@@ -73,6 +73,7 @@ async fn energy(out: &mut String, device: &str, power_watts: Option<f64>) {
 async fn canary(
     out: &mut String,
     device: Option<candle_core::Device>,
+    path: minions_engine::EnginePath,
     cache_dir: &std::path::Path,
 ) {
     let Some(device) = device else {
@@ -80,7 +81,7 @@ async fn canary(
         return;
     };
     let dir = cache_dir.join(format!("canary-doctor-{}", std::process::id()));
-    let line = match crate::canary::run_on(device, &dir).await {
+    let line = match crate::canary::run_on(device, path, &dir).await {
         Ok(answers) => match minions_schemas::canary::judge(&answers) {
             Ok(how) => format!("ok: {how}"),
             Err(why) => format!(
@@ -121,7 +122,19 @@ pub async fn report(config: &WorkerConfig) -> String {
         "cpu kernels  ok: {}",
         minions_engine::CpuPath::describe()
     );
-    canary(&mut out, opened.ok(), &config.cache_dir).await;
+    let path = config.engine_path;
+    let _ = match path {
+        minions_engine::EnginePath::Fast => writeln!(
+            out,
+            "engine path  fast: our CPU kernels on the CPU, the device code on a GPU"
+        ),
+        minions_engine::EnginePath::Device => writeln!(
+            out,
+            "engine path  device: the code Metal and CUDA run, here on {device_name} ({} or --engine-path)",
+            minions_engine::ENGINE_PATH_ENV
+        ),
+    };
+    canary(&mut out, opened.ok(), path, &config.cache_dir).await;
     if let Some(p) = crate::fault::Perturb::from_env() {
         let _ = writeln!(
             out,

@@ -1,6 +1,7 @@
 //! What this worker records as the maker of its outputs: its build (the
 //! version and a digest of its own executable, so that two builds of one
-//! version differ), its device and its CPU kernel path.
+//! version differ), its device and its CPU kernel path (`device` on the
+//! device path, where none of our CPU kernels runs).
 
 use minions_schemas::messages::Provenance;
 use sha2::{Digest, Sha256};
@@ -8,14 +9,20 @@ use sha2::{Digest, Sha256};
 /// Hex digits of the executable's SHA-256 kept in the build name.
 const BUILD_DIGEST_HEX: usize = 12;
 
-/// This process's provenance on `device`. The executable is read once, at
-/// start; when it cannot be read the build is the version alone.
-pub(crate) async fn detect(device: &str) -> Provenance {
+/// This process's provenance on `device`, its models on `path`. The
+/// executable is read once, at start; when it cannot be read the build is
+/// the version alone.
+pub(crate) async fn detect(device: &str, path: minions_engine::EnginePath) -> Provenance {
     let digest = tokio::task::spawn_blocking(exe_digest).await.ok().flatten();
     Provenance {
         build: build_name(env!("CARGO_PKG_VERSION"), digest.as_deref()),
         device: device.to_owned(),
-        kernel: minions_engine::CpuPath::get().name().to_owned(),
+        kernel: match path {
+            minions_engine::EnginePath::Fast => minions_engine::CpuPath::get().name().to_owned(),
+            minions_engine::EnginePath::Device => {
+                minions_schemas::messages::DEVICE_PATH_KERNEL.to_owned()
+            }
+        },
     }
 }
 

@@ -160,7 +160,7 @@ pub async fn run(
         crate::energy::EnergyMeter::start(&device_name, config.power_watts, stop_energy.clone())
             .await;
     let chip = crate::chip::detect(&device_name).await;
-    let made_by = crate::provenance::detect(&device_name).await;
+    let made_by = crate::provenance::detect(&device_name, config.engine_path).await;
     tracing::info!(build = %made_by.build, kernel = %made_by.kernel, "outputs record their maker");
     if minions_engine::kernel_fault() {
         tracing::warn!(
@@ -179,6 +179,7 @@ pub async fn run(
         js,
         store: store.clone(),
         cache: ModelCache::new(store, config.cache_dir.clone(), device, config.keep_warm)
+            .with_engine_path(config.engine_path)
             .with_budget_mb(mem_budget_mb)
             .with_kv_mb((config.generation.kv_budget_bytes >> 20) as u64),
         compute: Semaphore::new(1),

@@ -21,7 +21,7 @@ fn main() -> Result<()> {
     }
     let dir = tempfile::tempdir()?;
     canary::write_model(dir.path())?;
-    let answers = canary::run(dir.path(), &candle_core::Device::Cpu)?;
+    let answers = canary::run(dir.path(), &candle_core::Device::Cpu, Default::default())?;
     let out = workspace_root().join("schemas/fixtures/canary.json");
     let json = serde_json::json!({
         "made_by": format!("make_canary_reference, cpu, {} path", CpuPath::get().name()),

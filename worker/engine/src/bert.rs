@@ -13,6 +13,7 @@ use tokenizers::{Tokenizer, TruncationParams};
 
 use super::encoder::{Encoder, mean_pool_normalise};
 use super::{Batching, Model, ModelError};
+use crate::EnginePath;
 use crate::kernels::in_pool;
 use minions_schemas::messages::Precision;
 
@@ -47,8 +48,19 @@ struct SentenceBertConfig {
 impl BertEmbedder {
     /// Loads `config.json`, `tokenizer.json` and `model.safetensors` from
     /// `dir` (plus `sentence_bert_config.json` for the max sequence length,
-    /// when present) onto `device`, its linear layers in `precision`.
+    /// when present) onto `device`, its linear layers in `precision`, on
+    /// the fast path ([`EnginePath::Fast`]).
     pub fn load(dir: &Path, device: &Device, precision: Precision) -> Result<Self, ModelError> {
+        Self::load_with(dir, device, precision, EnginePath::Fast)
+    }
+
+    /// [`BertEmbedder::load`], to run the code `path` names.
+    pub fn load_with(
+        dir: &Path,
+        device: &Device,
+        precision: Precision,
+        path: EnginePath,
+    ) -> Result<Self, ModelError> {
         let config: Config = serde_json::from_slice(&read(dir, "config.json")?)
             .map_err(|e| invalid(format!("config.json: {e}")))?;
         let max_len = match read(dir, "sentence_bert_config.json") {
@@ -75,7 +87,7 @@ impl BertEmbedder {
         let weights = read(dir, "model.safetensors")?;
         let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, device)
             .map_err(|e| invalid(format!("model.safetensors: {e}")))?;
-        let model = Encoder::load(vb, &config, precision)
+        let model = Encoder::load(vb, &config, precision, path.host_kernels(device))
             .map_err(|e| invalid(format!("model.safetensors: {e}")))?;
         Ok(Self {
             model,

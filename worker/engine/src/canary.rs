@@ -12,7 +12,7 @@ use minions_schemas::canary::{MODEL_SEED, PRECISIONS, TEXTS};
 use minions_schemas::messages::CanaryAnswer;
 
 use crate::tiny::{TinySpec, write_bert};
-use crate::{Batching, BertEmbedder, ModelError};
+use crate::{Batching, BertEmbedder, EnginePath, ModelError};
 
 /// The canary model's shape: small enough to build and run in milliseconds,
 /// wide enough (one int8 block per row) to take every kernel of the family.
@@ -29,15 +29,15 @@ pub fn write_model(dir: &Path) -> Result<(), ModelError> {
     write_bert(dir, SPEC, fill)
 }
 
-/// Runs the canary on `device` with the model in `dir` (written by
-/// [`write_model`]): one answer per precision, in
+/// Runs the canary on `device`, the code `path` names, with the model in
+/// `dir` (written by [`write_model`]): one answer per precision, in
 /// [`minions_schemas::canary::PRECISIONS`] order.
-pub fn run(dir: &Path, device: &Device) -> Result<Vec<CanaryAnswer>, ModelError> {
+pub fn run(dir: &Path, device: &Device, path: EnginePath) -> Result<Vec<CanaryAnswer>, ModelError> {
     let texts: Vec<String> = TEXTS.iter().map(|t| (*t).to_owned()).collect();
     PRECISIONS
         .iter()
         .map(|&precision| {
-            let m = BertEmbedder::load(dir, device, precision)?;
+            let m = BertEmbedder::load_with(dir, device, precision, path)?;
             // Two passes, so that a pass with padding is taken as well.
             let data = m.embed(&texts, Batching::texts(TEXTS.len() / 2))?;
             Ok(CanaryAnswer {
@@ -106,13 +106,17 @@ impl SplitMix {
 mod tests {
     use super::*;
 
+    /// On both paths: the device path's answer is what a GPU's must be
+    /// close to.
     #[test]
     fn the_canary_on_this_cpu_matches_the_known_answer() -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
         write_model(dir.path())?;
-        let answers = run(dir.path(), &Device::Cpu)?;
-        let verdict = minions_schemas::canary::judge(&answers);
-        assert!(verdict.is_ok(), "{verdict:?}");
+        for path in [EnginePath::Fast, EnginePath::Device] {
+            let answers = run(dir.path(), &Device::Cpu, path)?;
+            let verdict = minions_schemas::canary::judge(&answers);
+            assert!(verdict.is_ok(), "{path} path: {verdict:?}");
+        }
         Ok(())
     }
 

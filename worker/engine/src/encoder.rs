@@ -25,6 +25,10 @@
 //!   padded layout, its softmax taking the padding mask in the same pass
 //!   ([`super::kernels::masked_softmax`]), and layer norm is candle's.
 //!
+//! "On the CPU" means with our host kernels
+//! ([`crate::EnginePath::host_kernels`]): on the device path a CPU runs
+//! exactly what a GPU runs.
+//!
 //! Only absolute position embeddings and token type 0 are supported, which
 //! is what sentence embedding models use; [`Encoder::load`] refuses others.
 
@@ -55,31 +59,34 @@ enum Weight {
     Int8Cpu(Int8Weight),
 }
 
-/// Whether int8 weights on `device` use our kernel rather than candle's
-/// quantized matmul.
-fn own_int8(device: &Device) -> bool {
-    device.is_cpu() && int8_available()
+/// Whether int8 weights use our kernel rather than candle's quantized
+/// matmul: with our host kernels (`host`) on a CPU that has one.
+fn own_int8(host: bool) -> bool {
+    host && int8_available()
 }
 
 /// One linear layer.
 struct Linear {
     w: Weight,
     b: Tensor,
+    /// Our CPU kernels run the steps after the product.
+    host: bool,
 }
 
 impl Linear {
-    /// `w` is `(out, in)`, as checkpoints store it.
-    fn new(w: Tensor, b: Tensor, precision: Precision) -> candle_core::Result<Self> {
+    /// `w` is `(out, in)`, as checkpoints store it; `host`: our CPU
+    /// kernels run it ([`crate::EnginePath::host_kernels`]).
+    fn new(w: Tensor, b: Tensor, precision: Precision, host: bool) -> candle_core::Result<Self> {
         let w = match precision {
-            Precision::F32 if w.device().is_cpu() => Weight::DenseCpu(DenseWeight::new(&w, &b)?),
+            Precision::F32 if host => Weight::DenseCpu(DenseWeight::new(&w, &b)?),
             Precision::F32 => Weight::Dense(w.t()?.contiguous()?),
-            Precision::Int8 if own_int8(w.device()) => Weight::Int8Cpu(Int8Weight::new(&w, &b)?),
+            Precision::Int8 if own_int8(host) => Weight::Int8Cpu(Int8Weight::new(&w, &b)?),
             Precision::Int8 => Weight::Int8(QMatMul::from_qtensor(QTensor::quantize(
                 &w,
                 GgmlDType::Q8_0,
             )?)?),
         };
-        Ok(Self { w, b })
+        Ok(Self { w, b, host })
     }
 
     fn load(
@@ -87,11 +94,13 @@ impl Linear {
         inp: usize,
         out: usize,
         precision: Precision,
+        host: bool,
     ) -> candle_core::Result<Self> {
         Self::new(
             vb.get((out, inp), "weight")?,
             vb.get(out, "bias")?,
             precision,
+            host,
         )
     }
 
@@ -117,7 +126,7 @@ impl Linear {
         };
         let y = match act {
             Activation::None => y.broadcast_add(&self.b)?,
-            Activation::Gelu => bias_gelu(&y, &self.b)?,
+            Activation::Gelu => bias_gelu(&y, &self.b, self.host)?,
         };
         let y = match residual {
             Some(r) => (y + r)?,
@@ -130,25 +139,32 @@ impl Linear {
     }
 }
 
-/// A layer norm: candle's op off the CPU, ours on it.
+/// A layer norm: ours with our CPU kernels, candle's op on the device path.
 struct Norm {
     w: Tensor,
     b: Tensor,
     eps: f32,
     /// The same weights as plain values, for our kernels.
     params: NormParams,
+    host: bool,
 }
 
 impl Norm {
-    fn load(vb: &VarBuilder<'_>, size: usize, eps: f64) -> candle_core::Result<Self> {
+    fn load(vb: &VarBuilder<'_>, size: usize, eps: f64, host: bool) -> candle_core::Result<Self> {
         let (w, b) = (vb.get(size, "weight")?, vb.get(size, "bias")?);
         let eps = eps as f32;
         let params = NormParams::new(w.to_vec1()?, b.to_vec1()?, eps)?;
-        Ok(Self { w, b, eps, params })
+        Ok(Self {
+            w,
+            b,
+            eps,
+            params,
+            host,
+        })
     }
 
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        if x.device().is_cpu() && x.dtype() == DType::F32 {
+        if self.host && x.dtype() == DType::F32 {
             layer_norm(x, &self.params)
         } else {
             candle_nn::ops::layer_norm(&x.contiguous()?, &self.w, &self.b, self.eps)
@@ -171,6 +187,7 @@ impl Layer {
         c: &Config,
         head_dim: usize,
         precision: Precision,
+        host: bool,
     ) -> candle_core::Result<Self> {
         let h = c.hidden_size;
         let att = vb.pp("attention");
@@ -186,15 +203,17 @@ impl Layer {
             Tensor::cat(&[&q_w, &k_w, &v_w], 0)?,
             Tensor::cat(&[&q_b, &k_b, &v_b], 0)?,
             precision,
+            host,
         )?;
         let i = c.intermediate_size;
+        let eps = c.layer_norm_eps;
         Ok(Self {
             qkv,
-            attn_out: Linear::load(&att.pp("output").pp("dense"), h, h, precision)?,
-            attn_norm: Norm::load(&att.pp("output").pp("LayerNorm"), h, c.layer_norm_eps)?,
-            up: Linear::load(&vb.pp("intermediate").pp("dense"), h, i, precision)?,
-            down: Linear::load(&vb.pp("output").pp("dense"), i, h, precision)?,
-            out_norm: Norm::load(&vb.pp("output").pp("LayerNorm"), h, c.layer_norm_eps)?,
+            attn_out: Linear::load(&att.pp("output").pp("dense"), h, h, precision, host)?,
+            attn_norm: Norm::load(&att.pp("output").pp("LayerNorm"), h, eps, host)?,
+            up: Linear::load(&vb.pp("intermediate").pp("dense"), h, i, precision, host)?,
+            down: Linear::load(&vb.pp("output").pp("dense"), i, h, precision, host)?,
+            out_norm: Norm::load(&vb.pp("output").pp("LayerNorm"), h, eps, host)?,
         })
     }
 
@@ -228,7 +247,7 @@ fn padded_attention(qkv: &Tensor, p: &Packing) -> candle_core::Result<Tensor> {
     let q = qkv.get(0)?;
     let k = qkv.get(1)?;
     let v = qkv.get(2)?;
-    let probs = masked_softmax(&q.matmul(&k.t()?)?, &p.mask_add)?;
+    let probs = masked_softmax(&q.matmul(&k.t()?)?, &p.mask_add, p.host)?;
     probs
         .matmul(&v)?
         .transpose(1, 2)?
@@ -252,6 +271,8 @@ struct Packing {
     /// Whether attention runs on the packed rows (CPU) rather than in the
     /// padded layout.
     packed_attention: bool,
+    /// Our CPU kernels run the padded layout's softmax too.
+    host: bool,
     batch: usize,
     len: usize,
     heads: usize,
@@ -292,15 +313,20 @@ pub(crate) struct Encoder {
     layers: Vec<Layer>,
     heads: usize,
     head_dim: usize,
+    /// Our CPU kernels run it ([`crate::EnginePath::host_kernels`]): packed
+    /// attention, our products and norms; otherwise the device code.
+    host: bool,
 }
 
 impl Encoder {
     /// Loads the weights under `vb` (with or without a `bert.` prefix), the
-    /// layers' linear weights in `precision`.
+    /// layers' linear weights in `precision`, for our CPU kernels (`host`)
+    /// or the device code.
     pub(crate) fn load(
         vb: VarBuilder<'_>,
         c: &Config,
         precision: Precision,
+        host: bool,
     ) -> Result<Self, String> {
         if c.position_embedding_type != PositionEmbeddingType::Absolute {
             return Err("only absolute position embeddings are supported".into());
@@ -318,7 +344,7 @@ impl Encoder {
             ));
         }
         if precision == Precision::Int8
-            && !own_int8(vb.device())
+            && !own_int8(host)
             && !(c.hidden_size.is_multiple_of(QK8_0) && c.intermediate_size.is_multiple_of(QK8_0))
         {
             return Err(format!(
@@ -331,13 +357,14 @@ impl Encoder {
         } else {
             vb
         };
-        Self::load_tensors(&vb, c, precision).map_err(|e| e.to_string())
+        Self::load_tensors(&vb, c, precision, host).map_err(|e| e.to_string())
     }
 
     fn load_tensors(
         vb: &VarBuilder<'_>,
         c: &Config,
         precision: Precision,
+        host: bool,
     ) -> candle_core::Result<Self> {
         let h = c.hidden_size;
         let head_dim = h / c.num_attention_heads;
@@ -350,10 +377,10 @@ impl Encoder {
             .pp("token_type_embeddings")
             .get((c.type_vocab_size, h), "weight")?
             .get(0)?;
-        let emb_norm = Norm::load(&emb.pp("LayerNorm"), h, c.layer_norm_eps)?;
+        let emb_norm = Norm::load(&emb.pp("LayerNorm"), h, c.layer_norm_eps, host)?;
         let enc = vb.pp("encoder");
         let layers = (0..c.num_hidden_layers)
-            .map(|i| Layer::load(enc.pp(format!("layer.{i}")), c, head_dim, precision))
+            .map(|i| Layer::load(enc.pp(format!("layer.{i}")), c, head_dim, precision, host))
             .collect::<candle_core::Result<Vec<_>>>()?;
         Ok(Self {
             word,
@@ -363,13 +390,14 @@ impl Encoder {
             layers,
             heads: c.num_attention_heads,
             head_dim,
+            host,
         })
     }
 
     /// Token states `(batch, len, hidden)` for `ids` and `mask` (both
     /// `(batch, len)`, u32; mask 1 for tokens, 0 for padding).
     pub(crate) fn forward(&self, ids: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
-        self.run(ids, mask, ids.device().is_cpu())
+        self.run(ids, mask, self.host)
     }
 
     /// [`Self::forward`], attention packed or padded as asked.
@@ -409,6 +437,7 @@ impl Encoder {
             rows: (tokens < batch * len).then_some(rows),
             lens,
             packed_attention,
+            host: self.host,
             batch,
             len,
             heads: self.heads,
@@ -472,22 +501,26 @@ mod tests {
                 var.set(&(t + Tensor::randn(0f32, 0.1, t.shape(), &dev)?)?)?;
             }
         }
-        let ours = Encoder::load(vb.clone(), &c, Precision::F32)?;
-        let ours_int8 = Encoder::load(vb, &c, Precision::Int8)?;
+        let ours = Encoder::load(vb.clone(), &c, Precision::F32, true)?;
+        let ours_int8 = Encoder::load(vb.clone(), &c, Precision::Int8, true)?;
+        let device_path = Encoder::load(vb, &c, Precision::F32, false)?;
         let ids = Tensor::new(&[[2u32, 7, 9, 11, 3, 0], [2, 5, 3, 0, 0, 0]], &dev)?;
         let mask = Tensor::new(&[[1u32, 1, 1, 1, 1, 0], [1, 1, 1, 0, 0, 0]], &dev)?;
         let a = mean_pool_normalise(
             &theirs.forward(&ids, &ids.zeros_like()?, Some(&mask))?,
             &mask,
         )?;
-        // Attention packed (the CPU's) and padded (other devices').
-        for packed in [true, false] {
-            let b = mean_pool_normalise(&ours.run(&ids, &mask, packed)?, &mask)?;
+        // Attention packed (the CPU's) and padded (other devices'), with
+        // our kernels; then the device code throughout.
+        let runs = [
+            ("packed", ours.run(&ids, &mask, true)?),
+            ("padded", ours.run(&ids, &mask, false)?),
+            ("device path", device_path.forward(&ids, &mask)?),
+        ];
+        for (what, states) in runs {
+            let b = mean_pool_normalise(&states, &mask)?;
             let diff = (&a - b)?.abs()?.max_all()?.to_scalar::<f32>()?;
-            assert!(
-                diff < 1e-5,
-                "packed attention {packed}: max abs diff {diff}"
-            );
+            assert!(diff < 1e-5, "{what}: max abs diff {diff}");
         }
 
         // int8: close (unit vectors, so the dot product is the cosine), not equal.
@@ -515,8 +548,8 @@ mod tests {
             ..Default::default()
         };
         let vb = VarBuilder::from_varmap(&VarMap::new(), DType::F32, &Device::Cpu);
-        let loaded = Encoder::load(vb, &c, Precision::Int8);
-        if own_int8(&Device::Cpu) {
+        let loaded = Encoder::load(vb, &c, Precision::Int8, true);
+        if own_int8(true) {
             let ids = Tensor::new(&[[2u32, 7, 9]], &Device::Cpu)?;
             let out = loaded?.forward(&ids, &ids.ones_like()?)?;
             assert_eq!(out.dims(), &[1, 3, 36]);

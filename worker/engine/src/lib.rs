@@ -13,6 +13,7 @@
 //! - [`llm`] — the LLM generation family (GGUF, llama architecture).
 //! - `kernels` — our CPU kernels behind candle's custom-op interface.
 //! - [`device`](select_device) — which candle device a worker runs on.
+//! - [`EnginePath`] — our CPU kernels, or the code a GPU runs, on the CPU.
 //! - [`tiny`] — tiny random-weight models for tests.
 //! - [`canary`] — the known shard a worker runs before it pulls work.
 
@@ -20,6 +21,7 @@ mod bert;
 pub mod canary;
 mod device;
 mod encoder;
+mod engine_path;
 mod error;
 mod kernels;
 pub mod llm;
@@ -32,6 +34,7 @@ use minions_schemas::messages::{Generation, GenerationRecord, ModelFamily, Outpu
 
 pub use bert::BertEmbedder;
 pub use device::{DeviceChoice, describe_device, select_device};
+pub use engine_path::{ENGINE_PATH_ENV, EnginePath};
 pub use error::ModelError;
 pub use kernels::{CPU_PATH_ENV, CpuPath, KERNEL_FAULT_ENV, kernel_fault};
 pub use minions_schemas::messages::Precision;
@@ -130,17 +133,23 @@ pub trait Model: Send + Sync {
     }
 }
 
-/// Loads a verified model folder of `family` onto `device` in `precision`.
+/// Loads a verified model folder of `family` onto `device` in `precision`,
+/// to run the code `path` names.
 pub fn load(
     family: ModelFamily,
     dir: &Path,
     device: &candle_core::Device,
     precision: Precision,
+    path: EnginePath,
 ) -> Result<Arc<dyn Model>, ModelError> {
     match family {
-        ModelFamily::BertEmbedding => Ok(Arc::new(BertEmbedder::load(dir, device, precision)?)),
+        ModelFamily::BertEmbedding => Ok(Arc::new(BertEmbedder::load_with(
+            dir, device, precision, path,
+        )?)),
         // Quantized GGUF weights run in the file's own formats.
-        ModelFamily::LlmGeneration => Ok(Arc::new(llm::GgufGenerator::load(dir, device)?)),
+        ModelFamily::LlmGeneration => {
+            Ok(Arc::new(llm::GgufGenerator::load_with(dir, device, path)?))
+        }
     }
 }
 

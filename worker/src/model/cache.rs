@@ -29,6 +29,8 @@ pub struct ModelCache {
     store: Arc<dyn ObjectStore>,
     dir: PathBuf,
     device: Device,
+    /// The code models run ([`minions_engine::EnginePath`]).
+    path: minions_engine::EnginePath,
     keep_warm: usize,
     /// Loaded models by content and precision, least recently used first.
     loaded: Mutex<Vec<((ModelHash, Precision), Slot)>>,
@@ -73,6 +75,7 @@ impl ModelCache {
             store,
             dir,
             device,
+            path: minions_engine::EnginePath::Fast,
             keep_warm: keep_warm.max(1),
             loaded: Mutex::new(Vec::new()),
             budget_mb: None,
@@ -85,6 +88,18 @@ impl ModelCache {
     pub fn with_budget_mb(mut self, budget_mb: Option<u64>) -> Self {
         self.budget_mb = budget_mb;
         self
+    }
+
+    /// Loads models to run the code `path` names (the fast path unless
+    /// set).
+    pub fn with_engine_path(mut self, path: minions_engine::EnginePath) -> Self {
+        self.path = path;
+        self
+    }
+
+    /// The code models run.
+    pub fn engine_path(&self) -> minions_engine::EnginePath {
+        self.path
     }
 
     /// Counts `kv_mb` of key/value-cache memory beside every generation
@@ -131,11 +146,11 @@ impl ModelCache {
                     });
                 }
                 let dir = self.fetch_files(hash, &manifest).await?;
-                let device = self.device.clone();
-                tracing::info!(model = hash.short(), family = %family, %precision, "loading model");
+                let (device, path) = (self.device.clone(), self.path);
+                tracing::info!(model = hash.short(), family = %family, %precision, engine_path = %path, "loading model");
                 let started = std::time::Instant::now();
                 let model = tokio::task::spawn_blocking(move || {
-                    minions_engine::load(family, &dir, &device, precision)
+                    minions_engine::load(family, &dir, &device, precision, path)
                 })
                 .await
                 .map_err(|e| ModelError::Cache {

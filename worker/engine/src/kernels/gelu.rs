@@ -101,9 +101,10 @@ impl CustomOp2 for BiasGelu {
 }
 
 /// `gelu(xs + bias)`, `bias` broadcast over the rows of `xs` (its last
-/// dimension). One fused pass on CPU; candle's ops elsewhere.
-pub(crate) fn bias_gelu(xs: &Tensor, bias: &Tensor) -> candle_core::Result<Tensor> {
-    if xs.device().is_cpu() && xs.dtype() == candle_core::DType::F32 && xs.is_contiguous() {
+/// dimension). One fused pass on the CPU with our kernels (`host`);
+/// candle's ops elsewhere and on the device path.
+pub(crate) fn bias_gelu(xs: &Tensor, bias: &Tensor, host: bool) -> candle_core::Result<Tensor> {
+    if host && xs.device().is_cpu() && xs.dtype() == candle_core::DType::F32 && xs.is_contiguous() {
         xs.apply_op2_no_bwd(bias, &BiasGelu)
     } else {
         xs.broadcast_add(bias)?.gelu_erf()
@@ -154,7 +155,7 @@ mod tests {
             .affine(0.004, 0.0)?
             .reshape((40, 100))?;
         let bias = Tensor::arange(0f32, 100f32, &dev)?.affine(0.01, -0.5)?;
-        let ours = bias_gelu(&xs, &bias)?;
+        let ours = bias_gelu(&xs, &bias, true)?;
         let theirs = xs.broadcast_add(&bias)?.gelu_erf()?;
         let diff = (ours - theirs)?.abs()?.max_all()?.to_scalar::<f32>()?;
         assert!(diff < 1e-6, "max diff {diff}");

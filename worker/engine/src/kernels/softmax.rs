@@ -158,10 +158,15 @@ impl CustomOp2 for MaskedSoftmax {
 }
 
 /// `softmax(scores + mask)` over the last dimension: `scores`
-/// `(batch, heads, q, k)`, `mask` `(batch, 1, 1, k)`. One pass on CPU;
-/// candle's ops elsewhere.
-pub(crate) fn masked_softmax(scores: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
-    if scores.device().is_cpu()
+/// `(batch, heads, q, k)`, `mask` `(batch, 1, 1, k)`. One pass on the CPU
+/// with our kernels (`host`); candle's ops elsewhere and on the device path.
+pub(crate) fn masked_softmax(
+    scores: &Tensor,
+    mask: &Tensor,
+    host: bool,
+) -> candle_core::Result<Tensor> {
+    if host
+        && scores.device().is_cpu()
         && scores.dtype() == candle_core::DType::F32
         && scores.is_contiguous()
         && mask.is_contiguous()
@@ -197,7 +202,7 @@ mod tests {
         let mask = mask
             .slice_assign(&[1..2, 9..13], &Tensor::full(-1e30f32, (1, 4), &dev)?)?
             .reshape((2, 1, 1, 13))?;
-        let ours = masked_softmax(&scores, &mask)?;
+        let ours = masked_softmax(&scores, &mask, true)?;
         let theirs = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?;
         let diff = (&ours - &theirs)?.abs()?.max_all()?.to_scalar::<f32>()?;
         assert!(diff < 1e-6, "max diff {diff}");

@@ -9,12 +9,15 @@
 //! whatever else shares the pass, so a record's tokens never depend on its
 //! batch.
 //!
-//! A prefix that most of the records' prompts share (a system prompt, a
-//! few-shot preamble) is read once, and its keys and values are copied into
-//! each of those records' caches ([`shared_prefix`]). It always ends at
-//! least two tokens short of the record's first chunk, so that chunk's rest
-//! is still read in a step of several tokens: the same sums in the same
-//! order, the same bits as reading the chunk whole.
+//! With our CPU kernels, a prefix that most of the records' prompts share (a
+//! system prompt, a few-shot preamble) is read once, and its keys and
+//! values are copied into each of those records' caches
+//! ([`shared_prefix`]). It always ends at least two tokens short of the
+//! record's first chunk, so that chunk's rest is still read in a step of
+//! several tokens: the same sums in the same order, the same bits as
+//! reading the chunk whole. candle's ops (GPUs, and the CPU's device path)
+//! sum rows in an order that depends on their length, so there every
+//! prompt is read whole ([`Llama::reads_in_parts_exactly`]).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -102,7 +105,13 @@ pub fn generate(
     let per_token = model.config().kv_bytes_per_token();
     let chunk = limits.prefill_chunk.max(1);
     let mut used = 0usize;
-    let shared = shared_prefix(&work, chunk);
+    // Off our CPU kernels a prefix read apart changes the bits of what
+    // follows, so each prompt is read whole there.
+    let shared = if model.reads_in_parts_exactly() {
+        shared_prefix(&work, chunk)
+    } else {
+        0
+    };
     let prefix = match work.first() {
         Some(first) if shared > 0 => {
             let tokens = first.prompt[..shared].to_vec();

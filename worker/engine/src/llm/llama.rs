@@ -16,7 +16,8 @@
 //! KV cache does, attention sums in its order ([`attention::Order`]), and
 //! RMS norm, softmax and SiLU as `kernels::ggml_math` computes them. The
 //! same tokens then come out as from llama.cpp. Other devices run candle's
-//! ops, close but not the same bits.
+//! ops, close but not the same bits, and so does the CPU on the device path
+//! ([`crate::EnginePath::Device`]).
 
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Device, IndexOp, Module, Tensor};
@@ -27,17 +28,17 @@ use crate::ModelError;
 use crate::kernels::{QuantWeight, RmsWeight, in_pool, quant_linear, rms_norm, swiglu};
 
 /// A quantized linear layer: our kernel on the CPU for the formats it
-/// knows (Q4_1, Q8_0), candle's quantized product otherwise.
+/// knows (Q4_1, Q8_0), candle's quantized product otherwise (and on the
+/// device path).
 enum Linear {
     Own(QuantWeight),
     Candle(QMatMul),
 }
 
 impl Linear {
-    fn new(t: QTensor, device: &Device) -> candle_core::Result<Self> {
-        if device.is_cpu()
-            && let Some(w) = QuantWeight::from_qtensor(&t)?
-        {
+    /// `host`: our CPU kernels run the model ([`crate::EnginePath::host_kernels`]).
+    fn new(t: QTensor, host: bool) -> candle_core::Result<Self> {
+        if host && let Some(w) = QuantWeight::from_qtensor(&t)? {
             return Ok(Self::Own(w));
         }
         Ok(Self::Candle(QMatMul::from_qtensor(t)?))
@@ -61,10 +62,10 @@ enum Group {
 }
 
 impl Group {
-    fn new(parts: Vec<QTensor>, device: &Device) -> candle_core::Result<Self> {
+    fn new(parts: Vec<QTensor>, host: bool) -> candle_core::Result<Self> {
         let linears = parts
             .into_iter()
-            .map(|t| Linear::new(t, device))
+            .map(|t| Linear::new(t, host))
             .collect::<candle_core::Result<Vec<_>>>()?;
         let own: Option<Vec<&QuantWeight>> = linears
             .iter()
@@ -101,15 +102,15 @@ impl Group {
 }
 
 /// An RMS norm's weights: host values for the CPU's kernel (llama.cpp's
-/// arithmetic), a tensor on other devices.
+/// arithmetic), a tensor on other devices and on the device path.
 enum Norm {
     Host(RmsWeight),
     Device { w: Tensor, eps: f32 },
 }
 
 impl Norm {
-    fn new(w: Tensor, eps: f32) -> candle_core::Result<Self> {
-        Ok(if w.device().is_cpu() {
+    fn new(w: Tensor, eps: f32, host: bool) -> candle_core::Result<Self> {
+        Ok(if host {
             Self::Host(RmsWeight::new(w.flatten_all()?.to_vec1()?, eps))
         } else {
             Self::Device { w, eps }
@@ -140,6 +141,9 @@ struct Block {
 pub struct Llama {
     cfg: LlamaConfig,
     device: Device,
+    /// Our CPU kernels run it ([`crate::EnginePath::host_kernels`]): host
+    /// caches and attention, llama.cpp's arithmetic; otherwise candle's ops.
+    host: bool,
     /// Token embeddings, dequantized: `[vocab, hidden]`.
     embed: Tensor,
     blocks: Vec<Block>,
@@ -162,8 +166,8 @@ pub struct KvCache {
     cap: usize,
 }
 
-/// One layer's cache: host memory on the CPU (read by our attention
-/// kernel), tensors on other devices.
+/// One layer's cache: host memory with our CPU kernels (read by our
+/// attention kernel), tensors on other devices and on the device path.
 enum LayerKv {
     Host(HostKv),
     Device { k: Tensor, v: Tensor },
@@ -214,8 +218,14 @@ fn f16_round(t: &Tensor) -> candle_core::Result<Tensor> {
 }
 
 impl Llama {
-    /// Loads the model in `file` onto `device`.
-    pub fn load(file: &mut GgufFile, device: &Device) -> Result<Self, ModelError> {
+    /// Loads the model in `file` onto `device`, to run the code `path`
+    /// names.
+    pub fn load(
+        file: &mut GgufFile,
+        device: &Device,
+        path: crate::EnginePath,
+    ) -> Result<Self, ModelError> {
+        let host = path.host_kernels(device);
         let cfg = LlamaConfig::from_gguf(file)?;
         let embed_q = file.tensor("token_embd.weight", device)?;
         let (vocab, hidden) = embed_q.shape().dims2().map_err(invalid)?;
@@ -227,32 +237,35 @@ impl Llama {
         }
         let embed = embed_q.dequantize(device)?;
         let output = if file.has_tensor("output.weight") {
-            Linear::new(file.tensor("output.weight", device)?, device)?
+            Linear::new(file.tensor("output.weight", device)?, host)?
         } else {
-            Linear::new(embed_q, device)?
+            Linear::new(embed_q, host)?
         };
         let eps = cfg.rms_eps as f32;
         let norm = Norm::new(
             file.tensor("output_norm.weight", device)?
                 .dequantize(device)?,
             eps,
+            host,
         )?;
         let mut blocks = Vec::with_capacity(cfg.layers);
         for i in 0..cfg.layers {
             let mut t = |name: &str| file.tensor(&format!("blk.{i}.{name}.weight"), device);
-            let qkv = Group::new(vec![t("attn_q")?, t("attn_k")?, t("attn_v")?], device)?;
-            let wo = Linear::new(t("attn_output")?, device)?;
-            let gate_up = Group::new(vec![t("ffn_gate")?, t("ffn_up")?], device)?;
-            let down = Linear::new(t("ffn_down")?, device)?;
+            let qkv = Group::new(vec![t("attn_q")?, t("attn_k")?, t("attn_v")?], host)?;
+            let wo = Linear::new(t("attn_output")?, host)?;
+            let gate_up = Group::new(vec![t("ffn_gate")?, t("ffn_up")?], host)?;
+            let down = Linear::new(t("ffn_down")?, host)?;
             let attn_norm = Norm::new(
                 file.tensor(&format!("blk.{i}.attn_norm.weight"), device)?
                     .dequantize(device)?,
                 eps,
+                host,
             )?;
             let ffn_norm = Norm::new(
                 file.tensor(&format!("blk.{i}.ffn_norm.weight"), device)?
                     .dequantize(device)?,
                 eps,
+                host,
             )?;
             blocks.push(Block {
                 attn_norm,
@@ -278,6 +291,7 @@ impl Llama {
         Ok(Self {
             cfg,
             device: device.clone(),
+            host,
             embed,
             blocks,
             norm,
@@ -294,6 +308,17 @@ impl Llama {
         &self.cfg
     }
 
+    /// Whether a prompt read in parts (a shared prefix copied, then the
+    /// rest) gives the same bits as read whole. Our CPU kernels do (each
+    /// row's sums run in the same order whatever the pass holds); candle's
+    /// ops do not: its softmax and products sum a row in an order that
+    /// depends on the row's length, so a prefix read apart leaves its keys
+    /// and values a few bits off, and a record's tokens would depend on its
+    /// batch.
+    pub fn reads_in_parts_exactly(&self) -> bool {
+        self.host
+    }
+
     /// An empty cache for a sequence of at most `tokens` tokens (prompt and
     /// output); refused beyond the model's context.
     pub fn new_cache(&self, tokens: usize) -> Result<KvCache, ModelError> {
@@ -307,7 +332,7 @@ impl Llama {
         let shape = (self.cfg.kv_heads, cap, self.cfg.head_dim);
         let mut layers = Vec::with_capacity(self.cfg.layers);
         for _ in 0..self.cfg.layers {
-            layers.push(if self.device.is_cpu() {
+            layers.push(if self.host {
                 let n = self.cfg.kv_heads * cap * self.cfg.head_dim;
                 LayerKv::Host(HostKv {
                     k: vec![0.0; n],
@@ -400,7 +425,7 @@ impl Llama {
         let sin = self.sin.index_select(&pos, 0)?;
 
         let mut x = self.embed.index_select(&ids, 0)?;
-        let host = self.device.is_cpu();
+        let host = self.host;
         let positions: Vec<usize> = steps
             .iter()
             .flat_map(|s| s.cache.len..s.cache.len + s.tokens.len())

@@ -28,7 +28,7 @@ pub use gguf::{GgufFile, LlamaConfig};
 pub use llama::Llama;
 pub use tokenizer::GgufTokenizer;
 
-use crate::{Model, ModelError};
+use crate::{EnginePath, Model, ModelError};
 
 /// A loaded GGUF language model: weights, tokenizer and chat template.
 pub struct GgufGenerator {
@@ -69,8 +69,18 @@ pub fn find_gguf(dir: &Path) -> Result<PathBuf, ModelError> {
 }
 
 impl GgufGenerator {
-    /// Loads the GGUF file in `dir` (or the file `dir`) onto `device`.
+    /// Loads the GGUF file in `dir` (or the file `dir`) onto `device`, on
+    /// the fast path ([`EnginePath::Fast`]).
     pub fn load(dir: &Path, device: &Device) -> Result<Self, ModelError> {
+        Self::load_with(dir, device, EnginePath::Fast)
+    }
+
+    /// [`GgufGenerator::load`], to run the code `path` names.
+    pub fn load_with(
+        dir: &Path,
+        device: &Device,
+        engine_path: EnginePath,
+    ) -> Result<Self, ModelError> {
         let path = find_gguf(dir)?;
         let mut file = GgufFile::open(&path)?;
         let tokenizer = GgufTokenizer::from_gguf(&file)?;
@@ -83,7 +93,7 @@ impl GgufGenerator {
             None => None,
         };
         let weight_bytes = file.tensor_bytes();
-        let model = Llama::load(&mut file, device)?;
+        let model = Llama::load(&mut file, device, engine_path)?;
         if tokenizer.vocab_size() != model.config().vocab {
             return Err(ModelError::Invalid {
                 family: "llm-generation",
