@@ -254,8 +254,24 @@ fn reused_id(fleet: &Fleet) -> Result<()> {
         "the refused submit changed the first job's shard inputs"
     );
     // The same input again is a resubmit: it puts back the lost input and
-    // leaves the others alone.
-    fleet.submit("tiny", &first, 10, "reused")?;
+    // leaves the others alone. Asked in int8, it keeps the job's f32 (its
+    // tasks and consumer are the stored spec's) and says so.
+    let out = fleet.cli_raw(&[
+        "submit",
+        "--model",
+        "tiny",
+        "--input",
+        &first.display().to_string(),
+        "--shard-size",
+        "10",
+        "--job",
+        "reused",
+        "--precision",
+        "int8",
+    ])?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("first submit's --precision f32"), "{said}");
     assert!(read_all()? == before);
     Ok(())
 }

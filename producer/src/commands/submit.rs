@@ -259,7 +259,18 @@ pub async fn submit(
         needs: sharing.needs,
         verify_ppm: args.verify.map(|v| (v * 1e6).round() as u32),
     };
-    let resubmit = write_spec(store.as_ref(), &spec).await?;
+    // A resubmit goes on with the stored spec, as retry, reconcile and the
+    // watchdog do: its tasks and its consumer are the job's first ones.
+    let (spec, resubmit) = match write_spec(store.as_ref(), &spec).await? {
+        Some(stored) => {
+            let changed = settings_changed(&stored, &spec);
+            if !changed.is_empty() {
+                tracing::warn!(job = %job, "the job exists: its shards run with its first submit's {} (not this one's)", changed.join(", "));
+            }
+            (stored, true)
+        }
+        None => (spec, false),
+    };
     // The job's own consumer, before any of its shards is queued.
     minions_endpoints::queue::ensure_job_consumer(&js, &settings, &spec).await?;
     if !missing.is_empty() {
@@ -543,10 +554,35 @@ async fn input_exists(store: &dyn ObjectStore, input: &ShardInput) -> bool {
         .is_ok()
 }
 
-/// Writes the job spec create-only. Returns true when the same job was
-/// submitted before (same input, model and shard size); refuses a different
-/// job under an existing id.
-async fn write_spec(store: &dyn ObjectStore, spec: &JobSpec) -> anyhow::Result<bool> {
+/// What a resubmit asked differently from the stored spec, in flag names
+/// (the settings that do not make it another job).
+fn settings_changed(stored: &JobSpec, asked: &JobSpec) -> Vec<String> {
+    let mut changed = Vec::new();
+    if stored.precision != asked.precision {
+        changed.push(format!("--precision {}", stored.precision));
+    }
+    if stored.max_batch != asked.max_batch {
+        changed.push(format!("--max-batch {}", stored.max_batch));
+    }
+    if stored.team != asked.team {
+        changed.push(format!("--team {}", stored.team));
+    }
+    if stored.priority != asked.priority {
+        changed.push(format!("--priority {}", stored.priority));
+    }
+    if stored.preemptible != asked.preemptible || stored.needs != asked.needs {
+        changed.push("preemptibility and needs".to_owned());
+    }
+    if stored.verify_ppm != asked.verify_ppm {
+        changed.push("--verify".to_owned());
+    }
+    changed
+}
+
+/// Writes the job spec create-only. Returns the stored spec when the same
+/// job was submitted before (same input, model and shard size); refuses a
+/// different job under an existing id.
+async fn write_spec(store: &dyn ObjectStore, spec: &JobSpec) -> anyhow::Result<Option<JobSpec>> {
     let key = StorePath::from(keys::job_spec(&spec.job));
     let bytes = encode("job spec", spec)?;
     let opts = PutOptions {
@@ -554,7 +590,7 @@ async fn write_spec(store: &dyn ObjectStore, spec: &JobSpec) -> anyhow::Result<b
         ..Default::default()
     };
     match store.put_opts(&key, bytes.into(), opts).await {
-        Ok(_) => Ok(false),
+        Ok(_) => Ok(None),
         Err(object_store::Error::AlreadyExists { .. }) => {
             let old: JobSpec = get_doc(
                 store,
@@ -580,7 +616,7 @@ async fn write_spec(store: &dyn ObjectStore, spec: &JobSpec) -> anyhow::Result<b
                 );
             }
             tracing::info!(job = %spec.job, "job exists with the same input; publishing only shards not yet done");
-            Ok(true)
+            Ok(Some(old))
         }
         Err(e) => Err(e).with_context(|| format!("writing {key}")),
     }
