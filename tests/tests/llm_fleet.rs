@@ -275,9 +275,9 @@ fn run_whole(shard: &Shard) -> Result<Vec<String>> {
 async fn a_killed_worker_resumes_from_the_checkpoint() -> Result<()> {
     let mut fleet = Fleet::local()?;
     let shard = Shard {
-        records: 32,
-        max_tokens: 4,
-        checkpointed: 8,
+        records: 24,
+        max_tokens: 3,
+        checkpointed: 6,
         path: EnginePath::Device,
     };
     let r = async {

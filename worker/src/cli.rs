@@ -51,7 +51,7 @@ pub struct WorkerArgs {
     #[arg(long, env = "MINIONS_LEND_MEMORY_MB")]
     pub lend_memory_mb: Option<u64>,
     /// Compute device.
-    #[arg(long, global = true, default_value_t = DeviceChoice::Auto,
+    #[arg(long, global = true, env = "MINIONS_DEVICE", default_value_t = DeviceChoice::Auto,
           value_parser = PossibleValuesParser::new(
               DeviceChoice::CHOICES.map(|(name, help)| PossibleValue::new(name).help(help)))
               .try_map(|s| s.parse::<DeviceChoice>()))]
