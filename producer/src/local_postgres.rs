@@ -313,6 +313,14 @@ fn says_port_taken(log: &str) -> bool {
         .any(|l| l.contains("could not bind") && l.contains("Address already in use"))
 }
 
+/// Whether the log text written since a start says the server exited
+/// because processes of an earlier server on its data folder still hold
+/// that server's shared memory.
+fn says_memory_held(log: &str) -> bool {
+    log.lines()
+        .any(|l| l.contains("pre-existing shared memory block") && l.contains("still in use"))
+}
+
 /// The part of the file at `path` after its first `from` bytes (lossy
 /// UTF-8; empty when it cannot be read).
 fn read_from(path: &Path, from: u64) -> String {
@@ -538,6 +546,28 @@ impl LocalPostgres {
 
     /// Starts `postgres` and waits until it accepts connections.
     fn spawn(&mut self) -> Result<(), LocalPgError> {
+        // After a kill, the postmaster's children leave a moment later (each
+        // calls setsid, so a kill of the postmaster's group misses them);
+        // until the last is gone it holds the shared memory, and a start on
+        // the same folder exits ("pre-existing shared memory block ... is
+        // still in use"). Such a start is tried again until they are gone.
+        let until = Instant::now() + STOP_TIMEOUT;
+        loop {
+            let log_start = std::fs::metadata(self.log_path()).map_or(0, |m| m.len());
+            match self.spawn_once(log_start) {
+                Err(LocalPgError::Exited { .. })
+                    if Instant::now() < until
+                        && says_memory_held(&read_from(&self.log_path(), log_start)) =>
+                {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// One start of the server; `log_start`: the log's length before it.
+    fn spawn_once(&mut self, log_start: u64) -> Result<(), LocalPgError> {
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.port));
         if TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_ok() {
             return Err(LocalPgError::PortInUse(self.port));
@@ -557,9 +587,6 @@ impl LocalPostgres {
             path: log_path.clone(),
             source,
         })?;
-        // Where this start's lines begin, to judge its failure by them
-        // alone (the log is appended to on every start).
-        let log_start = log.metadata().map_or(0, |m| m.len());
         // The child is the postmaster itself (`postgres` does not fork into
         // the background, and the uid change happens in the child before
         // exec), so its pid is the one it writes to postmaster.pid.
@@ -752,10 +779,10 @@ impl LocalPostgres {
             let _ = killpg(group, Signal::SIGKILL);
             let _ = child.kill();
             let _ = child.wait();
-            // The postmaster's own children are reaped by init, a moment
-            // later: until the last is gone it holds the shared memory, and
-            // a start on the same folder fails ("pre-existing shared memory
-            // block is still in use"). Wait for the group to empty.
+            // Wait for the group to empty. The postmaster's children are
+            // not in it (each has a session of its own): they exit once
+            // they see the postmaster gone, and a start meanwhile is tried
+            // again (see `spawn`).
             let until = Instant::now() + STOP_TIMEOUT;
             while killpg(group, None).is_ok() && Instant::now() < until {
                 std::thread::sleep(Duration::from_millis(10));
@@ -1033,6 +1060,15 @@ mod tests {
              LOG:  could not bind IPv4 address \"127.0.0.1\": Cannot assign requested address\n"
         ));
         assert!(!says_port_taken(
+            "FATAL:  data directory has wrong ownership\n"
+        ));
+        // The exit a start retries: an earlier server's children still
+        // attached to its shared memory (PostgreSQL 18's words).
+        assert!(says_memory_held(
+            "FATAL:  pre-existing shared memory block (key 11068204, ID 327721) is still in \
+             use\nHINT:  Terminate any old server processes associated with data directory\n"
+        ));
+        assert!(!says_memory_held(
             "FATAL:  data directory has wrong ownership\n"
         ));
     }
