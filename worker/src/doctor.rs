@@ -81,9 +81,14 @@ async fn canary(
         return;
     };
     let dir = cache_dir.join(format!("canary-doctor-{}", std::process::id()));
-    let line = match crate::canary::run_on(device, path, &dir).await {
+    // Its time (the tiny model's loading included) is the user's first
+    // reading of the device's speed, e.g. Metal against the CPU.
+    let started = std::time::Instant::now();
+    let ran = crate::canary::run_on(device, path, &dir).await;
+    let took = started.elapsed().as_millis();
+    let line = match ran {
         Ok(answers) => match minions_schemas::canary::judge(&answers) {
-            Ok(how) => format!("ok: {how}"),
+            Ok(how) => format!("ok: {how}; {took} ms, loading included"),
             Err(why) => format!(
                 "FAILED: {why}; this build, device or kernel path gives wrong answers, and a worker here would be refused"
             ),
