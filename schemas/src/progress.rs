@@ -690,24 +690,14 @@ impl Progress {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{IdError, JobId, SCHEMA_VERSION, WorkerId};
+    use crate::{IdError, WorkerId};
 
     fn spec() -> Result<JobSpec, IdError> {
         crate::messages::test_spec()
     }
 
     fn ev(shard: u32, attempt: u64, at_ms: u64, kind: EventKind) -> Result<ShardEvent, IdError> {
-        Ok(ShardEvent {
-            energy: None,
-            v: SCHEMA_VERSION,
-            job: JobId::new("j")?,
-            shard,
-            worker: WorkerId::new("w")?,
-            host: "h".into(),
-            attempt,
-            at_ms,
-            kind,
-        })
+        ShardEvent::test_event(shard, attempt, at_ms, kind)
     }
 
     fn done() -> EventKind {

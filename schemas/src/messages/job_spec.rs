@@ -113,14 +113,21 @@ impl JobSpec {
     }
 }
 
-/// A small spec for unit tests: job `j`, 4 shards of 10 records, 35 in all.
+/// A small spec for tests: job `j`, 4 shards of 10 records, 35 in all.
 #[cfg(test)]
 pub(crate) fn test_spec() -> Result<JobSpec, crate::IdError> {
+    test_spec_of("j", 4, 35)
+}
+
+/// A spec for tests (the `test-support` feature): an f32 embedding job
+/// `job` of model `m`, `shards` shards of 10 records, `records` in all.
+#[cfg(any(test, feature = "test-support"))]
+pub fn test_spec_of(job: &str, shards: u32, records: u64) -> Result<JobSpec, crate::IdError> {
     Ok(JobSpec {
         submitter: String::new(),
         verify_ppm: None,
         v: crate::SCHEMA_VERSION,
-        job: crate::JobId::new("j")?,
+        job: crate::JobId::new(job)?,
         model_name: crate::ModelName::new("m")?,
         model_hash: crate::ModelHash::new("a".repeat(64))?,
         family: crate::messages::ModelFamily::BertEmbedding,
@@ -134,8 +141,8 @@ pub(crate) fn test_spec() -> Result<JobSpec, crate::IdError> {
         shard_size: 10,
         max_batch: 0,
         precision: crate::messages::Precision::F32,
-        shards: 4,
-        records: 35,
+        shards,
+        records,
         skipped: 0,
         created_ms: 0,
         team: crate::messages::DEFAULT_TEAM.to_owned(),

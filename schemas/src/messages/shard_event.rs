@@ -245,6 +245,26 @@ pub enum Sender<'a> {
 }
 
 impl ShardEvent {
+    /// An event for tests (the `test-support` feature): about job `j`,
+    /// sent by worker `w` on host `h` at `at_ms`.
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn test_event(
+        shard: u32,
+        attempt: u64,
+        at_ms: u64,
+        kind: EventKind,
+    ) -> Result<Self, crate::IdError> {
+        let by = Self::by_worker(
+            crate::JobId::new("j")?,
+            shard,
+            crate::WorkerId::new("w")?,
+            "h".into(),
+            attempt,
+            kind,
+        );
+        Ok(Self { at_ms, ..by })
+    }
+
     /// An event that a worker (`worker` on `host`) sends now about its
     /// delivery `attempt` of `job`'s `shard`.
     pub fn by_worker(

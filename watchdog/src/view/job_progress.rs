@@ -334,59 +334,18 @@ fn trim_recent(w: &mut VecDeque<(u64, u64)>, now_ms: u64) {
 /// Fixtures of the crate's unit tests.
 #[cfg(test)]
 pub(crate) mod fixtures {
-    use minions_schemas::messages::{InputDescription, JobSpec, ModelFamily, Precision};
-    use minions_schemas::{IdError, JobId, ModelHash, ModelName, SCHEMA_VERSION};
-
     /// The spec of job `job` of model `m`: `shards` shards of 10 records,
     /// `records` in all.
-    pub(crate) fn spec(job: &str, shards: u32, records: u64) -> Result<JobSpec, IdError> {
-        Ok(JobSpec {
-            submitter: String::new(),
-            verify_ppm: None,
-            v: SCHEMA_VERSION,
-            job: JobId::new(job)?,
-            model_name: ModelName::new("m")?,
-            model_hash: ModelHash::new("a".repeat(64))?,
-            family: ModelFamily::BertEmbedding,
-            input: InputDescription {
-                source: "x".into(),
-                sha256: String::new(),
-                bytes: 0,
-                text_field: "text".into(),
-                id_field: None,
-            },
-            shard_size: 10,
-            max_batch: 0,
-            precision: Precision::F32,
-            shards,
-            records,
-            skipped: 0,
-            created_ms: 0,
-            team: minions_schemas::messages::DEFAULT_TEAM.to_owned(),
-            priority: Default::default(),
-            preemptible: false,
-            needs: Default::default(),
-        })
-    }
+    pub(crate) use minions_schemas::messages::test_spec_of as spec;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use minions_schemas::{IdError, SCHEMA_VERSION};
+    use minions_schemas::IdError;
 
     fn ev(shard: u32, attempt: u64, at_ms: u64, kind: EventKind) -> Result<ShardEvent, IdError> {
-        Ok(ShardEvent {
-            energy: None,
-            v: SCHEMA_VERSION,
-            job: JobId::new("j")?,
-            shard,
-            worker: WorkerId::new("w")?,
-            host: "h".into(),
-            attempt,
-            at_ms,
-            kind,
-        })
+        ShardEvent::test_event(shard, attempt, at_ms, kind)
     }
 
     fn done(ms: u64) -> EventKind {
