@@ -11,7 +11,7 @@ mod job_manifest;
 mod job_spec;
 #[cfg(test)]
 pub(crate) use job_spec::test_spec;
-#[cfg(any(test, feature = "test-support"))]
+#[doc(hidden)]
 pub use job_spec::test_spec_of;
 mod model;
 mod provenance;

@@ -245,9 +245,9 @@ pub enum Sender<'a> {
 }
 
 impl ShardEvent {
-    /// An event for tests (the `test-support` feature): about job `j`,
-    /// sent by worker `w` on host `h` at `at_ms`.
-    #[cfg(any(test, feature = "test-support"))]
+    /// An event for tests: about job `j`, sent by worker `w` on host `h`
+    /// at `at_ms` (compiled always, as `test_spec_of` is).
+    #[doc(hidden)]
     pub fn test_event(
         shard: u32,
         attempt: u64,
