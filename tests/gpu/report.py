@@ -8,6 +8,7 @@ sentence-transformers reference needs torch and sentence-transformers).
   report.py embed NAME VECS FIXTURE [ST]  agreement of the fleet's vectors (.npy) with the
                                           fixture's and, when given, sentence-transformers'
   report.py answers ANSWERS CPU [--write] generated tokens; how many equal the CPU path's
+  report.py same A B                      how many answers of A equal B's (by id)
 
 Each prints one line of the report; a check that fails exits 1.
 """
@@ -172,6 +173,14 @@ def answers(path, cpu_path, write=False):
         sys.exit(1)
 
 
+def same(a, b):
+    def texts(path):
+        return {g["id"]: g["text"] for g in map(json.loads, open(path, encoding="utf-8"))}
+
+    ta, tb = texts(a), texts(b)
+    print(sum(1 for k, v in ta.items() if tb.get(k) == v))
+
+
 def main(argv):
     cmd, args = argv[1], argv[2:]
     if cmd == "corpus":
@@ -182,6 +191,8 @@ def main(argv):
         st(*args)
     elif cmd == "embed":
         embed(*args)
+    elif cmd == "same":
+        same(args[0], args[1])
     elif cmd == "answers":
         answers(args[0], args[1], write="--write" in args[2:])
     else:

@@ -14,7 +14,8 @@
 #     batch size in fp32 and fp16 (the ratio is the figure);
 #   - SmolLM2-135M-Instruct: 200 chat prompts, greedy, up to 64 tokens each, as
 #     fleet jobs at --max-seqs 32, 128 and 256: generated tokens/s, and how many
-#     answers equal the CPU path's (tests/gpu/cpu_answers.jsonl);
+#     answers equal the CPU path's (tests/gpu/cpu_answers.jsonl) and how many
+#     are the same at every width (batch independence);
 #   - GPU memory in use (nvidia-smi) and the worker's peak RSS.
 #
 # Options:
@@ -222,6 +223,21 @@ if [[ ",$PARTS," == *,llm,* ]]; then
         FAILED=1
       fi
       usage "llm --max-seqs $width"
+    done
+    # Batch independence: a record's answer must not depend on how many
+    # sequences share its passes (on a GPU, candle picks its quantized
+    # product's kernel by the pass's rows).
+    set -- $WIDTHS
+    first_width="$1"
+    shift
+    for width in "$@"; do
+      [[ -f "$OUT/answers-$first_width.jsonl" && -f "$OUT/answers-$width.jsonl" ]] || continue
+      n="$("$PY" "$here/report.py" same "$OUT/answers-$width.jsonl" "$OUT/answers-$first_width.jsonl")"
+      say "batch independence: $n of $PROMPTS answers at --max-seqs $width equal those at --max-seqs $first_width"
+      if [[ "$DEVICE" == cpu && "$n" != "$PROMPTS" ]]; then
+        say "llm: FAILED: on the CPU a record's answer must not depend on its batch"
+        FAILED=1
+      fi
     done
   fi
 fi

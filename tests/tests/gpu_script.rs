@@ -3,7 +3,8 @@
 //! nats-server, a watchdog, one worker, the canary, embedding jobs in f32
 //! and f16, generation jobs at two widths, the report's checks) with the
 //! workspace's debug binaries and small inputs. On the CPU every answer must
-//! equal the committed CPU-path answers (tests/gpu/cpu_answers.jsonl).
+//! equal the committed CPU-path answers (tests/gpu/cpu_answers.jsonl), at
+//! each width.
 
 use std::process::Command;
 
@@ -35,6 +36,7 @@ fn the_gpu_script_runs_end_to_end_on_the_cpu() -> Result<()> {
         "Minions f32: ",
         "Minions f16: ",
         "16 of 16 answers equal the CPU path's",
+        "batch independence: 16 of 16 answers at --max-seqs 16 equal those at --max-seqs 4",
         "worker peak RSS",
         "== done",
     ] {
