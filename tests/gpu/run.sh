@@ -26,6 +26,9 @@
 #                    absent is skipped and says so
 #   --out DIR        keep logs and outputs there (default: a temporary folder)
 #   --widths "W..."  the --max-seqs values of the generation jobs
+#   --worker-flags "F..."  more flags for every worker, e.g. "--max-batch 512
+#                    --batch-tokens 65536" (the defaults, 128 texts and 8,192
+#                    tokens a pass, are set for CPUs)
 #   --write-answers  write the answers as the CPU path's fixture (made once with
 #                    --device cpu --parts llm --widths 32 --write-answers)
 # Binaries: the bundle's bin/, else $MINIONS_BIN, else target/release or
@@ -35,7 +38,7 @@
 # the CPU when an answer differs from the fixture.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-DEVICE=cuda:0 QUICK=0 PARTS=embed,llm OUT="" WRITE=0 WIDTHS_SET=""
+DEVICE=cuda:0 QUICK=0 PARTS=embed,llm OUT="" WRITE=0 WIDTHS_SET="" WORKER_FLAGS=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --device) DEVICE="$2"; shift 2 ;;
@@ -44,6 +47,7 @@ while [[ $# -gt 0 ]]; do
     --out) OUT="$2"; shift 2 ;;
     --write-answers) WRITE=1; shift ;;
     --widths) WIDTHS_SET="$2"; shift 2 ;;
+    --worker-flags) WORKER_FLAGS="$2"; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -131,8 +135,9 @@ start_worker() { # start_worker NAME FLAGS...: one worker on the device, replaci
     wait "$WORKER" 2>/dev/null || true
   fi
   local name="$1"; shift
+  # shellcheck disable=SC2086 # WORKER_FLAGS is a list of words
   "$BIN/minions-worker" --device "$DEVICE" --name "$name" --cache-dir "$OUT/cache" "$@" \
-    > "$OUT/$name.log" 2>&1 &
+    $WORKER_FLAGS > "$OUT/$name.log" 2>&1 &
   WORKER=$!
   pids+=("$WORKER")
 }
