@@ -87,6 +87,7 @@ impl BertEmbedder {
         let weights = read(dir, "model.safetensors")?;
         let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, device)
             .map_err(|e| invalid(format!("model.safetensors: {e}")))?;
+        let precision = path.runs_as(device, precision);
         let model = Encoder::load(vb, &config, precision, path.host_kernels(device))
             .map_err(|e| invalid(format!("model.safetensors: {e}")))?;
         Ok(Self {

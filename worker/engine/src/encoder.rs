@@ -84,8 +84,8 @@ impl Linear {
     /// kernels run it ([`crate::EnginePath::host_kernels`]).
     fn new(w: Tensor, b: Tensor, precision: Precision, host: bool) -> candle_core::Result<Self> {
         let w = match precision {
-            // The CPU has no faster f16 product: f16 runs as f32 there.
-            Precision::F32 | Precision::F16 if host => Weight::DenseCpu(DenseWeight::new(&w, &b)?),
+            // f16 never arrives here on our kernels (EnginePath::runs_as).
+            Precision::F32 if host => Weight::DenseCpu(DenseWeight::new(&w, &b)?),
             Precision::F32 => Weight::Dense(w.t()?.contiguous()?),
             Precision::F16 => Weight::Half(w.t()?.contiguous()?.to_dtype(DType::F16)?),
             Precision::Int8 if own_int8(host) => Weight::Int8Cpu(Int8Weight::new(&w, &b)?),

@@ -12,6 +12,7 @@
 //! keeps it.
 
 use candle_core::Device;
+use minions_schemas::messages::Precision;
 
 /// The environment variable that chooses the path ([`EnginePath::from_env`]).
 pub const ENGINE_PATH_ENV: &str = "MINIONS_ENGINE_PATH";
@@ -58,6 +59,18 @@ impl EnginePath {
     pub fn host_kernels(self, device: &Device) -> bool {
         self == Self::Fast && device.is_cpu()
     }
+
+    /// The precision a model asked to run in `precision` on `device` runs
+    /// in: our host kernels have no faster f16 product and run f16 as f32
+    /// (bit for bit f32's vectors); everything else runs as asked. The one
+    /// place this rule lives: the encoder's load and the worker's model
+    /// cache (one warm copy for f32 and f16 jobs) both ask here.
+    pub fn runs_as(self, device: &Device, precision: Precision) -> Precision {
+        match precision {
+            Precision::F16 if self.host_kernels(device) => Precision::F32,
+            p => p,
+        }
+    }
 }
 
 impl std::str::FromStr for EnginePath {
@@ -96,5 +109,21 @@ mod tests {
         assert!(EnginePath::Fast.host_kernels(&Device::Cpu));
         assert!(!EnginePath::Device.host_kernels(&Device::Cpu));
         Ok(())
+    }
+
+    #[test]
+    fn only_our_kernels_run_f16_as_f32() {
+        let cpu = Device::Cpu;
+        assert_eq!(
+            EnginePath::Fast.runs_as(&cpu, Precision::F16),
+            Precision::F32
+        );
+        assert_eq!(
+            EnginePath::Device.runs_as(&cpu, Precision::F16),
+            Precision::F16
+        );
+        for p in [Precision::F32, Precision::Int8] {
+            assert_eq!(EnginePath::Fast.runs_as(&cpu, p), p);
+        }
     }
 }

@@ -124,10 +124,7 @@ impl ModelCache {
         precision: Precision,
     ) -> Result<Arc<dyn Model>, ModelError> {
         // Our CPU kernels run f16 as f32: one warm copy serves both.
-        let precision = match precision {
-            Precision::F16 if self.path.host_kernels(&self.device) => Precision::F32,
-            p => p,
-        };
+        let precision = self.path.runs_as(&self.device, precision);
         let slot = self.slot(hash, precision);
         let model = slot
             .get_or_try_init(|| async {
