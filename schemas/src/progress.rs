@@ -10,6 +10,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::messages::{EventKind, JobSpec, ShardEvent, VerdictOutcome};
 
+mod closed;
+pub use closed::{CLOSED_FAILED_LISTED, ClosedFold};
+
 /// Where a job stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -304,40 +307,29 @@ impl<'de> Deserialize<'de> for JobFold {
                 },
             )
             .collect();
-        let mut totals = Totals::default();
-        let mut failed = std::collections::BTreeMap::new();
-        for (i, s) in (0u32..).zip(&shards) {
-            totals.redeliveries = totals
-                .redeliveries
-                .saturating_add(s.attempts.saturating_sub(1));
-            totals.tokens = totals.tokens.saturating_add(s.tokens);
-            totals.checking += u32::from(s.checking);
-            totals.verified += u32::from(s.verified);
-            match s.class() {
-                Class::Done => {
-                    totals.done += 1;
-                    totals.records_done += saved.spec.shard_rows(i);
-                }
-                Class::Failed => {
-                    totals.failed += 1;
-                    failed.insert(i, (s.failed.clone().unwrap_or_default(), s.attempts));
-                }
-                Class::Running => totals.running += 1,
-                Class::Pending => {}
-            }
-        }
-        Ok(Self {
-            spec: saved.spec,
+        Ok(JobFold::from_shards(
+            saved.spec,
             shards,
-            totals,
-            failed,
-            first_start: saved.first_start,
-            last_done: saved.last_done,
-            handed_back: saved.handed_back,
-            rejected: saved.rejected,
-            disagreements: saved.disagreements,
-        })
+            Times {
+                first_start: saved.first_start,
+                last_done: saved.last_done,
+                handed_back: saved.handed_back,
+                rejected: saved.rejected,
+                disagreements: saved.disagreements,
+            },
+        ))
     }
+}
+
+/// What a fold keeps beside its shards: when work began and last ended,
+/// and the job's counts that no shard holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Times {
+    first_start: Option<u64>,
+    last_done: Option<u64>,
+    handed_back: u64,
+    rejected: u64,
+    disagreements: u64,
 }
 
 impl JobFold {
@@ -354,6 +346,45 @@ impl JobFold {
             handed_back: 0,
             rejected: 0,
             disagreements: 0,
+        }
+    }
+
+    /// A fold of `spec` whose shards are `shards` (one per shard of the
+    /// spec); the running totals and the failed-shard list are derived
+    /// from them, so they always agree.
+    fn from_shards(spec: JobSpec, shards: Vec<ShardState>, times: Times) -> Self {
+        let mut totals = Totals::default();
+        let mut failed = std::collections::BTreeMap::new();
+        for (i, s) in (0u32..).zip(&shards) {
+            totals.redeliveries = totals
+                .redeliveries
+                .saturating_add(s.attempts.saturating_sub(1));
+            totals.tokens = totals.tokens.saturating_add(s.tokens);
+            totals.checking += u32::from(s.checking);
+            totals.verified += u32::from(s.verified);
+            match s.class() {
+                Class::Done => {
+                    totals.done += 1;
+                    totals.records_done += spec.shard_rows(i);
+                }
+                Class::Failed => {
+                    totals.failed += 1;
+                    failed.insert(i, (s.failed.clone().unwrap_or_default(), s.attempts));
+                }
+                Class::Running => totals.running += 1,
+                Class::Pending => {}
+            }
+        }
+        Self {
+            spec,
+            shards,
+            totals,
+            failed,
+            first_start: times.first_start,
+            last_done: times.last_done,
+            handed_back: times.handed_back,
+            rejected: times.rejected,
+            disagreements: times.disagreements,
         }
     }
 

@@ -405,6 +405,21 @@ pub fn write_short(path: &Path, n: usize) -> Result<()> {
     Ok(())
 }
 
+/// The `done` of a synthetic shard of the watchdog benchmarks' jobs (256
+/// records of 384 floats, 9 to 11 s), its output hash derived from `h`.
+pub fn bench_done(h: u64) -> minions_schemas::messages::EventKind {
+    minions_schemas::messages::EventKind::Done {
+        rows: 256,
+        output_bytes: 256 * 384 * 4,
+        duration_ms: 9_000 + h % 2_000,
+        compute_ms: 8_000,
+        already_done: false,
+        sha256: format!("{:016x}{:048x}", h.wrapping_mul(0x9e37_79b9_7f4a_7c15), h),
+        tokens: 0,
+        made_by: None,
+    }
+}
+
 /// Writes the spec of a synthetic job `job` of `shards` shards of 256
 /// records, model `bench` (the watchdog benchmarks' jobs), into the
 /// local-directory store at `store`.

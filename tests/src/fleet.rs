@@ -325,6 +325,18 @@ impl Fleet {
             .join("\n")
     }
 
+    /// The manifest of `job` in this fleet's local-directory store.
+    pub fn manifest(&self, job: &str) -> Result<minions_schemas::messages::JobManifest> {
+        let key = minions_schemas::keys::job_manifest(&minions_schemas::JobId::new(job)?);
+        let path = self.dir.path().join("store").join(key);
+        let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(minions_schemas::decode(
+            "job manifest",
+            &bytes,
+            minions_schemas::limits::MAX_MANIFEST_BYTES,
+        )?)
+    }
+
     /// Every event of `job` so far, in stream order.
     pub async fn events(&self, job: &str) -> Result<Vec<minions_schemas::messages::ShardEvent>> {
         let js = async_nats::jetstream::new(self.client().await?);

@@ -4,7 +4,10 @@
 //! and the job going to 100% without a reload; `/metrics`, read by a Prometheus
 //! text-format parser, counts exactly the job's shards and records; the job
 //! page says why nothing waits; `minions watch` follows the job to its end;
-//! every metric the shipped Grafana dashboard queries exists.
+//! the dashboard's and `status`'s counts are the manifest's, and stay so
+//! once the watchdog has forgotten the finished job (it keeps one here) and
+//! reads its manifest instead; every metric the shipped Grafana dashboard
+//! queries exists.
 //!
 //! `MINIONS_UPDATE_SCREENSHOT=1` also writes the screenshot taken midway to
 //! docs/dashboard.png.
@@ -51,7 +54,7 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
     fleet.push_model("slow", SLOW)?;
     let input = fleet.dir.path().join("in.jsonl");
     write_corpus(&input, RECORDS)?;
-    fleet.add_watchdog(&[])?;
+    fleet.add_watchdog(&["--finished-jobs-kept", "1"])?;
     let base = fleet.dashboards[0].clone();
     wait_until("healthz", Duration::from_secs(20), || {
         Ok(get(&format!("{base}/healthz"))
@@ -206,6 +209,39 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
     assert_eq!(ratio, Some(1.0));
     assert_eq!(idle, 2.0);
     assert!(value("minions_heartbeats_total", None).unwrap_or(0.0) > 0.0);
+    // The dashboard, `status` and the manifest tell the same counts; a
+    // second job closes and the watchdog forgets the first (it keeps one
+    // finished job), whose page then reads the manifest.
+    let manifest = fleet.manifest(&job)?;
+    let counts = |v: &serde_json::Value| (v["done"].as_u64(), v["failed"].as_u64());
+    let page = |job: &str| -> Result<serde_json::Value> {
+        let (code, body) = get(&format!("{base}/api/jobs/{job}"))?;
+        assert_eq!(code, 200, "{body}");
+        Ok(serde_json::from_str::<serde_json::Value>(&body)?["progress"].clone())
+    };
+    let want = (
+        Some(u64::from(manifest.done)),
+        Some(u64::from(manifest.failed)),
+    );
+    assert_eq!(counts(&page(&job)?), want);
+    assert_eq!(counts(&status), want);
+    let small = fleet.dir.path().join("one.jsonl");
+    write_corpus(&small, 1)?;
+    let second = fleet.submit("slow", &small, SHARD, "dash2")?;
+    fleet.wait_job(&second, Duration::from_secs(60))?;
+    let forgotten = wait_until("the first job forgotten", Duration::from_secs(10), || {
+        let (_, fleet_json) = get(&format!("{base}/api/fleet"))?;
+        Ok((!fleet_json.contains(&format!("\"{job}\""))).then_some(()))
+    });
+    forgotten?;
+    let from_manifest = page(&job)?;
+    assert_eq!(counts(&from_manifest), want);
+    assert_eq!(from_manifest["state"], "done");
+    assert_eq!(from_manifest["records_done"], RECORDS);
+    eprintln!(
+        "dashboard, status and manifest: {want:?} done/failed; the forgotten job's page reads its manifest"
+    );
+
     // The queue empties once the last ack is read (polled every second).
     wait_until("queue depth 0 in /metrics", Duration::from_secs(10), || {
         let (_, t) = get(&format!("{base}/metrics"))?;

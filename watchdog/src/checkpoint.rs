@@ -8,9 +8,10 @@
 //! and follows the stream from the next sequence on.
 //!
 //! Where: in the object store, under [`keys::WATCHDOG_CHECKPOINTS`], one
-//! object per sequence. The state grows with the shards of every job the
-//! stream still holds (tens of bytes a shard), far past NATS's 1 MB
-//! message limit, while a store put of any size is atomic (the local store
+//! object per sequence. The state grows with the shards of open jobs (tens
+//! of bytes a shard; a finished job's detail leaves it once its manifest
+//! is written, see [`crate::tracker`]), past NATS's 1 MB message limit,
+//! while a store put of any size is atomic (the local store
 //! renames a finished file into place, S3 publishes an object whole), so a
 //! reader sees a whole checkpoint or none. Several watchdogs may write at
 //! once: each writes the fold of a prefix of the same stream under that
@@ -38,7 +39,7 @@ use crate::tracker::{RestoreError, SavedTracker, SavedTrackerRef, Tracker};
 use crate::view::job_progress::{SavedJobs, SavedJobsRef};
 
 /// The checkpoint format this build writes and reads.
-pub const FORMAT: u16 = 4;
+pub const FORMAT: u16 = 5;
 /// How many checkpoints are kept in the store (older ones are deleted after
 /// a new one is written): a corrupt newest one falls back to the next.
 pub const KEEP: usize = 3;
@@ -694,7 +695,9 @@ mod tests {
         for s in 0..SHARDS {
             t.apply(event("job-c", s, 1, 2000, done(2000))).await;
         }
-        // As if the store had refused the manifest: the state says unwritten.
+        // Written, the job closed; opened again to build the state of a
+        // store that refused its manifest: complete, open, unwritten.
+        assert!(t.reopen(&JobId::new("job-c")?).await);
         let bytes = encode(&t, &header(6))?;
         let mut cp = decode_checkpoint(&bytes)?;
         cp.body.tracker.forget_manifests();

@@ -101,6 +101,12 @@ pub struct WatchdogArgs {
     /// results in open jobs run again elsewhere.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub quarantine_after: u32,
+    /// Finished jobs whose summary the dashboard keeps (the newest). A
+    /// finished job's per-shard detail leaves memory once its manifest is
+    /// written; older summaries go too, and the manifest answers for them.
+    #[arg(long, default_value_t = crate::tracker::DEFAULT_FINISHED_KEPT as u64,
+        value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub finished_jobs_kept: u64,
 }
 
 /// A flag value the watchdog cannot use.
@@ -140,6 +146,7 @@ impl WatchdogArgs {
             verify_ppm: (verify * 1e6).round() as u32,
             verify_key,
             quarantine_after: self.quarantine_after,
+            finished_kept: usize::try_from(self.finished_jobs_kept).unwrap_or(usize::MAX),
             nats_url: self.nats,
             nats_security: self.security,
             replicas: usize::from(self.replication.replicas),

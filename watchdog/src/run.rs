@@ -82,6 +82,8 @@ pub struct WatchdogConfig {
     pub verify_key: Vec<u8>,
     /// Strikes that quarantine a machine.
     pub quarantine_after: u32,
+    /// Finished jobs whose summary is kept (see `--finished-jobs-kept`).
+    pub finished_kept: usize,
 }
 
 fn follow_err<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> WatchdogError {
@@ -209,9 +211,12 @@ async fn start(
         Some(addr) => {
             let (local, task) = crate::http::serve(
                 addr,
-                view.clone(),
-                js.clone(),
-                client.clone(),
+                crate::http::Backends {
+                    view: view.clone(),
+                    js: js.clone(),
+                    client: client.clone(),
+                    store: store.clone(),
+                },
                 ledger_status.clone(),
                 config.ledger.as_ref().map(|l| l.url.clone()),
                 stop_side.clone(),
@@ -254,6 +259,7 @@ async fn start(
             verify_key: config.verify_key.clone(),
             quarantine_after: config.quarantine_after,
             quarantine: Some(quarantine),
+            finished_kept: config.finished_kept,
         },
         stop_events.clone(),
     )

@@ -4,6 +4,8 @@
 //! check of what is already there, create-or-compare puts), so several
 //! watchdogs, or one that restarts and replays the events, write each once.
 //! It also folds every event into the shared [`View`] for the dashboard.
+//! A job's detail is held only while it is open: once its manifest is
+//! written it is closed ([`closed`]), so memory grows with open work.
 //!
 //! Its state (and the view's jobs) can be saved and restored as a
 //! checkpoint ([`crate::checkpoint`]): what it has folded records what it
@@ -30,7 +32,10 @@ use serde::{Deserialize, Serialize};
 use crate::trust::backing::{Backing, BackingError};
 use crate::view::View;
 
+mod closed;
 mod verify;
+use closed::Closed;
+pub use closed::DEFAULT_FINISHED_KEPT;
 use verify::CheckTrack;
 pub use verify::JudgeResult;
 
@@ -326,6 +331,8 @@ pub struct SavedTrackerRef<'a> {
     pub(crate) pending_dead: &'a [PendingDead],
     /// Strikes per machine: the (job, shard) of each result outvoted.
     pub(crate) strikes: &'a BTreeMap<String, std::collections::BTreeSet<(JobId, u32)>>,
+    /// The jobs closed (manifest written, detail dropped), oldest first.
+    pub(crate) closed: Vec<&'a JobId>,
 }
 
 /// The tracker's state as a checkpoint holds it; see [`Tracker::restore`].
@@ -335,6 +342,8 @@ pub struct SavedTracker {
     pending_dead: Vec<PendingDead>,
     #[serde(default)]
     strikes: BTreeMap<String, std::collections::BTreeSet<(JobId, u32)>>,
+    #[serde(default)]
+    closed: Vec<JobId>,
 }
 
 #[cfg(test)]
@@ -407,6 +416,9 @@ pub struct Tracker {
     /// one of them finishes afterwards (a shard it ran while it learnt of
     /// its quarantine) is withdrawn as well, unless it was released.
     quarantined: BTreeMap<String, u32>,
+    /// Jobs closed here: their manifest is written and their detail left
+    /// memory ([`closed`]).
+    closed: Closed,
 }
 
 /// Output checks run at once, at most.
@@ -445,6 +457,9 @@ pub struct Judge {
     pub quarantine_after: u32,
     /// The quarantine bucket (None: machines are never quarantined).
     pub quarantine: Option<jetstream::kv::Store>,
+    /// Finished jobs whose summary is kept (the newest; older ones are
+    /// answered by their manifests).
+    pub finished_kept: usize,
 }
 
 /// What reading a job's spec found.
@@ -467,6 +482,7 @@ impl Tracker {
         judge: Judge,
     ) -> Self {
         let mut t = Self::empty(store, view);
+        t.closed = Closed::new(judge.finished_kept);
         t.js = Some(js);
         t.check_outputs = judge.check;
         t.judge = Some(judge);
@@ -492,7 +508,22 @@ impl Tracker {
             pending_quarantine: Vec::new(),
             strikes: BTreeMap::new(),
             quarantined: BTreeMap::new(),
+            closed: Closed::new(DEFAULT_FINISHED_KEPT),
         }
+    }
+
+    /// A tracker without NATS, for benchmarks of the fold itself: dead
+    /// letters are only kept pending, done events count unchecked, check
+    /// runs are never queued; manifests are written to `store`, and the
+    /// newest `finished_kept` closed jobs are remembered.
+    pub fn standalone(
+        store: std::sync::Arc<dyn ObjectStore>,
+        view: std::sync::Arc<View>,
+        finished_kept: usize,
+    ) -> Self {
+        let mut t = Self::empty(store, view);
+        t.closed = Closed::new(finished_kept);
+        t
     }
 
     /// A tracker without NATS: dead letters are never written, only kept
@@ -535,6 +566,7 @@ impl Tracker {
             jobs,
             pending_dead: &self.pending_dead,
             strikes: &self.strikes,
+            closed: self.closed.ids().collect(),
         }
     }
 
@@ -587,6 +619,13 @@ impl Tracker {
             }
         }
         let view = crate::view::job_progress::JobsView::restore(view)?;
+        // Jobs closed before the checkpoint count as complete before this
+        // watchdog looked, as written manifests did.
+        let mut closed = Closed::new(self.closed.keep());
+        for job in tracker.closed {
+            closed.insert(job, true);
+        }
+        self.closed = closed;
         self.jobs = jobs;
         self.pending_dead = tracker.pending_dead;
         self.strikes = tracker.strikes;
@@ -673,6 +712,15 @@ impl Tracker {
         for job in unwritten {
             self.maybe_complete(&job).await;
         }
+        // Written before something about them waited: closed now.
+        let open: Vec<JobId> = self.jobs.keys().cloned().collect();
+        for job in &open {
+            self.maybe_close(job);
+        }
+        let cancelled = self.view.jobs().cancelled_idle();
+        for job in cancelled {
+            self.close_cancelled(&job);
+        }
     }
 
     /// Marks cancelled the jobs whose cancellation marker is in the store
@@ -695,6 +743,9 @@ impl Tracker {
 
     /// Applies one event; writes what it completes.
     pub async fn apply(&mut self, e: ShardEvent) {
+        if !self.admit(&e).await {
+            return;
+        }
         self.show(&e).await;
         if matches!(e.kind, EventKind::Submitted { .. }) {
             return;
@@ -832,6 +883,11 @@ impl Tracker {
     /// checked; `made_on`: the writer its output names, when read) and
     /// writes what that completes.
     async fn fold_counted(&mut self, e: ShardEvent, made_on: Option<&WorkerId>) {
+        // Closed since it was admitted (a check finished late): its record
+        // is written.
+        if self.closed.contains(&e.job) {
+            return;
+        }
         let job = e.job.clone();
         let t = self.jobs.entry(job.clone()).or_default();
         let dead = t.fold(&e, made_on);
@@ -879,7 +935,7 @@ impl Tracker {
         let EventKind::Done { sha256, .. } = &e.kind else {
             return false;
         };
-        if !e.from_worker() || !self.check_outputs {
+        if !e.from_worker() || !self.check_outputs || self.closed.contains(&e.job) {
             return false;
         }
         let t = self.jobs.entry(e.job.clone()).or_default();
@@ -1033,9 +1089,10 @@ impl Tracker {
         }
     }
 
+    /// A job's spec: kept with its track, else read from the store (and
+    /// kept when the job is open here).
     async fn spec(&mut self, job: &JobId) -> SpecRead {
-        let track = self.jobs.entry(job.clone()).or_default();
-        if let Some(spec) = &track.spec {
+        if let Some(spec) = self.jobs.get(job).and_then(|t| t.spec.as_ref()) {
             return SpecRead::Found(Box::new(spec.clone()));
         }
         let key = StorePath::from(keys::job_spec(job));
@@ -1053,7 +1110,9 @@ impl Tracker {
         };
         match decode::<JobSpec>("job spec", &bytes, limits::MAX_SPEC_BYTES) {
             Ok(spec) => {
-                track.spec = Some(spec.clone());
+                if let Some(t) = self.jobs.get_mut(job) {
+                    t.spec = Some(spec.clone());
+                }
                 SpecRead::Found(Box::new(spec))
             }
             Err(_) => SpecRead::Missing,
@@ -1199,6 +1258,7 @@ impl Tracker {
             && let Some(t) = self.jobs.get_mut(job)
         {
             t.manifest = Some((done, failed));
+            self.maybe_close(job);
         }
     }
 
@@ -1307,6 +1367,101 @@ mod tests {
             tokens: 0,
             made_by: None,
         }
+    }
+
+    /// A store holding the spec of job `j`: `shards` shards, `records`.
+    async fn store_with_spec(
+        shards: u32,
+        records: u64,
+    ) -> Result<std::sync::Arc<dyn ObjectStore>, Box<dyn std::error::Error>> {
+        let store: std::sync::Arc<dyn ObjectStore> =
+            std::sync::Arc::new(object_store::memory::InMemory::new());
+        let spec = crate::view::job_progress::fixtures::spec("j", shards, records)?;
+        store
+            .put(
+                &StorePath::from(keys::job_spec(&spec.job)),
+                encode("job spec", &spec)?.into(),
+            )
+            .await?;
+        Ok(store)
+    }
+
+    async fn manifest_of(
+        store: &dyn ObjectStore,
+    ) -> Result<JobManifest, Box<dyn std::error::Error>> {
+        let key = StorePath::from(keys::job_manifest(&JobId::new("j")?));
+        let got = store.get(&key).await?.bytes().await?;
+        Ok(decode("job manifest", &got, limits::MAX_MANIFEST_BYTES)?)
+    }
+
+    #[tokio::test]
+    async fn a_finished_job_leaves_memory_and_moves_again_from_its_manifest() -> Res {
+        let store = store_with_spec(3, 25).await?;
+        let view = std::sync::Arc::new(View::new("t".into(), crate::registry::Registry::new(3)));
+        let mut t = Tracker::offline(store.clone(), view.clone());
+        let job = JobId::new("j")?;
+        t.apply(event(0, done(10, "s0"))?).await;
+        t.apply(event(1, done(10, "s1"))?).await;
+        let failed = EventKind::Failed {
+            reason: "bad input".into(),
+            permanent: true,
+        };
+        t.apply(event(2, failed)?).await;
+        // Offline, the dead letter waits: the job stays open until it is
+        // written (here: never), with its manifest written.
+        assert_eq!(
+            (manifest_of(store.as_ref()).await?.done, t.jobs.len()),
+            (2, 1)
+        );
+        t.pending_dead.clear();
+        t.resume().await;
+        // Closed: no detail left, in memory or in a checkpoint; the view
+        // keeps the counts.
+        assert!(t.jobs.is_empty() && t.closed.contains(&job));
+        assert!(t.saved().jobs.is_empty());
+        let p = view
+            .jobs()
+            .get(&job)
+            .map(|j| (j.is_closed(), j.progress(0)));
+        assert!(
+            p.as_ref()
+                .is_some_and(|(closed, p)| *closed && (p.done, p.failed) == (2, 1))
+        );
+        // A late duplicate changes nothing.
+        t.apply(event(0, done(10, "s0"))?).await;
+        assert!(t.jobs.is_empty());
+        // A retry moves it again: reopened from the manifest, then done.
+        t.apply(ShardEvent::by_cli(job.clone(), 2, EventKind::Requeued)?)
+            .await;
+        assert_eq!(t.jobs.get(&job).map(|j| (j.done, j.failed)), Some((2, 0)));
+        t.apply(event(2, done(5, "s2"))?).await;
+        let m = manifest_of(store.as_ref()).await?;
+        assert_eq!((m.done, m.failed), (3, 0));
+        assert!(t.jobs.is_empty() && t.closed.contains(&job));
+        let p = view.jobs().get(&job).map(|j| j.progress(0).done);
+        assert_eq!(p, Some(3));
+        // A watchdog that replays the stream closes it at first sight,
+        // counted from its manifest.
+        let fresh = std::sync::Arc::new(View::new("t".into(), crate::registry::Registry::new(3)));
+        let mut replay = Tracker::offline(store.clone(), fresh.clone());
+        replay.apply(event(0, EventKind::Started)?).await;
+        replay.apply(event(0, done(10, "s0"))?).await;
+        assert!(replay.jobs.is_empty() && replay.closed.contains(&job));
+        assert_eq!(fresh.jobs().counters.done, 3);
+        assert_eq!(
+            fresh.jobs().get(&job).map(|j| j.progress(0).records_done),
+            Some(25)
+        );
+        // The quarantine of the machine that made its results reopens it
+        // where it completed while the watchdog watched, not in the replay
+        // (complete before it looked).
+        replay.reopen_made_on("m").await;
+        assert!(replay.jobs.is_empty());
+        t.reopen_made_on("other").await;
+        assert!(t.jobs.is_empty());
+        t.reopen_made_on("m").await;
+        assert_eq!(t.jobs.get(&job).map(|j| (j.done, j.failed)), Some((3, 0)));
+        Ok(())
     }
 
     #[tokio::test]

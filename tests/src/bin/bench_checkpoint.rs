@@ -22,8 +22,8 @@ use minions_schemas::messages::{EventKind, ShardEvent};
 use minions_schemas::time::now_ms;
 use minions_schemas::{JobId, SCHEMA_VERSION, WorkerId};
 use minions_tests::bench::{
-    EventPublisher, LocalSite, help, list, machine, num, status_mb, utc_now, watchdog_bin,
-    write_bench_spec,
+    EventPublisher, LocalSite, bench_done, help, list, machine, num, status_mb, utc_now,
+    watchdog_bin, write_bench_spec,
 };
 use minions_tests::out;
 use minions_tests::{NatsServer, Proc, Result};
@@ -76,20 +76,7 @@ async fn fill(p: &mut EventPublisher, store: &Path, first: u32, n: u64) -> Resul
                 p.send(&ev(2, EventKind::Started)).await?;
             }
             let h = u64::from(job_no) << 32 | u64::from(shard);
-            p.send(&ev(
-                attempt,
-                EventKind::Done {
-                    rows: 256,
-                    output_bytes: 256 * 384 * 4,
-                    duration_ms: 9_000 + h % 2_000,
-                    compute_ms: 8_000,
-                    already_done: false,
-                    sha256: format!("{:016x}{:048x}", h.wrapping_mul(0x9e37_79b9_7f4a_7c15), h),
-                    tokens: 0,
-                    made_by: None,
-                },
-            ))
-            .await?;
+            p.send(&ev(attempt, bench_done(h))).await?;
         }
         job_no += 1;
     }

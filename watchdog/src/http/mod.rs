@@ -12,4 +12,4 @@ pub mod pages;
 pub mod server;
 pub mod usage;
 
-pub use server::{HttpError, serve};
+pub use server::{Backends, HttpError, serve};

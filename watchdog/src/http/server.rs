@@ -1,5 +1,6 @@
 //! Routes and serving. Every handler copies a snapshot of the view and
-//! renders it; nothing here writes to NATS or the store. `/usage` reads
+//! renders it; a finished job the view no longer holds is read from its
+//! manifest and spec in the store. Nothing here writes to NATS or the store. `/usage` reads
 //! the usage ledger (PostgreSQL) on request, through [`usage::LedgerReader`]:
 //! no other route waits on the database.
 
@@ -13,6 +14,7 @@ use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use minions_schemas::JobId;
+use object_store::{ObjectStore, ObjectStoreExt};
 use tokio_util::sync::CancellationToken;
 
 use super::pages::Shell;
@@ -43,6 +45,7 @@ struct Http {
     view: Arc<View>,
     js: jetstream::Context,
     client: async_nats::Client,
+    store: Arc<dyn ObjectStore>,
     /// The ledger writer's status, when the watchdog keeps a ledger.
     ledger_status: Option<Arc<LedgerStatus>>,
     /// The ledger's reader, when the watchdog keeps a ledger.
@@ -119,6 +122,18 @@ async fn job_view(
                 },
             )
         })
+    };
+    let found = match found {
+        Some(found) => Some(found),
+        None => finished_from_store(h.store.as_ref(), &id).await.map(|p| {
+            let facts = JobFacts {
+                model_mb: None,
+                last_retry: None,
+                queued: None,
+                sharing: None,
+            };
+            (p, facts)
+        }),
     };
     let Some((p, mut facts)) = found else {
         return Err((
@@ -267,14 +282,43 @@ async fn healthz(State(h): State<Http>) -> Response {
     }
 }
 
-/// The routes over `view` (and the ledger, when there is one).
-fn router(
-    view: Arc<View>,
-    js: jetstream::Context,
-    client: async_nats::Client,
-    ledger_status: Arc<LedgerStatus>,
-    ledger_url: Option<String>,
-) -> Router {
+/// The progress of a finished job that the view no longer holds (only the
+/// newest finished jobs are kept), from its manifest and spec in the store.
+async fn finished_from_store(
+    store: &dyn ObjectStore,
+    job: &JobId,
+) -> Option<minions_schemas::progress::Progress> {
+    use minions_schemas::messages::{JobManifest, JobSpec};
+    use minions_schemas::{decode, keys, limits};
+    async fn read(store: &dyn ObjectStore, key: String, limit: usize) -> Option<bytes::Bytes> {
+        let got = store.get(&object_store::path::Path::from(key)).await.ok()?;
+        if got.meta.size > limit as u64 {
+            return None;
+        }
+        got.bytes().await.ok()
+    }
+    let m = read(store, keys::job_manifest(job), limits::MAX_MANIFEST_BYTES).await?;
+    let m: JobManifest = decode("job manifest", &m, limits::MAX_MANIFEST_BYTES).ok()?;
+    let spec = read(store, keys::job_spec(job), limits::MAX_SPEC_BYTES).await?;
+    let spec: JobSpec = decode("job spec", &spec, limits::MAX_SPEC_BYTES).ok()?;
+    let closed = minions_schemas::progress::ClosedFold::from_record(spec, &m);
+    Some(closed.progress().clone())
+}
+
+/// What the routes read: the view, NATS and the store.
+pub struct Backends {
+    /// What the watchdog knows.
+    pub view: Arc<View>,
+    /// JetStream (queue figures).
+    pub js: jetstream::Context,
+    /// The NATS connection (`/healthz`).
+    pub client: async_nats::Client,
+    /// The store (manifests of finished jobs the view no longer holds).
+    pub store: Arc<dyn ObjectStore>,
+}
+
+/// The routes over `b` (and the ledger, when there is one).
+fn router(b: Backends, ledger_status: Arc<LedgerStatus>, ledger_url: Option<String>) -> Router {
     let ledger = ledger_url.map(|url| Arc::new(LedgerReader::new(url, ledger_status.clone())));
     let ledger_status = ledger.is_some().then_some(ledger_status);
     Router::new()
@@ -287,9 +331,10 @@ fn router(
         .route("/metrics", get(prometheus))
         .route("/healthz", get(healthz))
         .with_state(Http {
-            view,
-            js,
-            client,
+            view: b.view,
+            js: b.js,
+            client: b.client,
+            store: b.store,
             ledger_status,
             ledger,
         })
@@ -300,9 +345,7 @@ fn router(
 /// reads that ledger and `/metrics` reports `ledger_status`.
 pub async fn serve(
     addr: &str,
-    view: Arc<View>,
-    js: jetstream::Context,
-    client: async_nats::Client,
+    backends: Backends,
     ledger_status: Arc<LedgerStatus>,
     ledger_url: Option<String>,
     stop: CancellationToken,
@@ -317,7 +360,7 @@ pub async fn serve(
         addr: addr.to_owned(),
         source,
     })?;
-    let app = router(view, js, client, ledger_status, ledger_url);
+    let app = router(backends, ledger_status, ledger_url);
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app)
             .with_graceful_shutdown(stop.cancelled_owned())

@@ -557,6 +557,7 @@ impl Tracker {
     /// this watchdog looked, and queues those shards again on other
     /// machines. Returns how many.
     async fn rerun_machine(&mut self, machine: &str, strikes: u32) -> usize {
+        self.reopen_made_on(machine).await;
         let mine: Vec<(JobId, u32, WorkerId, String, u64)> = self
             .jobs
             .iter()

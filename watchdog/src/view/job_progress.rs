@@ -1,11 +1,17 @@
 //! Every job's progress, folded live from the events stream, with the
 //! fleet's counters, a per-minute throughput history and each worker's
 //! recent throughput.
+//!
+//! An open job is held with the fold of its shards; once its manifest is
+//! written the tracker closes it to a frozen summary (a [`ClosedFold`],
+//! whose size does not grow with the job), so that the view grows with open
+//! work, not with history. The tracker also decides when a closed summary
+//! is forgotten (the newest are kept) and when a job reopens.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use minions_schemas::messages::{EventKind, JobSpec, ShardEvent};
-use minions_schemas::progress::{JobFold, JobState, Progress};
+use minions_schemas::messages::{EventKind, JobManifest, JobSpec, ShardEvent};
+use minions_schemas::progress::{ClosedFold, JobFold, JobState, Progress};
 use minions_schemas::{JobId, WorkerId};
 
 use serde::{Deserialize, Serialize};
@@ -17,11 +23,20 @@ pub const HISTORY_MINUTES: u64 = 60;
 /// The window of a worker's recent throughput.
 pub const WORKER_WINDOW_MS: u64 = 60_000;
 
+/// What the view holds of a job's shards.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Detail {
+    /// An open job: the fold of its events.
+    Open(Box<JobFold>),
+    /// A finished job whose manifest is written: its progress, frozen.
+    Closed(Box<ClosedFold>),
+}
+
 /// One job as the dashboard shows it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobEntry {
-    /// The fold of its events.
-    pub fold: JobFold,
+    /// Its fold while open, its frozen progress once closed.
+    pub detail: Detail,
     /// Whether it was cancelled.
     pub cancelled: bool,
     /// The size of its model's files, MB (None when unknown).
@@ -31,9 +46,25 @@ pub struct JobEntry {
 }
 
 impl JobEntry {
+    /// The job's spec.
+    pub fn spec(&self) -> &JobSpec {
+        match &self.detail {
+            Detail::Open(f) => f.spec(),
+            Detail::Closed(c) => c.spec(),
+        }
+    }
+
+    /// Whether it is closed (its manifest written, its shards forgotten).
+    pub fn is_closed(&self) -> bool {
+        matches!(self.detail, Detail::Closed(_))
+    }
+
     /// Its progress at `now_ms`, with the cancellation applied.
     pub fn progress(&self, now_ms: u64) -> Progress {
-        let mut p = self.fold.progress(now_ms);
+        let mut p = match &self.detail {
+            Detail::Open(f) => f.progress(now_ms),
+            Detail::Closed(c) => c.progress().clone(),
+        };
         if self.cancelled && p.state != JobState::Done {
             p.state = JobState::Cancelled;
         }
@@ -74,11 +105,76 @@ impl JobsView {
     pub fn add(&mut self, spec: JobSpec, model_mb: Option<u64>, cancelled: bool) {
         let job = spec.job.clone();
         self.jobs.entry(job).or_insert_with(|| JobEntry {
-            fold: JobFold::new(spec),
+            detail: Detail::Open(Box::new(JobFold::new(spec))),
             cancelled,
             model_mb,
             last_retry: None,
         });
+    }
+
+    /// Adds a job found finished (its manifest `m` written) before any of
+    /// its events was folded here: closed at once, its outcome counted
+    /// from the manifest.
+    pub fn add_closed(
+        &mut self,
+        spec: JobSpec,
+        m: &JobManifest,
+        model_mb: Option<u64>,
+        cancelled: bool,
+    ) {
+        let job = spec.job.clone();
+        if self.jobs.contains_key(&job) {
+            return;
+        }
+        let closed = ClosedFold::from_record(spec, m);
+        let p = closed.progress();
+        let c = &mut self.counters;
+        c.done += u64::from(p.done);
+        c.failed += u64::from(p.failed);
+        c.records += p.records_done;
+        c.rejected += p.rejected;
+        c.verified += u64::from(p.verified);
+        c.disagreements += p.disagreements;
+        self.jobs.insert(
+            job,
+            JobEntry {
+                detail: Detail::Closed(Box::new(closed)),
+                cancelled,
+                model_mb,
+                last_retry: None,
+            },
+        );
+    }
+
+    /// Closes an open job: its shards are forgotten, its progress at
+    /// `now_ms` is kept.
+    pub fn close(&mut self, job: &JobId, now_ms: u64) {
+        let Some(mut j) = self.jobs.remove(job) else {
+            return;
+        };
+        j.detail = match j.detail {
+            Detail::Open(f) => Detail::Closed(Box::new(f.close(now_ms))),
+            closed => closed,
+        };
+        self.jobs.insert(job.clone(), j);
+    }
+
+    /// Opens a closed job again, its shards as its manifest `m` records
+    /// them (a retry or a withdrawn result follows).
+    pub fn reopen(&mut self, job: &JobId, m: &JobManifest) {
+        let Some(mut j) = self.jobs.remove(job) else {
+            return;
+        };
+        j.detail = match j.detail {
+            Detail::Closed(c) => Detail::Open(Box::new(c.reopen(m))),
+            open => open,
+        };
+        self.jobs.insert(job.clone(), j);
+    }
+
+    /// Forgets a job (a closed one past the number kept).
+    pub fn forget(&mut self, job: &JobId) {
+        self.jobs.remove(job);
     }
 
     /// Marks a job cancelled.
@@ -98,14 +194,19 @@ impl JobsView {
         self.jobs.values()
     }
 
-    /// Applies an event of a known job; counts what it changes.
+    /// Applies an event of a known open job; counts what it changes. The
+    /// events of a closed job change nothing (the tracker reopens a job
+    /// that moves again first).
     pub fn apply(&mut self, e: &ShardEvent) {
         let Some(j) = self.jobs.get_mut(&e.job) else {
             return;
         };
-        let was_done = j.fold.is_done(e.shard);
-        let was_failed = j.fold.is_failed(e.shard);
-        j.fold.apply(e);
+        let Detail::Open(fold) = &mut j.detail else {
+            return;
+        };
+        let was_done = fold.is_done(e.shard);
+        let was_failed = fold.is_failed(e.shard);
+        fold.apply(e);
         if e.worker.as_str() != minions_schemas::messages::CLI_SENDER {
             self.recent
                 .entry(e.worker.clone())
@@ -127,8 +228,8 @@ impl JobsView {
                 tokens,
                 ..
             } => {
-                if !was_done && j.fold.is_done(e.shard) {
-                    let rows = j.fold.spec().shard_rows(e.shard);
+                if !was_done && fold.is_done(e.shard) {
+                    let rows = fold.spec().shard_rows(e.shard);
                     c.done += 1;
                     c.records += rows;
                     c.tokens += tokens;
@@ -175,7 +276,7 @@ impl JobsView {
             }
             EventKind::Failed { reason, permanent } => {
                 if *permanent {
-                    if !was_failed && j.fold.is_failed(e.shard) {
+                    if !was_failed && fold.is_failed(e.shard) {
                         c.failed += 1;
                     }
                 } else {
@@ -277,7 +378,7 @@ impl JobsView {
     pub fn restore(saved: SavedJobs) -> Result<Self, DuplicateJob> {
         let mut jobs = BTreeMap::new();
         for j in saved.jobs {
-            let id = j.fold.spec().job.clone();
+            let id = j.spec().job.clone();
             if jobs.insert(id.clone(), j).is_some() {
                 return Err(DuplicateJob(id));
             }
@@ -295,12 +396,25 @@ impl JobsView {
         })
     }
 
+    /// Open jobs marked cancelled with no shard running: they will not
+    /// complete (their queued shards were purged), so the tracker closes
+    /// them.
+    pub fn cancelled_idle(&self) -> Vec<JobId> {
+        self.jobs
+            .iter()
+            .filter(|(_, j)| j.cancelled && !j.is_closed() && j.progress(0).running == 0)
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
     /// Jobs not done and not marked cancelled: a cancellation sent while
     /// no watchdog listened is found only by looking at the store.
     pub fn open_uncancelled(&self) -> Vec<JobId> {
         self.jobs
             .iter()
-            .filter(|(_, j)| !j.cancelled && j.fold.progress(0).state != JobState::Done)
+            .filter(|(_, j)| {
+                !j.cancelled && !j.is_closed() && j.progress(0).state != JobState::Done
+            })
             .map(|(id, _)| id.clone())
             .collect()
     }
