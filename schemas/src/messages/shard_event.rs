@@ -203,7 +203,7 @@ pub struct Energy {
 }
 
 impl EventKind {
-    /// The variant's name, for message ids and logs.
+    /// The variant's name, for message ids and logs: its wire tag.
     pub fn name(&self) -> &'static str {
         match self {
             Self::Submitted { .. } => "submitted",
@@ -211,11 +211,11 @@ impl EventKind {
             Self::Done { .. } => "done",
             Self::Progress { .. } => "progress",
             Self::Requeued => "requeued",
-            Self::HandedBack { .. } => "handed-back",
+            Self::HandedBack { .. } => "handed_back",
             Self::Failed { .. } => "failed",
             Self::Rejected { .. } => "rejected",
             Self::Checked { .. } => "checked",
-            Self::CheckQueued { .. } => "check-queued",
+            Self::CheckQueued { .. } => "check_queued",
             Self::Verdict { .. } => "verdict",
         }
     }
@@ -368,11 +368,8 @@ impl ShardEvent {
         // One record per check round, whichever watchdog (and however many)
         // queued or judged it.
         match &self.kind {
-            EventKind::CheckQueued { round, .. } => {
-                return format!("{}/{}/check-queued/{round}", self.job, self.shard);
-            }
-            EventKind::Verdict { round, .. } => {
-                return format!("{}/{}/verdict/{round}", self.job, self.shard);
+            EventKind::CheckQueued { round, .. } | EventKind::Verdict { round, .. } => {
+                return format!("{}/{}/{}/{round}", self.job, self.shard, self.kind.name());
             }
             _ => {}
         }
@@ -398,6 +395,74 @@ impl ShardEvent {
 #[cfg(test)]
 mod sender_tests {
     use super::*;
+
+    #[test]
+    fn every_kinds_name_is_its_wire_tag() -> Result<(), Box<dyn std::error::Error>> {
+        let w = WorkerId::new("w")?;
+        let kinds = [
+            EventKind::Submitted { shards: 1 },
+            EventKind::Started,
+            EventKind::Done {
+                rows: 1,
+                output_bytes: 1,
+                duration_ms: 1,
+                compute_ms: 1,
+                already_done: false,
+                sha256: String::new(),
+                tokens: 0,
+                made_by: None,
+            },
+            EventKind::Checked {
+                round: 1,
+                rows: 1,
+                output_bytes: 1,
+                duration_ms: 1,
+                compute_ms: 1,
+                sha256: String::new(),
+                made_by: None,
+            },
+            EventKind::Progress {
+                records: 1,
+                tokens: 1,
+            },
+            EventKind::Requeued,
+            EventKind::HandedBack {
+                reason: "owner".into(),
+            },
+            EventKind::Rejected {
+                by: w.clone(),
+                sha256: String::new(),
+                reason: String::new(),
+            },
+            EventKind::CheckQueued {
+                round: 1,
+                avoid: Vec::new(),
+            },
+            EventKind::Verdict {
+                round: 1,
+                outcome: VerdictOutcome::Agreed,
+                outvoted: Vec::new(),
+                stands: None,
+                sha256: String::new(),
+                detail: String::new(),
+            },
+            EventKind::Failed {
+                reason: String::new(),
+                permanent: false,
+            },
+        ];
+        for kind in kinds {
+            let e = ShardEvent::test_event(0, 1, 0, kind)?;
+            let wire: serde_json::Value = serde_json::to_value(&e)?;
+            assert_eq!(wire["kind"], e.kind.name(), "{wire}");
+            assert!(
+                e.msg_id().contains(&format!("/{}/", e.kind.name())),
+                "{}",
+                e.msg_id()
+            );
+        }
+        Ok(())
+    }
 
     #[test]
     fn each_constructor_names_its_sender() -> Result<(), crate::IdError> {
