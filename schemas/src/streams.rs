@@ -35,6 +35,11 @@ pub const QUARANTINE_BUCKET: &str = "MINIONS_QUARANTINE";
 pub const LEGACY_WORK_CONSUMER: &str = "minions-workers";
 /// How long events are kept.
 pub const EVENTS_MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
+/// How long the events stream remembers a message id: a sender that
+/// retries a confirmed publish (a done, a rejection, a verdict) through a
+/// NATS outage of up to this long stores it once. The server's default
+/// is 2 minutes.
+pub const EVENTS_DUPLICATE_WINDOW: Duration = Duration::from_secs(30 * 60);
 /// The oldest nats-server release Minions runs against: 2.11 carries the
 /// reasons of terminated messages in its advisories and fixes work-queue
 /// redelivery accounting that the shard lifecycle depends on.

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
 use minions_schemas::streams::{
-    DEAD_STREAM, EVENTS_MAX_AGE, EVENTS_STREAM, HEARTBEATS_STREAM, LEGACY_WORK_CONSUMER,
-    MAX_REPLICAS, QUARANTINE_BUCKET, TEAMS_BUCKET, WORK_STREAM, WORKERS_BUCKET, WorkSettings,
+    DEAD_STREAM, EVENTS_DUPLICATE_WINDOW, EVENTS_MAX_AGE, EVENTS_STREAM, HEARTBEATS_STREAM,
+    LEGACY_WORK_CONSUMER, MAX_REPLICAS, QUARANTINE_BUCKET, TEAMS_BUCKET, WORK_STREAM,
+    WORKERS_BUCKET, WorkSettings,
 };
 use minions_schemas::subjects;
 
@@ -67,6 +68,7 @@ pub fn events_stream_config(replicas: usize) -> stream::Config {
         retention: stream::RetentionPolicy::Limits,
         storage: stream::StorageType::File,
         max_age: EVENTS_MAX_AGE,
+        duplicate_window: EVENTS_DUPLICATE_WINDOW,
         max_message_size: i32::try_from(minions_schemas::limits::MAX_EVENT_BYTES)
             .unwrap_or(i32::MAX),
         num_replicas: replicas,
@@ -214,12 +216,33 @@ async fn ensure_once(
         (HEARTBEATS_STREAM, heartbeats_stream_config(actual.replicas)),
         (DEAD_STREAM, dead_stream_config(actual.replicas)),
     ] {
-        js.get_or_create_stream(config)
-            .await
-            .map_err(|source| EnsureError::Stream {
-                stream: name,
-                source,
-            })?;
+        let want_window = config.duplicate_window;
+        let stream =
+            js.get_or_create_stream(config)
+                .await
+                .map_err(|source| EnsureError::Stream {
+                    stream: name,
+                    source,
+                })?;
+        // A stream made by an older release has the server's default
+        // window: set ours, nothing else of its configuration changes.
+        let have = stream.cached_info().config.clone();
+        if !want_window.is_zero() && have.duplicate_window != want_window {
+            let updated = stream::Config {
+                duplicate_window: want_window,
+                ..have
+            };
+            match js.update_stream(updated).await {
+                Ok(_) => tracing::info!(
+                    stream = name,
+                    window_secs = want_window.as_secs(),
+                    "duplicate window set"
+                ),
+                Err(e) => {
+                    tracing::warn!(stream = name, error = %e, "could not set the stream's duplicate window")
+                }
+            }
+        }
     }
     workers_kv(js, actual.replicas).await?;
     teams_kv(js, actual.replicas).await?;
@@ -298,6 +321,13 @@ async fn open_kv(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_events_stream_sets_its_duplicate_window() {
+        let c = events_stream_config(1);
+        assert_eq!(c.duplicate_window, EVENTS_DUPLICATE_WINDOW);
+        assert!(c.duplicate_window >= Duration::from_secs(30 * 60));
+    }
 
     #[test]
     fn consumer_settings_follow_knobs() {
