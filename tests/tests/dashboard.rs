@@ -94,6 +94,31 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
         Ok((n == 2).then_some(n))
     })?;
     eprintln!("dashboard shows {workers} workers");
+    // Each worker's build and kernel path, in `worker list` and on the
+    // dashboard.
+    let listed: serde_json::Value =
+        serde_json::from_str(&fleet.cli(&["worker", "list", "--json"])?)?;
+    let (_, fleet_json) = get(&format!("{base}/api/fleet"))?;
+    let shown: serde_json::Value = serde_json::from_str(&fleet_json)?;
+    for rows in [&listed, &shown["workers"]] {
+        let rows = rows.as_array().ok_or("no worker rows")?;
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        for w in rows {
+            let (build, kernel) = (w["build"].as_str(), w["kernel"].as_str());
+            assert!(
+                build.is_some_and(|b| b.starts_with(env!("CARGO_PKG_VERSION"))),
+                "{w}"
+            );
+            assert!(kernel.is_some_and(|k| !k.is_empty()), "{w}");
+        }
+    }
+    let kernel = listed[0]["kernel"].as_str().unwrap_or_default().to_owned();
+    let cell = browser.eval("return document.querySelector('#workers tr.worker').textContent;")?;
+    assert!(cell.as_str().is_some_and(|t| t.contains(&kernel)), "{cell}");
+    eprintln!(
+        "worker list and dashboard: kernel {kernel}, build {}",
+        listed[0]["build"]
+    );
 
     let watch = std::process::Command::new(bin("minions")?)
         .args(["watch", &job, "--json", "--interval-ms", "250"])

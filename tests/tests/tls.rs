@@ -86,5 +86,24 @@ fn credentials_are_checked_and_wrong_ones_named() -> Result<()> {
     assert!(err.to_lowercase().contains("authorization"), "{err}");
     let (ok, err) = run(Some("bob"), "s3cret")?;
     assert!(ok, "right credentials refused: {err}");
+    // Listing reads: it made no registry (one made here would have the
+    // CLI's replica count, not the work stream's).
+    let url = nats.url();
+    let registry = tokio::runtime::Runtime::new()?.block_on(async move {
+        let client =
+            async_nats::ConnectOptions::with_user_and_password("bob".into(), "s3cret".into())
+                .connect(url)
+                .await?;
+        let js = async_nats::jetstream::new(client);
+        Ok::<_, Box<dyn std::error::Error>>(
+            js.get_key_value(minions_schemas::streams::WORKERS_BUCKET)
+                .await
+                .is_ok(),
+        )
+    });
+    assert!(
+        !registry.map_err(|e| e.to_string())?,
+        "`minions worker list` created the worker registry"
+    );
     Ok(())
 }

@@ -250,6 +250,8 @@ mod tests {
             id: format!("{host}-1"),
             host: host.into(),
             device: "cpu".into(),
+            build: String::new(),
+            kernel: String::new(),
             state,
             owner: owner.into(),
             slots: 2,

@@ -23,6 +23,10 @@ pub struct WorkerRow {
     pub host: String,
     /// Device.
     pub device: String,
+    /// The worker's build (empty for workers of older releases).
+    pub build: String,
+    /// The kernel path it runs (empty for workers of older releases).
+    pub kernel: String,
     /// State: from the registry when final, else from the last heartbeat.
     pub state: String,
     /// Whether the owner lets the worker run, and why not.
@@ -50,9 +54,10 @@ async fn connect(
 /// Lists workers: the last heartbeat of each, with the registry's verdict.
 pub async fn list(endpoints: &Endpoints, json: bool) -> anyhow::Result<String> {
     let (_client, js) = connect(endpoints, "minions worker list").await?;
-    let kv =
-        minions_endpoints::streams::workers_kv(&js, usize::from(endpoints.replication.replicas))
-            .await?;
+    // Read as it is: made by whoever set up the fleet, with the work
+    // stream's replica count (a registry made here would have this
+    // command's). None yet: no worker has joined.
+    let kv = js.get_key_value(streams::WORKERS_BUCKET).await.ok();
     let beats = snapshot::last_heartbeats(&js).await?;
     let quarantined = quarantined(&js).await;
     let mut rows = BTreeMap::new();
@@ -63,7 +68,8 @@ pub async fn list(endpoints: &Endpoints, json: bool) -> anyhow::Result<String> {
         } else {
             hb.state().as_str().to_owned()
         };
-        if let Ok(Some(bytes)) = kv.get(hb.worker.as_str()).await
+        if let Some(kv) = &kv
+            && let Ok(Some(bytes)) = kv.get(hb.worker.as_str()).await
             && let Ok(rec) =
                 decode::<WorkerRecord>("worker record", &bytes, limits::MAX_EVENT_BYTES)
             && rec.state.is_final()
@@ -80,6 +86,8 @@ pub async fn list(endpoints: &Endpoints, json: bool) -> anyhow::Result<String> {
                 worker: hb.worker.to_string(),
                 host: hb.host.clone(),
                 device: hb.device.clone(),
+                build: hb.build.clone(),
+                kernel: hb.kernel.clone(),
                 state,
                 owner: hb.owner.clone(),
                 running: hb.in_flight.len(),
@@ -97,8 +105,8 @@ pub async fn list(endpoints: &Endpoints, json: bool) -> anyhow::Result<String> {
         return Ok("no workers have sent a heartbeat in the last hour".to_owned());
     }
     let mut out = format!(
-        "{:<28} {:<20} {:<8} {:<9} {:>7} {:>8} {:>10}\n",
-        "WORKER", "HOST", "DEVICE", "STATE", "RUNNING", "DONE", "LAST BEAT"
+        "{:<28} {:<20} {:<8} {:<9} {:>7} {:>8} {:>10}  {:<12} {}\n",
+        "WORKER", "HOST", "DEVICE", "STATE", "RUNNING", "DONE", "LAST BEAT", "KERNEL", "BUILD"
     );
     let notes: Vec<String> = rows
         .iter()
@@ -112,14 +120,16 @@ pub async fn list(endpoints: &Endpoints, json: bool) -> anyhow::Result<String> {
         .collect();
     for r in rows {
         out.push_str(&format!(
-            "{:<28} {:<20} {:<8} {:<9} {:>7} {:>8} {:>8.1}s\n",
+            "{:<28} {:<20} {:<8} {:<9} {:>7} {:>8} {:>8.1}s  {:<12} {}\n",
             r.worker,
             r.host,
             r.device,
             r.state,
             r.running,
             r.done,
-            r.last_beat_ms as f64 / 1000.0
+            r.last_beat_ms as f64 / 1000.0,
+            or_unknown(&r.kernel),
+            or_unknown(&r.build)
         ));
     }
     for n in notes {
@@ -128,6 +138,10 @@ pub async fn list(endpoints: &Endpoints, json: bool) -> anyhow::Result<String> {
         ));
     }
     Ok(out.trim_end().to_owned())
+}
+
+fn or_unknown(s: &str) -> &str {
+    if s.is_empty() { "?" } else { s }
 }
 
 /// The quarantined machines and why, from the quarantine bucket (empty when
@@ -158,9 +172,11 @@ async fn quarantined(js: &jetstream::Context) -> BTreeMap<String, String> {
 /// watchdog quarantines it again only after new strikes.
 pub async fn release(endpoints: &Endpoints, machine: &str) -> anyhow::Result<String> {
     let (_client, js) = connect(endpoints, "minions worker release").await?;
-    let kv =
-        minions_endpoints::streams::quarantine_kv(&js, usize::from(endpoints.replication.replicas))
-            .await?;
+    // Read as it is (made by the watchdog with the work stream's replica
+    // count); none yet: nothing was ever quarantined.
+    let Ok(kv) = js.get_key_value(streams::QUARANTINE_BUCKET).await else {
+        bail!("machine {machine} is not quarantined (no machine ever was on this fleet)");
+    };
     let mut name = machine.to_owned();
     let mut entry = kv.get(&name).await?;
     if entry.is_none()

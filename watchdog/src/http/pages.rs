@@ -240,13 +240,14 @@ fn workers_table(workers: &[WorkerRow]) -> String {
         };
         let _ = write!(
             s,
-            "<tr class=\"worker\" data-state=\"{st}\"><td>{host}<br><span class=\"muted\">{id}</span></td><td>{device}</td><td>{state}</td>\
+            "<tr class=\"worker\" data-state=\"{st}\"><td>{host}<br><span class=\"muted\">{id}</span></td><td>{device}<br><span class=\"muted\">{made}</span></td><td>{state}</td>\
 <td{owner_class}>{owner}</td><td>{running}</td><td class=\"num\">{done}</td><td class=\"num\">{rate:.1}</td>\
 <td class=\"num\">{avail} / {budget}</td><td class=\"num\">{beat:.1} s ago</td></tr>",
             st = w.state.as_str(),
             host = esc(&w.host),
             id = esc(&w.id),
             device = esc(&w.device),
+            made = esc(&made_by(&w.kernel, &w.build)),
             state = state(w.state.as_str()),
             owner = esc(&w.owner),
             done = w.done,
@@ -262,6 +263,16 @@ fn workers_table(workers: &[WorkerRow]) -> String {
     }
     s.push_str("</table>");
     s
+}
+
+/// A worker's kernel path and build, as the workers table shows them.
+fn made_by(kernel: &str, build: &str) -> String {
+    match (kernel.is_empty(), build.is_empty()) {
+        (true, true) => "build unknown".to_owned(),
+        (false, true) => kernel.to_owned(),
+        (true, false) => build.to_owned(),
+        (false, false) => format!("{kernel} · {build}"),
+    }
 }
 
 fn card(value: &str, label: &str) -> String {

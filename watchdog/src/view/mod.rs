@@ -53,6 +53,10 @@ pub struct WorkerRow {
     pub host: String,
     /// Compute device.
     pub device: String,
+    /// The worker's build (empty for workers of older releases).
+    pub build: String,
+    /// The kernel path it runs (empty for workers of older releases).
+    pub kernel: String,
     /// Registry state.
     pub state: WorkerState,
     /// `available`, or why the owner holds the machine.
@@ -193,6 +197,8 @@ impl View {
                         id: id.to_string(),
                         host: b.host.clone(),
                         device: b.device.clone(),
+                        build: b.build.clone(),
+                        kernel: b.kernel.clone(),
                         state: t.state,
                         owner: b.owner.clone(),
                         slots: b.slots,
