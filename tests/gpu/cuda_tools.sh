@@ -2,6 +2,9 @@
 # Sourced by tests/gpu/build.sh: installs what building the worker with
 # `--features cuda` needs on a machine with no GPU and no CUDA toolkit, into
 # .tools/cuda (idempotent), and exports CUDA_HOME, PATH and CUDA_COMPUTE_CAP.
+# Sourced with `--compiler-only` (the test command's lints of the CUDA
+# build, tests/run.sh), it installs the compiler and headers alone (about
+# 200 MB unpacked): enough to compile, not to link.
 #
 # Everything comes from NVIDIA's PyPI wheels of CUDA 13.0 (files only, no pip
 # install): the compiler (nvidia-cuda-nvcc, -crt, nvidia-nvvm), headers
@@ -23,23 +26,34 @@
 # driver's PTX compiler at first use; 90 compiles them for H100/H200 alone.
 set -euo pipefail
 _cuda_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/.tools/cuda"
-_cuda_wheels=(
+_cuda_compiler=(
   "nvidia-cuda-nvcc==13.0.88" "nvidia-cuda-crt==13.0.88" "nvidia-nvvm==13.0.88"
   "nvidia-cuda-runtime==13.0.96" "nvidia-cuda-cccl==13.0.85"
+)
+_cuda_libraries=(
   "nvidia-cublas==13.0.2.14" "nvidia-curand==10.4.0.35" "nvidia-cuda-nvrtc==13.0.88"
 )
 _cuda_home="$_cuda_root/x/nvidia/cu13"
-if [[ ! -f "$_cuda_root/.done" ]]; then
-  echo "cuda: fetching CUDA 13.0's compiler, headers and libraries (PyPI, about 700 MB)" >&2
-  rm -rf "$_cuda_root"
+# Unpacks PyPI wheels (files only, no pip install) into .tools/cuda/x.
+_cuda_fetch() {
   mkdir -p "$_cuda_root/wheels"
   "${PYTHON:-python3}" -m pip --disable-pip-version-check -q download --no-deps \
-    -d "$_cuda_root/wheels" "${_cuda_wheels[@]}"
+    -d "$_cuda_root/wheels" "$@"
   for w in "$_cuda_root"/wheels/*.whl; do
     "${PYTHON:-python3}" -m zipfile -e "$w" "$_cuda_root/x/"
   done
   rm -rf "$_cuda_root/wheels"
+}
+if [[ ! -f "$_cuda_root/.compiler" && ! -f "$_cuda_root/.done" ]]; then
+  echo "cuda: fetching CUDA 13.0's compiler and headers (PyPI, about 100 MB)" >&2
+  rm -rf "$_cuda_root"
+  _cuda_fetch "${_cuda_compiler[@]}"
   chmod +x "$_cuda_home"/bin/* "$_cuda_home"/nvvm/bin/*
+  touch "$_cuda_root/.compiler"
+fi
+if [[ "${1:-}" != "--compiler-only" && ! -f "$_cuda_root/.done" ]]; then
+  echo "cuda: fetching the CUDA 13.0 libraries candle links (PyPI, about 600 MB)" >&2
+  _cuda_fetch "${_cuda_libraries[@]}"
   # The linker looks for the unversioned names.
   for so in "$_cuda_home"/lib/lib*.so.*; do
     base="${so%%.so.*}.so"
