@@ -465,7 +465,9 @@ impl JobFold {
                     s.tokens = 0;
                 }
             }
-            EventKind::Failed { reason, permanent } => {
+            EventKind::Failed {
+                reason, permanent, ..
+            } => {
                 s.running = false;
                 if *permanent && !s.done {
                     s.failed = Some(reason.clone());
@@ -866,6 +868,7 @@ mod tests {
                 EventKind::Failed {
                     reason: "net".into(),
                     permanent: false,
+                    stream_seq: None,
                 },
             )?,
             ev(1, 2, 1600, EventKind::Started)?,
@@ -876,6 +879,7 @@ mod tests {
                 EventKind::Failed {
                     reason: "bad input".into(),
                     permanent: true,
+                    stream_seq: None,
                 },
             )?,
         ];
@@ -911,6 +915,7 @@ mod tests {
                     EventKind::Failed {
                         reason: "x".into(),
                         permanent: true,
+                        stream_seq: None,
                     },
                 )?,
                 ev(1, 1, 1, done())?,
@@ -939,6 +944,7 @@ mod tests {
                 EventKind::Failed {
                     reason: "bad input".into(),
                     permanent: true,
+                    stream_seq: None,
                 },
             )?,
         ] {
@@ -1002,10 +1008,12 @@ mod tests {
                 4 => EventKind::Failed {
                     reason: "t".into(),
                     permanent: false,
+                    stream_seq: None,
                 },
                 _ => EventKind::Failed {
                     reason: format!("p{step}"),
                     permanent: true,
+                    stream_seq: None,
                 },
             };
             f.apply(&ev(shard, attempt, step, kind)?);

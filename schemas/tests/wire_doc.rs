@@ -406,6 +406,7 @@ fn every_event_kind() -> Vec<EventKind> {
         EventKind::Failed {
             reason: "unknown model".into(),
             permanent: true,
+            stream_seq: Some(4711),
         },
         EventKind::Checked {
             round: 1,

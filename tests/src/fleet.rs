@@ -473,6 +473,25 @@ impl Fleet {
         Ok(consumer.cached_info().num_pending)
     }
 
+    /// The dead-letter record of `job`'s `shard` (the last one written).
+    pub async fn dead_letter(
+        &self,
+        job: &str,
+        shard: u32,
+    ) -> Result<minions_schemas::messages::DeadLetter> {
+        let js = async_nats::jetstream::new(self.client().await?);
+        let stream = js.get_stream(minions_schemas::streams::DEAD_STREAM).await?;
+        let job = minions_schemas::JobId::new(job)?;
+        let msg = stream
+            .get_last_raw_message_by_subject(&minions_schemas::subjects::dead(&job, shard))
+            .await?;
+        Ok(minions_schemas::decode(
+            "dead letter",
+            &msg.payload,
+            minions_schemas::limits::MAX_TASK_BYTES + minions_schemas::limits::MAX_EVENT_BYTES,
+        )?)
+    }
+
     /// Output objects stored for `job`.
     pub fn output_count(&self, job: &str) -> Result<usize> {
         let out = self.cli(&["status", job, "--json"])?;

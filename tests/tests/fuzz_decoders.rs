@@ -246,6 +246,7 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
             event(EventKind::Failed {
                 reason: "bad input".into(),
                 permanent: true,
+                stream_seq: None,
             })?,
         ],
     )?;

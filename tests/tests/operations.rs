@@ -89,6 +89,9 @@ async fn max_deliveries_become_dead_letters() -> Result<()> {
                 .await?,
             1
         );
+        // The max-deliveries record names the work-stream sequence.
+        let dead = fleet.dead_letter(&job, 0).await?;
+        assert!(dead.stream_seq > 0, "{dead:?}");
         assert_eq!(
             fleet.work_stream_messages().await?,
             0,

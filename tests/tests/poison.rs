@@ -69,6 +69,13 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
     );
     eprintln!("dead-letter records: {records}");
     assert_eq!(records, 2);
+    // The record names the task message's work-stream sequence.
+    let dead = fleet.dead_letter("poison", 37).await?;
+    eprintln!(
+        "shard 37's record: work-stream sequence {}, {} deliveries",
+        dead.stream_seq, dead.deliveries
+    );
+    assert!(dead.stream_seq > 0, "{dead:?}");
     assert_eq!(
         fleet.work_stream_messages().await?,
         0,

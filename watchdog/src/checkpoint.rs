@@ -464,10 +464,12 @@ mod tests {
                 7 => EventKind::Failed {
                     reason: "net".into(),
                     permanent: false,
+                    stream_seq: None,
                 },
                 8 => EventKind::Failed {
                     reason: format!("bad input {step}"),
                     permanent: true,
+                    stream_seq: None,
                 },
                 _ => EventKind::Progress {
                     records: 3,

@@ -117,6 +117,7 @@ pub async fn on_max_deliveries(
                     adv.deliveries
                 ),
                 permanent: true,
+                stream_seq: Some(adv.stream_seq),
             },
         );
         let bytes = encode("shard event", &event).map_err(|e| e.to_string())?;

@@ -200,7 +200,9 @@ impl JobTrack {
             EventKind::HandedBack { .. }
             | EventKind::Submitted { .. }
             | EventKind::Progress { .. } => {}
-            EventKind::Failed { reason, permanent } => {
+            EventKind::Failed {
+                reason, permanent, ..
+            } => {
                 if *permanent && s.done.is_none() && s.failed.is_none() {
                     s.failed = Some(reason.clone());
                     dead = Some((reason.clone(), s.clone()));
@@ -271,6 +273,9 @@ pub struct PendingDead {
     pub reason: String,
     /// The delivery it failed on (the record's message id carries it).
     pub attempt: u64,
+    /// The work-stream sequence of the task message (0: not known).
+    #[serde(default)]
+    pub stream_seq: u64,
 }
 
 /// One shard's track as a checkpoint saves it:
@@ -673,29 +678,8 @@ impl Tracker {
                 SpecRead::Found(spec) => encode("shard task", &spec.task(p.shard)).ok(),
                 _ => None,
             };
-            let PendingDead {
-                job,
-                shard,
-                reason,
-                attempt,
-            } = p;
-            if !self
-                .dead_letter(
-                    &job,
-                    shard,
-                    reason.clone(),
-                    &s,
-                    attempt,
-                    payload.unwrap_or_default(),
-                )
-                .await
-            {
-                self.pending_dead.push(PendingDead {
-                    job,
-                    shard,
-                    reason,
-                    attempt,
-                });
+            if !self.dead_letter(&p, &s, payload.unwrap_or_default()).await {
+                self.pending_dead.push(p);
             }
         }
         let unwritten: Vec<JobId> = self
@@ -905,23 +889,19 @@ impl Tracker {
                 SpecRead::Found(spec) => encode("shard task", &spec.task(e.shard)).ok(),
                 _ => None,
             };
-            if !self
-                .dead_letter(
-                    &job,
-                    e.shard,
-                    reason.clone(),
-                    &s,
-                    e.attempt,
-                    payload.unwrap_or_default(),
-                )
-                .await
-            {
-                self.pending_dead.push(PendingDead {
-                    job: job.clone(),
-                    shard: e.shard,
-                    reason,
-                    attempt: e.attempt,
-                });
+            let stream_seq = match &e.kind {
+                EventKind::Failed { stream_seq, .. } => stream_seq.unwrap_or(0),
+                _ => 0,
+            };
+            let p = PendingDead {
+                job: job.clone(),
+                shard: e.shard,
+                reason,
+                attempt: e.attempt,
+                stream_seq,
+            };
+            if !self.dead_letter(&p, &s, payload.unwrap_or_default()).await {
+                self.pending_dead.push(p);
             }
         }
         self.maybe_complete(&job).await;
@@ -1119,16 +1099,11 @@ impl Tracker {
         }
     }
 
-    /// Writes a dead-letter record; true when it is stored (now or before).
-    async fn dead_letter(
-        &self,
-        job: &JobId,
-        shard: u32,
-        reason: String,
-        s: &ShardTrack,
-        attempt: u64,
-        payload: Vec<u8>,
-    ) -> bool {
+    /// Writes the dead-letter record `p` (of shard track `s`, its task
+    /// `payload`); true when it is stored (now or before).
+    async fn dead_letter(&self, p: &PendingDead, s: &ShardTrack, payload: Vec<u8>) -> bool {
+        let (job, shard, attempt) = (&p.job, p.shard, p.attempt);
+        let reason = p.reason.clone();
         let Some(js) = &self.js else {
             return false;
         };
@@ -1159,7 +1134,7 @@ impl Tracker {
             .to_owned(),
             deliveries: attempt,
             hosts: s.hosts.clone(),
-            stream_seq: 0,
+            stream_seq: p.stream_seq,
             at_ms: now_ms(),
         };
         let Ok(bytes) = encode("dead letter", &record) else {
@@ -1405,6 +1380,7 @@ mod tests {
         let failed = EventKind::Failed {
             reason: "bad input".into(),
             permanent: true,
+            stream_seq: None,
         };
         t.apply(event(2, failed)?).await;
         // Offline, the dead letter waits: the job stays open until it is
@@ -1580,10 +1556,12 @@ mod tests {
                 3 => EventKind::Failed {
                     reason: "x".into(),
                     permanent: true,
+                    stream_seq: None,
                 },
                 _ => EventKind::Failed {
                     reason: "y".into(),
                     permanent: false,
+                    stream_seq: None,
                 },
             };
             t.fold(&event(shard, kind)?, None);

@@ -483,6 +483,7 @@ async fn settle(
                         EventKind::Failed {
                             reason: reason.clone(),
                             permanent: true,
+                            stream_seq: msg.info().ok().map(|i| i.stream_sequence),
                         },
                         true,
                         energy,
@@ -508,6 +509,7 @@ async fn settle(
                         EventKind::Failed {
                             reason,
                             permanent: false,
+                            stream_seq: None,
                         },
                         true,
                         energy,

@@ -122,6 +122,12 @@ pub enum EventKind {
         reason: String,
         /// True when it will never be retried (bad input, unknown model).
         permanent: bool,
+        /// The work-stream sequence of the task message that failed, when
+        /// the sender knows it (a worker's failure for good, a watchdog's
+        /// max-deliveries failure; absent from older senders): the
+        /// dead-letter record carries it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stream_seq: Option<u64>,
     },
 }
 
@@ -449,6 +455,7 @@ mod sender_tests {
             EventKind::Failed {
                 reason: String::new(),
                 permanent: false,
+                stream_seq: None,
             },
         ];
         for kind in kinds {

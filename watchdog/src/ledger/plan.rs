@@ -143,6 +143,7 @@ impl Plan {
             if let EventKind::Failed {
                 reason,
                 permanent: true,
+                ..
             } = &e.kind
             {
                 self.shard_ends.push(ShardEnd {
@@ -226,7 +227,9 @@ impl Plan {
             } => {
                 row.ran(e, *duration_ms, *compute_ms, "check", *rows);
             }
-            EventKind::Failed { reason, permanent } => {
+            EventKind::Failed {
+                reason, permanent, ..
+            } => {
                 row.ended_ms = Some(e.at_ms);
                 row.outcome = Some("failed");
                 row.reason = Some(reason.clone());
@@ -356,6 +359,7 @@ mod tests {
             EventKind::Failed {
                 reason: "max deliveries".into(),
                 permanent: true,
+                stream_seq: None,
             },
         )]);
         assert!(p.attempts.is_empty());

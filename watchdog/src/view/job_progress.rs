@@ -274,7 +274,9 @@ impl JobsView {
                     c.owner_handbacks += 1;
                 }
             }
-            EventKind::Failed { reason, permanent } => {
+            EventKind::Failed {
+                reason, permanent, ..
+            } => {
                 if *permanent {
                     if !was_failed && fold.is_failed(e.shard) {
                         c.failed += 1;
@@ -500,6 +502,7 @@ mod tests {
                 EventKind::Failed {
                     reason: "net".into(),
                     permanent: false,
+                    stream_seq: None,
                 },
             )?,
             ev(
@@ -509,6 +512,7 @@ mod tests {
                 EventKind::Failed {
                     reason: "bad".into(),
                     permanent: true,
+                    stream_seq: None,
                 },
             )?,
             ev(
@@ -518,6 +522,7 @@ mod tests {
                 EventKind::Failed {
                     reason: "bad".into(),
                     permanent: true,
+                    stream_seq: None,
                 },
             )?,
         ] {
