@@ -734,16 +734,7 @@ mod tests {
     }
 
     fn done() -> EventKind {
-        EventKind::Done {
-            rows: 10,
-            output_bytes: 1,
-            duration_ms: 1,
-            compute_ms: 1,
-            already_done: false,
-            sha256: String::new(),
-            tokens: 0,
-            made_by: None,
-        }
+        EventKind::test_done(10, "")
     }
 
     fn done_sha(sha: &str) -> EventKind {

@@ -1332,16 +1332,7 @@ mod tests {
     }
 
     fn done(rows: u64, sha: &str) -> EventKind {
-        EventKind::Done {
-            rows,
-            output_bytes: 1,
-            duration_ms: 1,
-            compute_ms: 1,
-            already_done: false,
-            sha256: sha.into(),
-            tokens: 0,
-            made_by: None,
-        }
+        EventKind::test_done(rows, sha)
     }
 
     /// A store holding the spec of job `j`: `shards` shards, `records`.

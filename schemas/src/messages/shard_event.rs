@@ -209,6 +209,22 @@ pub struct Energy {
 }
 
 impl EventKind {
+    /// A `done` for tests: `rows` rows whose output hashes to `sha256`,
+    /// 1 ms, 1 byte (compiled always, as `test_spec_of` is).
+    #[doc(hidden)]
+    pub fn test_done(rows: u64, sha256: &str) -> Self {
+        Self::Done {
+            rows,
+            output_bytes: 1,
+            duration_ms: 1,
+            compute_ms: 1,
+            already_done: false,
+            sha256: sha256.into(),
+            tokens: 0,
+            made_by: None,
+        }
+    }
+
     /// The variant's name, for message ids and logs: its wire tag.
     pub fn name(&self) -> &'static str {
         match self {
@@ -408,16 +424,7 @@ mod sender_tests {
         let kinds = [
             EventKind::Submitted { shards: 1 },
             EventKind::Started,
-            EventKind::Done {
-                rows: 1,
-                output_bytes: 1,
-                duration_ms: 1,
-                compute_ms: 1,
-                already_done: false,
-                sha256: String::new(),
-                tokens: 0,
-                made_by: None,
-            },
+            EventKind::test_done(1, ""),
             EventKind::Checked {
                 round: 1,
                 rows: 1,

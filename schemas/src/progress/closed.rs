@@ -163,16 +163,7 @@ mod tests {
             reopened.apply(&ShardEvent::test_event(shard, 2, 200, kind)?);
         }
         assert_eq!(reopened.progress(200).state, JobState::Running);
-        let done = |sha: &str| EventKind::Done {
-            rows: 10,
-            output_bytes: 1,
-            duration_ms: 1,
-            compute_ms: 1,
-            already_done: false,
-            sha256: sha.into(),
-            tokens: 0,
-            made_by: None,
-        };
+        let done = |sha: &str| EventKind::test_done(10, sha);
         reopened.apply(&ShardEvent::test_event(3, 2, 300, done("new3"))?);
         reopened.apply(&ShardEvent::test_event(7, 2, 300, done("new7"))?);
         assert_eq!(reopened.progress(300).state, JobState::Done);
