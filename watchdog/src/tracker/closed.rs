@@ -251,6 +251,12 @@ impl Tracker {
                         .map(|w| (w, s.sha256.clone().unwrap_or_default(), s.duration_ms)),
                     maker,
                     attempts: s.attempts,
+                    // Its check, if it was picked for one, is over (the
+                    // manifest waited for it). A picked shard is picked
+                    // again by the same key: a new round 1 would carry the
+                    // ids of the one that ran, be dropped as a duplicate
+                    // and hold the job open for good.
+                    check: Some(Box::default()),
                     ..Default::default()
                 }
             } else {
