@@ -30,6 +30,9 @@ pub struct Fleet {
     pub watchdogs: Vec<Proc>,
     /// Extra environment for workers only (their NATS identity).
     pub worker_env: Vec<(String, String)>,
+    /// Whether checking a job's outputs also checks that its counts agree
+    /// ([`Fleet::counts_agree`]); on unless a test turns it off.
+    pub check_counts: bool,
     /// Each worker connects with its own machine identity (the nkey seed
     /// the server was started with for its name).
     pub worker_identities: bool,
@@ -73,6 +76,7 @@ impl Fleet {
             watchdogs: Vec::new(),
             dashboards: Vec::new(),
             worker_env: Vec::new(),
+            check_counts: true,
             worker_identities: false,
             watchdog_env: Vec::new(),
             spawned: 0,
@@ -159,6 +163,7 @@ impl Fleet {
             watchdogs: Vec::new(),
             dashboards: Vec::new(),
             worker_env: Vec::new(),
+            check_counts: true,
             worker_identities: false,
             watchdog_env: Vec::new(),
             peers: Vec::new(),
@@ -403,6 +408,7 @@ impl Fleet {
         model: &Path,
         texts: &[String],
     ) -> Result<()> {
+        self.counts_agree(job)?;
         let npy = self.dir.path().join(format!("{job}.npy"));
         self.cli(&["collect", job, "--output", &npy.display().to_string()])?;
         let (rows, dim, got) = read_npy_f32(&npy)?;
@@ -429,6 +435,53 @@ impl Fleet {
         Ok(())
     }
 
+    /// Checks that `job`'s counts agree wherever they are told: `minions
+    /// status`, its manifest (when a watchdog runs on a local-directory
+    /// store) and every watchdog dashboard that answers report the same
+    /// shards done and failed. Waits up to 10 s for the manifest and the
+    /// dashboards to catch up with the events.
+    pub fn counts_agree(&self, job: &str) -> Result<()> {
+        if self.watchdogs.is_empty() || !self.check_counts {
+            return Ok(());
+        }
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let status: serde_json::Value =
+                serde_json::from_str(&self.cli(&["status", job, "--json"])?)?;
+            let want = (status["done"].as_u64(), status["failed"].as_u64());
+            let mut seen = vec![("status".to_owned(), want)];
+            if self.store_url.starts_with("file://") {
+                let m = self.manifest(job).ok();
+                let told = m.map_or((None, None), |m| {
+                    (Some(u64::from(m.done)), Some(u64::from(m.failed)))
+                });
+                seen.push(("manifest".to_owned(), told));
+            }
+            for (i, base) in self.dashboards.iter().enumerate() {
+                // A watchdog stopped or killed by the test does not answer.
+                let Ok((200, body)) = crate::web::get_within(
+                    &format!("{base}/api/jobs/{job}"),
+                    Duration::from_secs(2),
+                ) else {
+                    continue;
+                };
+                let v: serde_json::Value = serde_json::from_str(&body)?;
+                let told = (
+                    v["progress"]["done"].as_u64(),
+                    v["progress"]["failed"].as_u64(),
+                );
+                seen.push((format!("dashboard of watchdog {}", i + 1), told));
+            }
+            if seen.iter().all(|(_, told)| *told == want) {
+                return Ok(());
+            }
+            if Instant::now() > until {
+                return Err(format!("job {job}'s counts (done, failed) disagree: {seen:?}").into());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// Collects `job` and checks every vector against the same model code
     /// run in-process on `texts` (max abs diff ≤ 1e-5): what an undisturbed
     /// run gives.
@@ -444,6 +497,7 @@ impl Fleet {
         texts: &[String],
         precision: minions_worker::model::Precision,
     ) -> Result<()> {
+        self.counts_agree(job)?;
         let npy = self.dir.path().join(format!("{job}.npy"));
         self.cli(&["collect", job, "--output", &npy.display().to_string()])?;
         let (rows, _, got) = read_npy_f32(&npy)?;

@@ -18,6 +18,19 @@ fn agent() -> ureq::Agent {
         .into()
 }
 
+/// GETs `url` giving up after `within`; returns the status and the body.
+pub fn get_within(url: &str, within: Duration) -> Result<(u16, String)> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(within))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut r = agent.get(url).call()?;
+    let status = r.status().as_u16();
+    let body = r.body_mut().read_to_string()?;
+    Ok((status, body))
+}
+
 /// GETs `url`; returns the status and the body.
 pub fn get(url: &str) -> Result<(u16, String)> {
     let mut r = agent().get(url).call()?;
