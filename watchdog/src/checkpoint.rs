@@ -118,6 +118,9 @@ pub enum CheckpointError {
     /// Its header or body does not decode.
     #[error(transparent)]
     Codec(#[from] CodecError),
+    /// The thread that encoded it failed.
+    #[error("encoding the checkpoint: {0}")]
+    Encode(String),
     /// Another checkpoint format.
     #[error("checkpoint format {found}; this build reads format {supported} only")]
     Format {
@@ -184,30 +187,52 @@ impl CheckpointPolicy {
     }
 }
 
-/// Encodes the tracker's state (and its view's jobs) as a checkpoint of
-/// `header`. Holds the view's jobs lock while encoding.
-pub fn encode(tracker: &Tracker, header: &Header) -> Result<Vec<u8>, CodecError> {
-    let head = minions_schemas::encode("checkpoint header", header)?;
-    let head_len = u32::try_from(head.len()).unwrap_or(u32::MAX);
-    let mut out = Vec::with_capacity(64 * 1024);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&head_len.to_be_bytes());
-    out.extend_from_slice(&head);
-    {
-        let view = tracker.view().jobs();
+/// A checkpoint's state copied out of the tracker and its view: open
+/// jobs' detail and closed jobs' summaries (small: the state is bounded by
+/// open work). The view's lock is held only while it is copied, so that
+/// encoding and writing it hold up neither the dashboard nor the fold.
+pub struct Snapshot {
+    tracker: crate::tracker::TrackerCopy,
+    view: crate::view::job_progress::JobsView,
+}
+
+impl Snapshot {
+    /// The tracker's state and its view's jobs, now.
+    pub fn of(tracker: &Tracker) -> Self {
+        let view = tracker.view().jobs().clone();
+        Self {
+            tracker: tracker.copy(),
+            view,
+        }
+    }
+
+    /// Encodes it as a checkpoint of `header`.
+    pub fn encode(&self, header: &Header) -> Result<Vec<u8>, CodecError> {
+        let head = minions_schemas::encode("checkpoint header", header)?;
+        let head_len = u32::try_from(head.len()).unwrap_or(u32::MAX);
+        let mut out = Vec::with_capacity(64 * 1024);
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&head_len.to_be_bytes());
+        out.extend_from_slice(&head);
         let body = BodyRef {
             v: SCHEMA_VERSION,
-            tracker: tracker.saved(),
-            view: view.saved(),
+            tracker: self.tracker.saved(),
+            view: self.view.saved(),
         };
         rmp_serde::encode::write_named(&mut out, &body).map_err(|source| CodecError::Encode {
             what: "checkpoint",
             source,
         })?;
+        let digest = Sha256::digest(&out);
+        out.extend_from_slice(&digest);
+        Ok(out)
     }
-    let digest = Sha256::digest(&out);
-    out.extend_from_slice(&digest);
-    Ok(out)
+}
+
+/// Encodes the tracker's state (and its view's jobs) as a checkpoint of
+/// `header` ([`Snapshot::of`] then [`Snapshot::encode`]).
+pub fn encode(tracker: &Tracker, header: &Header) -> Result<Vec<u8>, CodecError> {
+    Snapshot::of(tracker).encode(header)
 }
 
 /// Decodes a checkpoint from untrusted `bytes`: framing, checksum, header,
@@ -256,15 +281,18 @@ pub fn decode_checkpoint(bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
     Ok(Checkpoint { header, body })
 }
 
-/// Writes a checkpoint of the tracker's state covering the events stream
-/// up to `header.seq`, then deletes all but the newest [`KEEP`]. Returns its
-/// key and size.
+/// Writes a checkpoint of `snapshot` covering the events stream up to
+/// `header.seq` (encoded on a blocking thread), then deletes all but the
+/// newest [`KEEP`]. Returns its key and size.
 pub async fn save(
     store: &dyn ObjectStore,
-    tracker: &Tracker,
+    snapshot: Snapshot,
     header: &Header,
 ) -> Result<(String, usize), CheckpointError> {
-    let bytes = encode(tracker, header)?;
+    let head = header.clone();
+    let bytes = tokio::task::spawn_blocking(move || snapshot.encode(&head))
+        .await
+        .map_err(|e| CheckpointError::Encode(e.to_string()))??;
     let size = bytes.len();
     let key = keys::watchdog_checkpoint(header.seq);
     store
@@ -519,7 +547,7 @@ mod tests {
             for e in &all[..cut] {
                 before.apply(e.clone()).await;
             }
-            save(store.as_ref(), &before, &header(cut as u64)).await?;
+            save(store.as_ref(), Snapshot::of(&before), &header(cut as u64)).await?;
             let mut after = tracker(&store);
             let h = restore_newest(store.as_ref(), &facts(all.len() as u64), &mut after).await;
             assert_eq!(h.map(|h| h.seq), Some(cut as u64));
@@ -616,11 +644,11 @@ mod tests {
         for (i, e) in all.iter().enumerate() {
             t.apply(e.clone()).await;
             if i == 99 {
-                save(store.as_ref(), &t, &header(100)).await?;
+                save(store.as_ref(), Snapshot::of(&t), &header(100)).await?;
             }
         }
-        save(store.as_ref(), &t, &header(150)).await?;
-        save(store.as_ref(), &t, &header(180)).await?;
+        save(store.as_ref(), Snapshot::of(&t), &header(150)).await?;
+        save(store.as_ref(), Snapshot::of(&t), &header(180)).await?;
         // The newest is corrupt, the next past the stream's end.
         let newest = StorePath::from(keys::watchdog_checkpoint(180));
         let mut bytes = store.get(&newest).await?.bytes().await?.to_vec();
@@ -638,9 +666,9 @@ mod tests {
                 .await
                 .is_none()
         );
-        assert!(r.saved().jobs.is_empty());
+        assert_eq!(r.saved().open_jobs(), 0);
         // Only the newest KEEP are kept.
-        save(store.as_ref(), &t, &header(190)).await?;
+        save(store.as_ref(), Snapshot::of(&t), &header(190)).await?;
         let seqs: Vec<u64> = list(store.as_ref())
             .await?
             .into_iter()
@@ -667,7 +695,7 @@ mod tests {
         }
         t.apply(event("job-b", 0, 1, 3000, done(3000))).await;
         assert!(store.head(&manifest("job-a")).await.is_ok());
-        save(store.as_ref(), &t, &header(13)).await?;
+        save(store.as_ref(), Snapshot::of(&t), &header(13)).await?;
         // Remove job-a's manifest: a resumed watchdog must not write it
         // again (it knows it wrote it), whatever events of job-a follow.
         store.delete(&manifest("job-a")).await?;

@@ -6,7 +6,9 @@
 //! taken), so that a restart's cost can be seen and measured.
 //!
 //! Events are read by one task and folded by another, so that a slow store
-//! never delays reading, and neither delays heartbeat handling.
+//! never delays reading, and neither delays heartbeat handling. A
+//! checkpoint is a copy of the state taken between two events, encoded and
+//! written by a task of its own while the fold goes on.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -86,20 +88,7 @@ pub async fn start(
             0
         }
     };
-    let consumer = stream
-        .create_consumer(OrderedConfig {
-            filter_subject: subjects::EVENT_SUBJECTS.to_owned(),
-            deliver_policy: if from == 0 {
-                DeliverPolicy::All
-            } else {
-                DeliverPolicy::ByStartSequence {
-                    start_sequence: from + 1,
-                }
-            },
-            ..Default::default()
-        })
-        .await
-        .map_err(follow_err)?;
+    let consumer = ordered_from(&stream, from + 1).await?;
     let backlog = consumer.cached_info().num_pending;
     let mut messages = consumer.messages().await.map_err(follow_err)?;
 
@@ -139,6 +128,7 @@ pub async fn start(
         written: from,
         since: 0,
         last_write: Instant::now(),
+        writing: None,
     };
     Ok(tokio::spawn(async move {
         let mut read = 0u64;
@@ -178,8 +168,31 @@ pub async fn start(
             }
         }
         let _ = reader.await;
+        fold.finish_write().await;
         fold.write().await;
+        fold.finish_write().await;
     }))
+}
+
+/// An ordered consumer of every event from sequence `start` on.
+async fn ordered_from(
+    stream: &jetstream::stream::Stream,
+    start: u64,
+) -> Result<jetstream::consumer::Consumer<OrderedConfig>, WatchdogError> {
+    stream
+        .create_consumer(OrderedConfig {
+            filter_subject: subjects::EVENT_SUBJECTS.to_owned(),
+            deliver_policy: if start <= 1 {
+                DeliverPolicy::All
+            } else {
+                DeliverPolicy::ByStartSequence {
+                    start_sequence: start,
+                }
+            },
+            ..Default::default()
+        })
+        .await
+        .map_err(follow_err)
 }
 
 fn caught_up_log(seq: u64, events: u64, began: Instant) {
@@ -190,6 +203,9 @@ fn caught_up_log(seq: u64, events: u64, began: Instant) {
         "events caught up"
     );
 }
+
+/// A checkpoint being written: its key and size once written.
+type Writing = JoinHandle<Result<(String, usize), checkpoint::CheckpointError>>;
 
 /// The folding side: the tracker and what its checkpoints need.
 struct Fold {
@@ -205,11 +221,21 @@ struct Fold {
     /// Events folded since then.
     since: u64,
     last_write: Instant,
+    /// The checkpoint being written, with the sequence it covers.
+    writing: Option<(u64, Writing)>,
 }
 
 impl Fold {
-    /// Writes a checkpoint when anything was folded since the last one.
+    /// Starts writing a checkpoint when anything was folded since the last
+    /// one and none is being written: the state is copied now, encoded and
+    /// written beside the fold.
     async fn write(&mut self) {
+        if let Some((_, task)) = &self.writing {
+            if !task.is_finished() {
+                return;
+            }
+            self.finish_write().await;
+        }
         if self.policy.disabled || self.covered <= self.written {
             return;
         }
@@ -227,15 +253,34 @@ impl Fold {
             writer: self.name.clone(),
         };
         let t0 = Instant::now();
-        match checkpoint::save(self.store.as_ref(), &self.tracker, &header).await {
-            Ok((key, bytes)) => {
-                tracing::info!(seq = header.seq, key = %key, bytes, ms = t0.elapsed().as_millis() as u64,
-                    "checkpoint written");
-                self.written = header.seq;
-            }
-            Err(e) => tracing::warn!(seq = header.seq, error = %e, "checkpoint not written"),
-        }
+        let snapshot = checkpoint::Snapshot::of(&self.tracker);
+        let copy_ms = t0.elapsed().as_millis() as u64;
+        let store = self.store.clone();
+        let seq = header.seq;
+        self.writing = Some((
+            seq,
+            tokio::spawn(async move {
+                let r = checkpoint::save(store.as_ref(), snapshot, &header).await;
+                if let Ok((key, bytes)) = &r {
+                    tracing::info!(seq, key = %key, bytes, copy_ms, ms = t0.elapsed().as_millis() as u64,
+                        "checkpoint written");
+                }
+                r
+            }),
+        ));
         self.since = 0;
         self.last_write = Instant::now();
+    }
+
+    /// Waits for the checkpoint being written, if any, and notes it.
+    async fn finish_write(&mut self) {
+        let Some((seq, task)) = self.writing.take() else {
+            return;
+        };
+        match task.await {
+            Ok(Ok(_)) => self.written = self.written.max(seq),
+            Ok(Err(e)) => tracing::warn!(seq, error = %e, "checkpoint not written"),
+            Err(e) => tracing::warn!(seq, error = %e, "checkpoint writer failed"),
+        }
     }
 }

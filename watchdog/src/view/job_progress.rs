@@ -73,7 +73,7 @@ impl JobEntry {
 }
 
 /// A worker's recent work.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Recent {
     /// Its first event seen (ms).
     first_ms: u64,
@@ -81,8 +81,10 @@ struct Recent {
     done: VecDeque<(u64, u64)>,
 }
 
-/// All jobs, the counters and the histories.
-#[derive(Debug, Default)]
+/// All jobs, the counters and the histories. A clone copies open jobs'
+/// folds and closed jobs' summaries: what a checkpoint takes, so that
+/// encoding it holds no lock.
+#[derive(Debug, Default, Clone)]
 pub struct JobsView {
     jobs: BTreeMap<JobId, JobEntry>,
     /// Fleet-wide counters.
