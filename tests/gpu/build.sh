@@ -13,6 +13,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/gpu/cuda_tools.sh
+# candle's kernel build runs nvcc on half the cores unless told.
+export CUDAFORGE_THREADS="${CUDAFORGE_THREADS:-$(nproc)}"
 start=$SECONDS
 cargo build --release --target-dir target/cuda \
   -p minions -p minions-worker -p minions-watchdog --features minions-worker/cuda
