@@ -174,9 +174,7 @@ impl Tracker {
             return;
         }
         let sealed_before = t.sealed == Some(true);
-        self.jobs.remove(job);
-        self.view.jobs().close(job, now_ms());
-        self.remember_closed(job.clone(), sealed_before);
+        self.close_now(job, sealed_before);
     }
 
     /// Closes a cancelled job once none of its shards runs: it will not
@@ -185,9 +183,15 @@ impl Tracker {
         if !self.jobs.contains_key(job) || self.waits_on(job) {
             return;
         }
+        self.close_now(job, true);
+    }
+
+    /// Drops `job`'s detail, freezes its view entry and remembers it
+    /// closed.
+    fn close_now(&mut self, job: &JobId, sealed_before: bool) {
         self.jobs.remove(job);
         self.view.jobs().close(job, now_ms());
-        self.remember_closed(job.clone(), true);
+        self.remember_closed(job.clone(), sealed_before);
     }
 
     /// Whether a retry queue holds something of `job`.
