@@ -444,7 +444,9 @@ impl Fleet {
         if self.watchdogs.is_empty() || !self.check_counts {
             return Ok(());
         }
-        let until = Instant::now() + Duration::from_secs(10);
+        // A watchdog whose events consumer stalled replaces it within
+        // a few seconds (`follow::STALL_AFTER`).
+        let until = Instant::now() + Duration::from_secs(20);
         loop {
             let status: serde_json::Value =
                 serde_json::from_str(&self.cli(&["status", job, "--json"])?)?;

@@ -13,16 +13,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull::OrderedConfig};
-use futures::StreamExt;
+use async_nats::jetstream;
 use minions_schemas::messages::ShardEvent;
 use minions_schemas::time::now_ms;
-use minions_schemas::{SCHEMA_VERSION, decode, limits, streams, subjects};
+use minions_schemas::{SCHEMA_VERSION, decode, limits, streams};
 use object_store::ObjectStore;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::{self, CheckpointPolicy, Header, StreamFacts};
+use crate::follow::Follower;
 use crate::run::WatchdogError;
 use crate::tracker::Tracker;
 use crate::view::View;
@@ -88,22 +88,16 @@ pub async fn start(
             0
         }
     };
-    let consumer = ordered_from(&stream, from + 1).await?;
-    let backlog = consumer.cached_info().num_pending;
-    let mut messages = consumer.messages().await.map_err(follow_err)?;
+    let mut follower = Follower::start(js, from).await.map_err(follow_err)?;
+    let backlog = follower.backlog();
 
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Read>(4096);
     let reader = tokio::spawn(async move {
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
-                m = messages.next() => match m {
-                    Some(Ok(m)) => {
-                        let Ok(info) = m.info() else {
-                            tracing::warn!(subject = %m.subject, "event without stream metadata ignored");
-                            continue;
-                        };
-                        let (seq, pending) = (info.stream_sequence, info.pending);
+                m = follower.next() => match m {
+                    Some(Ok(crate::follow::Read { seq, pending, message: m })) => {
                         let event = decode::<ShardEvent>("shard event", &m.payload, limits::MAX_EVENT_BYTES)
                             .ok()
                             .filter(|e| e.is_on(&m.subject));
@@ -172,27 +166,6 @@ pub async fn start(
         fold.write().await;
         fold.finish_write().await;
     }))
-}
-
-/// An ordered consumer of every event from sequence `start` on.
-async fn ordered_from(
-    stream: &jetstream::stream::Stream,
-    start: u64,
-) -> Result<jetstream::consumer::Consumer<OrderedConfig>, WatchdogError> {
-    stream
-        .create_consumer(OrderedConfig {
-            filter_subject: subjects::EVENT_SUBJECTS.to_owned(),
-            deliver_policy: if start <= 1 {
-                DeliverPolicy::All
-            } else {
-                DeliverPolicy::ByStartSequence {
-                    start_sequence: start,
-                }
-            },
-            ..Default::default()
-        })
-        .await
-        .map_err(follow_err)
 }
 
 fn caught_up_log(seq: u64, events: u64, began: Instant) {

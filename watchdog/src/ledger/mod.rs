@@ -26,14 +26,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull::OrderedConfig};
-use futures::StreamExt;
+use async_nats::jetstream;
 use minions_schemas::messages::{JobSpec, ShardEvent};
-use minions_schemas::{decode, limits, streams, subjects};
+use minions_schemas::{decode, limits, streams};
 use object_store::ObjectStore;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::follow::Follower;
 use crate::view::View;
 
 /// Why the ledger could not be written (the watchdog logs it, waits and
@@ -217,21 +217,9 @@ impl Writer {
         self.status.connected.store(true, Ordering::Relaxed);
         tracing::info!(ledger = %redact(&self.settings.url), cursor,
             stream_last_seq = info.state.last_sequence, "ledger connected");
-        let consumer = stream
-            .create_consumer(OrderedConfig {
-                filter_subject: subjects::EVENT_SUBJECTS.to_owned(),
-                deliver_policy: if cursor == 0 {
-                    DeliverPolicy::All
-                } else {
-                    DeliverPolicy::ByStartSequence {
-                        start_sequence: cursor + 1,
-                    }
-                },
-                ..Default::default()
-            })
+        let mut follower = Follower::start(&self.js, cursor)
             .await
             .map_err(follow_err)?;
-        let mut messages = consumer.messages().await.map_err(follow_err)?;
         workers::upsert(client, &self.view).await?;
         let mut workers_tick = tokio::time::interval(self.settings.workers_every);
         workers_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -251,14 +239,12 @@ impl Writer {
                     workers::upsert(client, &self.view).await?;
                     cancelled::mark(client, &self.view).await?;
                 }
-                m = messages.next() => {
-                    let m = match m {
-                        Some(Ok(m)) => m,
+                m = follower.next() => {
+                    let (seq, m) = match m {
+                        Some(Ok(r)) => (r.seq, r.message),
                         Some(Err(e)) => return Err(follow_err(e)),
                         None => return Err(follow_err("the stream's consumer ended")),
                     };
-                    let Ok(info) = m.info() else { continue };
-                    let seq = info.stream_sequence;
                     self.status.read.store(seq, Ordering::Relaxed);
                     // A message that is not a valid event (or a forged one)
                     // is skipped; its sequence is covered all the same.
