@@ -154,6 +154,28 @@ async fn ops(fleet: &mut Fleet) -> Result<()> {
         evicted_at.elapsed().as_secs_f64()
     );
     let w2 = wait_worker(fleet, "w2-").await?;
+
+    // A cancellation the worker did not hear (only the store's marker is
+    // written, as when the broadcast went out while it was disconnected)
+    // still stops its shard.
+    let root = fleet
+        .store_url
+        .strip_prefix("file://")
+        .ok_or("the fleet's store is not a directory")?;
+    let marker = std::path::Path::new(root).join(format!("jobs/{job}/cancelled"));
+    std::fs::write(&marker, b"")?;
+    let written = Instant::now();
+    let log = &fleet.workers[1].log;
+    while !std::fs::read_to_string(log)?.contains("cancellation marker is in the store") {
+        if written.elapsed() > Duration::from_secs(30) {
+            return Err("w2 never read the cancellation marker of its running job".into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "a cancellation heard only through the store stopped w2's shard after {:.1} s",
+        written.elapsed().as_secs_f64()
+    );
     fleet.cli(&["cancel", &job])?;
     fleet.wait_job(&job, Duration::from_secs(1)).ok();
 

@@ -24,7 +24,18 @@ async fn reply(ctx: &Ctx, to: Option<async_nats::Subject>, status: &str, handed_
     }
 }
 
-/// Serves control requests and cancellations until `stop` is cancelled.
+/// Aborts the task it holds when dropped, whichever way `run` returns.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Serves control requests and cancellations until `stop` is cancelled;
+/// beside them, reads the cancellation markers of running jobs
+/// ([`crate::cancel_marker`]).
 /// `ready` fires once both subscriptions are sent: what the worker publishes
 /// after that (its first heartbeat) reaches the server after them, so no one
 /// who learns of the worker finds it deaf.
@@ -34,6 +45,12 @@ pub(crate) async fn run(
     ready: tokio::sync::oneshot::Sender<()>,
 ) {
     let mut ready = Some(ready);
+    let markers = tokio::spawn(crate::cancel_marker::watch(
+        ctx.clone(),
+        crate::cancel_marker::EVERY,
+        stop.child_token(),
+    ));
+    let _markers = AbortOnDrop(markers);
     let mut cancels = match ctx.client.subscribe(subjects::CANCEL_ALL).await {
         Ok(s) => s,
         Err(e) => {

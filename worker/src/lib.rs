@@ -31,6 +31,7 @@
 
 mod beats;
 mod canary;
+mod cancel_marker;
 mod chip;
 pub mod cli;
 pub mod config;
