@@ -39,7 +39,7 @@ use crate::tracker::{RestoreError, SavedTracker, SavedTrackerRef, Tracker};
 use crate::view::job_progress::{SavedJobs, SavedJobsRef};
 
 /// The checkpoint format this build writes and reads.
-pub const FORMAT: u16 = 5;
+pub const FORMAT: u16 = 6;
 /// How many checkpoints are kept in the store (older ones are deleted after
 /// a new one is written): a corrupt newest one falls back to the next.
 pub const KEEP: usize = 3;

@@ -101,6 +101,11 @@ pub struct WatchdogArgs {
     /// results in open jobs run again elsewhere.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub quarantine_after: u32,
+    /// Hours a strike counts toward a quarantine: a machine is quarantined
+    /// for results outvoted within this time, not for old ones.
+    #[arg(long, default_value_t = crate::tracker::strikes::DEFAULT_EXPIRE_HOURS,
+        value_parser = clap::value_parser!(u64).range(1..=87_600))]
+    pub strikes_expire_hours: u64,
     /// Finished jobs whose summary the dashboard keeps (the newest). A
     /// finished job's per-shard detail leaves memory once its manifest is
     /// written; older summaries go too, and the manifest answers for them.
@@ -146,6 +151,7 @@ impl WatchdogArgs {
             verify_ppm: (verify * 1e6).round() as u32,
             verify_key,
             quarantine_after: self.quarantine_after,
+            strikes_expire_ms: self.strikes_expire_hours.saturating_mul(3_600_000),
             finished_kept: usize::try_from(self.finished_jobs_kept).unwrap_or(usize::MAX),
             nats_url: self.nats,
             nats_security: self.security,

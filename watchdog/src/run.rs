@@ -82,6 +82,8 @@ pub struct WatchdogConfig {
     pub verify_key: Vec<u8>,
     /// Strikes that quarantine a machine.
     pub quarantine_after: u32,
+    /// How long a strike counts, ms.
+    pub strikes_expire_ms: u64,
     /// Finished jobs whose summary is kept (see `--finished-jobs-kept`).
     pub finished_kept: usize,
 }
@@ -258,6 +260,7 @@ async fn start(
             verify_ppm: config.verify_ppm,
             verify_key: config.verify_key.clone(),
             quarantine_after: config.quarantine_after,
+            strikes_expire_ms: config.strikes_expire_ms,
             quarantine: Some(quarantine),
             finished_kept: config.finished_kept,
         },

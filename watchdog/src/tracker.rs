@@ -33,6 +33,7 @@ use crate::trust::backing::{Backing, BackingError};
 use crate::view::View;
 
 mod closed;
+pub mod strikes;
 mod verify;
 use closed::Closed;
 pub use closed::DEFAULT_FINISHED_KEPT;
@@ -335,7 +336,7 @@ pub struct SavedTrackerRef<'a> {
     pub(crate) jobs: Vec<SavedJobRef<'a>>,
     pub(crate) pending_dead: &'a [PendingDead],
     /// Strikes per machine: the (job, shard) of each result outvoted.
-    pub(crate) strikes: &'a BTreeMap<String, std::collections::BTreeSet<(JobId, u32)>>,
+    pub(crate) strikes: &'a strikes::Strikes,
     /// The jobs closed (manifest written, detail dropped), oldest first.
     pub(crate) closed: Vec<&'a JobId>,
 }
@@ -346,7 +347,7 @@ pub struct SavedTracker {
     jobs: Vec<SavedJob>,
     pending_dead: Vec<PendingDead>,
     #[serde(default)]
-    strikes: BTreeMap<String, std::collections::BTreeSet<(JobId, u32)>>,
+    strikes: strikes::Strikes,
     #[serde(default)]
     closed: Vec<JobId>,
 }
@@ -416,7 +417,7 @@ pub struct Tracker {
     pending_quarantine: Vec<String>,
     /// Strikes per machine: the (job, shard) of each of its results that a
     /// majority outvoted.
-    strikes: BTreeMap<String, std::collections::BTreeSet<(JobId, u32)>>,
+    strikes: strikes::Strikes,
     /// Machines this watchdog quarantined, with the strikes then: a result
     /// one of them finishes afterwards (a shard it ran while it learnt of
     /// its quarantine) is withdrawn as well, unless it was released.
@@ -460,6 +461,8 @@ pub struct Judge {
     pub verify_key: Vec<u8>,
     /// Strikes (results outvoted) that quarantine a machine.
     pub quarantine_after: u32,
+    /// How long a strike counts, ms.
+    pub strikes_expire_ms: u64,
     /// The quarantine bucket (None: machines are never quarantined).
     pub quarantine: Option<jetstream::kv::Store>,
     /// Finished jobs whose summary is kept (the newest; older ones are
@@ -511,7 +514,7 @@ impl Tracker {
             pending_judgements: Vec::new(),
             pending_rounds: Vec::new(),
             pending_quarantine: Vec::new(),
-            strikes: BTreeMap::new(),
+            strikes: strikes::Strikes::default(),
             quarantined: BTreeMap::new(),
             closed: Closed::new(DEFAULT_FINISHED_KEPT),
         }
@@ -579,7 +582,7 @@ impl Tracker {
 pub struct TrackerCopy {
     jobs: Vec<(JobId, JobTrack)>,
     pub(crate) pending_dead: Vec<PendingDead>,
-    strikes: BTreeMap<String, std::collections::BTreeSet<(JobId, u32)>>,
+    strikes: strikes::Strikes,
     closed: Vec<JobId>,
 }
 
@@ -784,6 +787,7 @@ impl Tracker {
     /// They are taken in order and the round stops at the first that waits
     /// again (the store or NATS still failing would fail the rest too).
     pub async fn retry_checks(&mut self) {
+        self.expire_strikes();
         self.retry_judgements().await;
         let mut waiting = std::mem::take(&mut self.pending_checks).into_iter();
         // The first is checked here and now: when it waits again, so do the
@@ -919,7 +923,7 @@ impl Tracker {
         let dead = t.fold(&e, made_on);
         let outvoted = std::mem::take(&mut t.outvoted);
         for (w, shard) in outvoted {
-            self.strike(&w, &job, shard).await;
+            self.strike(&w, &job, shard, e.at_ms.min(now_ms())).await;
         }
         match &e.kind {
             EventKind::Done { .. } => self.maybe_verify(&e).await,

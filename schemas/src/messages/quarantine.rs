@@ -14,9 +14,9 @@ pub struct Quarantine {
     pub machine: String,
     /// Whether it is quarantined now (false: released by an operator).
     pub quarantined: bool,
-    /// Strikes counted against the machine when this was written: a
-    /// watchdog quarantines again only after as many new strikes as its
-    /// threshold beyond these.
+    /// Strikes counted against the machine when this was written. After a
+    /// release, a watchdog counts only strikes made after `at_ms` toward
+    /// another quarantine.
     pub strikes: u32,
     /// Why, in words (the last strike's job and shard, or who released it).
     pub reason: String,

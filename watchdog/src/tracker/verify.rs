@@ -464,18 +464,36 @@ impl Tracker {
     }
 
     /// Counts a strike against `worker`'s machine for its result of `shard`
-    /// of `job` (once per shard), and quarantines the machine when that
-    /// reaches the threshold.
-    pub(super) async fn strike(&mut self, worker: &WorkerId, job: &JobId, shard: u32) {
+    /// of `job` (once per shard; `at_ms`: the verdict's time), forgets
+    /// strikes past their expiry, and quarantines the machine when those
+    /// left reach the threshold.
+    pub(super) async fn strike(&mut self, worker: &WorkerId, job: &JobId, shard: u32, at_ms: u64) {
         let machine = subjects::machine(worker).to_owned();
-        let set = self.strikes.entry(machine.clone()).or_default();
-        if !set.insert((job.clone(), shard)) {
+        self.expire_strikes();
+        if at_ms < self.strikes_from() || !self.strikes.add(&machine, job, shard, at_ms) {
             return;
         }
-        let strikes = set.len();
+        let strikes = self.strikes.since(&machine, 0);
         tracing::warn!(machine = %machine, worker = %worker, job = %job, shard, strikes,
             "a machine's result lost to the majority of check runs: strike");
         self.maybe_quarantine(&machine, Some((job, shard))).await;
+    }
+
+    /// The time before which strikes have expired (ms since the epoch).
+    fn strikes_from(&self) -> u64 {
+        let ttl = self
+            .judge
+            .as_ref()
+            .map_or(u64::MAX, |j| j.strikes_expire_ms);
+        now_ms().saturating_sub(ttl)
+    }
+
+    /// Forgets the strikes past their expiry.
+    pub(super) fn expire_strikes(&mut self) {
+        let n = self.strikes.expire(self.strikes_from());
+        if n > 0 {
+            tracing::info!(strikes = n, "strikes expired");
+        }
     }
 
     /// Quarantines `machine` when its strikes reach the threshold beyond
@@ -488,11 +506,8 @@ impl Tracker {
         let Some(kv) = judge.quarantine.clone() else {
             return;
         };
-        let strikes = self
-            .strikes
-            .get(machine)
-            .map_or(0, |s| u32::try_from(s.len()).unwrap_or(u32::MAX));
-        let acted = match kv.get(machine).await {
+        // Strikes count from the machine's last release by an operator.
+        let released_at = match kv.get(machine).await {
             Ok(Some(bytes)) => {
                 match decode::<Quarantine>(
                     "quarantine record",
@@ -507,7 +522,7 @@ impl Tracker {
                             .or_insert(q.strikes);
                         return;
                     }
-                    Ok(q) => q.strikes,
+                    Ok(q) => q.at_ms,
                     Err(_) => 0,
                 }
             }
@@ -518,9 +533,13 @@ impl Tracker {
                 return;
             }
         };
-        if strikes < acted.saturating_add(judge.quarantine_after.max(1)) {
+        if self.strikes.since(machine, released_at) < judge.quarantine_after.max(1) {
             return;
         }
+        // All its strikes held, released or not: they only grow between two
+        // quarantines (expiry takes days), so message ids that carry them
+        // are new each time.
+        let strikes = self.strikes.since(machine, 0);
         let record = Quarantine {
             v: SCHEMA_VERSION,
             machine: machine.to_owned(),
