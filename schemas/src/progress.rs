@@ -115,6 +115,15 @@ pub struct Progress {
     /// Check runs that disagreed with the result they checked.
     #[serde(default)]
     pub disagreements: u64,
+    /// Shards picked for a check that closed without one (no other machine
+    /// ran it in time, or the machines all disagreed): their result stands
+    /// unverified.
+    #[serde(default)]
+    pub unverified: u64,
+    /// What the open checks wait for, when the reader knows the fleet
+    /// (`minions status`; see [`Progress::checks_waiting`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checks_wait: Option<String>,
     /// Failed shards with reasons.
     pub failed_shards: Vec<FailedShard>,
     /// The team the job counts against.
@@ -136,6 +145,29 @@ impl Progress {
         } else {
             f64::from(self.done) / f64::from(self.shards)
         }
+    }
+
+    /// What the open checks wait for, given the machines of the fleet's
+    /// live workers: a check runs on a machine other than the one that made
+    /// the result, so a fleet of one machine never runs it (a watchdog
+    /// closes it unverified after its `--checks-wait-secs`). None when no
+    /// check is open, or when checks are only queued behind other work.
+    pub fn checks_waiting(&self, live_machines: usize) -> Option<String> {
+        if self.verifying == 0 || self.state.is_final() {
+            return None;
+        }
+        if live_machines <= 1 {
+            return Some(format!(
+                "no second machine: {} checks wait for a machine other than the one that made each result; after the watchdog's --checks-wait-secs (15 minutes unless set) they close unverified and the job completes",
+                self.verifying
+            ));
+        }
+        (self.pending == 0 && self.running == 0).then(|| {
+            format!(
+                "{} checks are queued for machines other than the results' makers; the job completes once they are judged",
+                self.verifying
+            )
+        })
     }
 }
 
@@ -214,6 +246,7 @@ pub struct JobFold {
     handed_back: u64,
     rejected: u64,
     disagreements: u64,
+    unverified: u64,
 }
 
 /// A [`JobFold`] as it is saved (a watchdog checkpoint): the spec and each
@@ -230,6 +263,7 @@ struct SavedFoldRef<'a> {
     handed_back: u64,
     rejected: u64,
     disagreements: u64,
+    unverified: u64,
 }
 
 struct SavedShardsRef<'a>(&'a [ShardState]);
@@ -255,6 +289,8 @@ struct SavedFold {
     handed_back: u64,
     rejected: u64,
     disagreements: u64,
+    #[serde(default)]
+    unverified: u64,
 }
 
 /// One shard as a saved fold holds it (see [`SavedFoldRef`]).
@@ -270,6 +306,7 @@ impl Serialize for JobFold {
             handed_back: self.handed_back,
             rejected: self.rejected,
             disagreements: self.disagreements,
+            unverified: self.unverified,
         }
         .serialize(ser)
     }
@@ -316,6 +353,7 @@ impl<'de> Deserialize<'de> for JobFold {
                 handed_back: saved.handed_back,
                 rejected: saved.rejected,
                 disagreements: saved.disagreements,
+                unverified: saved.unverified,
             },
         ))
     }
@@ -330,6 +368,8 @@ struct Times {
     handed_back: u64,
     rejected: u64,
     disagreements: u64,
+    #[serde(default)]
+    unverified: u64,
 }
 
 impl JobFold {
@@ -346,6 +386,7 @@ impl JobFold {
             handed_back: 0,
             rejected: 0,
             disagreements: 0,
+            unverified: 0,
         }
     }
 
@@ -385,6 +426,7 @@ impl JobFold {
             handed_back: times.handed_back,
             rejected: times.rejected,
             disagreements: times.disagreements,
+            unverified: times.unverified,
         }
     }
 
@@ -489,7 +531,12 @@ impl JobFold {
                         }
                     }
                     VerdictOutcome::Disagreed => self.disagreements += 1,
-                    VerdictOutcome::Undecided => {}
+                    // Counted once: the verdict closes the check.
+                    VerdictOutcome::Undecided => {
+                        if s.checking && !s.verified {
+                            self.unverified += 1;
+                        }
+                    }
                 }
                 if outcome.closes() {
                     s.checking = false;
@@ -570,6 +617,8 @@ impl JobFold {
             verified: self.totals.verified,
             verifying: self.totals.checking,
             disagreements: self.disagreements,
+            unverified: self.unverified,
+            checks_wait: None,
             rate: 0.0,
             eta_secs: None,
             created_ms: spec.created_ms,
@@ -684,10 +733,20 @@ impl Progress {
                 self.redeliveries, self.handed_back
             ));
         }
-        if self.verified > 0 || self.verifying > 0 || self.disagreements > 0 {
+        if self.verified > 0 || self.verifying > 0 || self.disagreements > 0 || self.unverified > 0
+        {
             out.push_str(&format!(
                 "  checks   {} shards verified on a second machine, {} checking, {} disagreements\n",
                 self.verified, self.verifying, self.disagreements
+            ));
+        }
+        if let Some(why) = &self.checks_wait {
+            out.push_str(&format!("  checks   {why}\n"));
+        }
+        if self.unverified > 0 {
+            out.push_str(&format!(
+                "  checks   {} shards unverified: no other machine ran their check in time (their results stand)\n",
+                self.unverified
             ));
         }
         if self.state == JobState::Running && self.done + self.failed == self.shards {

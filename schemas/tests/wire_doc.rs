@@ -886,6 +886,7 @@ fn check_all(c: &mut Checker) -> Res {
         rejected: 2,
         verified: 3,
         disagreements: 1,
+        unverified: 1,
         shards: vec![manifest_shard(&ids)],
         completed_ms: 1_767_225_700_000,
     })?;

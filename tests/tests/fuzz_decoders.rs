@@ -509,6 +509,7 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
         rejected: 1,
         verified: 2,
         disagreements: 1,
+        unverified: 1,
         shards: vec![
             ManifestShard {
                 shard: 0,

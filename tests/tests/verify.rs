@@ -288,3 +288,52 @@ async fn sometimes_wrong(fleet: &mut Fleet) -> Result<()> {
     }
     Ok(())
 }
+
+/// A fleet of one machine never runs a check (a check runs on another
+/// machine than the result's): `status` and the job page say so while the
+/// checks wait, and after the watchdog's `--checks-wait-secs` they close
+/// undecided, the job completes, and the manifest counts those shards as
+/// unverified.
+#[tokio::test(flavor = "multi_thread")]
+async fn checks_with_no_second_machine_say_so_and_end_unverified() -> Result<()> {
+    let mut fleet = Fleet::local()?;
+    let r = one_machine(&mut fleet).await;
+    fleet.explain(r)
+}
+
+async fn one_machine(fleet: &mut Fleet) -> Result<()> {
+    fleet.push_model("tiny", TinySpec::default())?;
+    let input = fleet.dir.path().join("in.jsonl");
+    write_corpus(&input, 8)?;
+    fleet.add_watchdog(&["--checks-wait-secs", "6"])?;
+    fleet.add_worker(&["--slots", "2"])?;
+    fleet.cli(&[
+        "submit",
+        "--model",
+        "tiny",
+        "--input",
+        &input.display().to_string(),
+        "--shard-size",
+        "1",
+        "--job",
+        "alone",
+        "--verify",
+        "1",
+    ])?;
+    let waiting = fleet.wait_status("alone", Duration::from_secs(60), |v| {
+        v["done"] == 8 && v["verifying"].as_u64().unwrap_or(0) > 0
+    })?;
+    let said = fleet.cli(&["status", "alone"])?;
+    assert!(said.contains("no second machine"), "{said}\n{waiting}");
+    let base = fleet.dashboards.first().ok_or("no dashboard")?;
+    let (code, page) = minions_tests::web::get(&format!("{base}/api/jobs/alone"))?;
+    assert_eq!(code, 200, "{page}");
+    assert!(page.contains("checks_wait"), "{page}");
+    let done = fleet.wait_job("alone", Duration::from_secs(60))?;
+    assert_eq!(done["state"], "done", "{done}");
+    assert_eq!(done["unverified"], 8, "{done}");
+    let m = fleet.manifest("alone")?;
+    assert_eq!((m.done, m.verified, m.unverified), (8, 0, 8));
+    eprintln!("one machine: 8 checks waited, said why, and closed unverified");
+    Ok(())
+}

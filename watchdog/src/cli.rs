@@ -106,6 +106,13 @@ pub struct WatchdogArgs {
     #[arg(long, default_value_t = crate::tracker::strikes::DEFAULT_EXPIRE_HOURS,
         value_parser = clap::value_parser!(u64).range(1..=87_600))]
     pub strikes_expire_hours: u64,
+    /// Seconds a check run waits for a machine other than the one that made
+    /// the result (a tie-break: a third). Past that the check closes
+    /// `undecided`: the result stands, counted as unverified in `status`
+    /// and the manifest, and the job can complete (a fleet of one machine
+    /// never runs a check).
+    #[arg(long, default_value_t = 900, value_parser = clap::value_parser!(u64).range(1..=604_800))]
+    pub checks_wait_secs: u64,
     /// Finished jobs whose summary the dashboard keeps (the newest). A
     /// finished job's per-shard detail leaves memory once its manifest is
     /// written; older summaries go too, and the manifest answers for them.
@@ -152,6 +159,7 @@ impl WatchdogArgs {
             verify_key,
             quarantine_after: self.quarantine_after,
             strikes_expire_ms: self.strikes_expire_hours.saturating_mul(3_600_000),
+            checks_wait_ms: self.checks_wait_secs.saturating_mul(1000),
             finished_kept: usize::try_from(self.finished_jobs_kept).unwrap_or(usize::MAX),
             nats_url: self.nats,
             nats_security: self.security,

@@ -14,7 +14,7 @@ pub struct Reason {
     /// Stable key: `ended`, `all_running`, `no_workers`, `all_owners_active`,
     /// `all_draining`, `model_too_large`, `no_free_slot`, `max_ack_pending`,
     /// `not_queued`, `queued_behind`, `retrying`, `queue_unreadable`,
-    /// `starting`, `sharing`.
+    /// `starting`, `sharing`, `checks_wait`.
     pub key: &'static str,
     /// What a person can act on.
     pub text: String,
@@ -62,6 +62,17 @@ pub fn explain(
             format!("the job is {}: nothing waits to run", job.state.as_str()),
         ));
         return out;
+    }
+    let machines: std::collections::BTreeSet<&str> = workers
+        .iter()
+        .filter(|w| w.alive())
+        .map(|w| w.id.rsplit_once('-').map_or(w.id.as_str(), |(m, _)| m))
+        .collect();
+    if let Some(why) = job.checks_waiting(machines.len()) {
+        out.push(r("checks_wait", why));
+        if job.pending == 0 {
+            return out;
+        }
     }
     if job.pending == 0 {
         out.push(r(
@@ -233,6 +244,8 @@ mod tests {
             verified: 0,
             verifying: 0,
             disagreements: 0,
+            unverified: 0,
+            checks_wait: None,
             rate: 0.0,
             eta_secs: None,
             created_ms: 0,

@@ -84,6 +84,8 @@ pub struct WatchdogConfig {
     pub quarantine_after: u32,
     /// How long a strike counts, ms.
     pub strikes_expire_ms: u64,
+    /// How long a check round waits for a machine, ms.
+    pub checks_wait_ms: u64,
     /// Finished jobs whose summary is kept (see `--finished-jobs-kept`).
     pub finished_kept: usize,
 }
@@ -261,6 +263,7 @@ async fn start(
             verify_key: config.verify_key.clone(),
             quarantine_after: config.quarantine_after,
             strikes_expire_ms: config.strikes_expire_ms,
+            checks_wait_ms: config.checks_wait_ms,
             quarantine: Some(quarantine),
             finished_kept: config.finished_kept,
         },

@@ -161,6 +161,9 @@ impl JobTrack {
             EventKind::CheckQueued { round, .. } => {
                 if e.from_watchdog() {
                     let c = s.check.get_or_insert_with(Default::default);
+                    if *round > c.round {
+                        c.queued_ms = e.at_ms;
+                    }
                     c.round = c.round.max(*round);
                 }
             }
@@ -463,6 +466,9 @@ pub struct Judge {
     pub quarantine_after: u32,
     /// How long a strike counts, ms.
     pub strikes_expire_ms: u64,
+    /// How long a check round waits for a machine to run it before the
+    /// check closes `undecided` and the shard's result stands unverified, ms.
+    pub checks_wait_ms: u64,
     /// The quarantine bucket (None: machines are never quarantined).
     pub quarantine: Option<jetstream::kv::Store>,
     /// Finished jobs whose summary is kept (the newest; older ones are
@@ -788,6 +794,7 @@ impl Tracker {
     /// again (the store or NATS still failing would fail the rest too).
     pub async fn retry_checks(&mut self) {
         self.expire_strikes();
+        self.give_up_checks().await;
         self.retry_judgements().await;
         let mut waiting = std::mem::take(&mut self.pending_checks).into_iter();
         // The first is checked here and now: when it waits again, so do the
@@ -1244,6 +1251,14 @@ impl Tracker {
             rejected: track.rejected,
             verified: track.verified,
             disagreements: track.disagreements,
+            unverified: u32::try_from(
+                track
+                    .shards
+                    .values()
+                    .filter(|s| s.check.as_ref().is_some_and(|c| c.unverified()))
+                    .count(),
+            )
+            .unwrap_or(u32::MAX),
             shards: (0..spec.shards)
                 .map(|i| {
                     let s = track.shards.get(&i).cloned().unwrap_or_default();

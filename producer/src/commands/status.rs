@@ -11,11 +11,30 @@ pub async fn run(endpoints: &Endpoints, args: &StatusArgs) -> anyhow::Result<(Pr
     let job = JobId::new(&args.job).context("job id")?;
     let store = minions_endpoints::store::open(&endpoints.store_url())?;
     let (_, js) = endpoints.connect("minions status").await?;
-    let p = progress::load(&js, store.as_ref(), &job).await?;
+    let mut p = progress::load(&js, store.as_ref(), &job).await?;
+    if p.verifying > 0 && !p.state.is_final() {
+        p.checks_wait = p.checks_waiting(live_machines(&js).await);
+    }
     let text = if args.json {
         serde_json::to_string_pretty(&p)?
     } else {
         p.render()
     };
     Ok((p, text))
+}
+
+/// The machines of the workers that beat lately (not stopped, not silent
+/// for three beats); an unreadable heartbeat stream counts as a fleet of
+/// many (nothing is claimed about it).
+async fn live_machines(js: &async_nats::jetstream::Context) -> usize {
+    let Ok(beats) = minions_endpoints::snapshot::last_heartbeats(js).await else {
+        return usize::MAX;
+    };
+    let now = minions_schemas::time::now_ms();
+    beats
+        .iter()
+        .filter(|hb| !hb.leaving && now.saturating_sub(hb.at_ms) <= 3 * hb.interval_ms.max(1))
+        .map(|hb| minions_schemas::subjects::machine(&hb.worker).to_owned())
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
 }

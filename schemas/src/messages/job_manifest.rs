@@ -54,6 +54,11 @@ pub struct JobManifest {
     /// Check runs that disagreed with the result they checked.
     #[serde(default)]
     pub disagreements: u32,
+    /// Shards picked for a check whose check closed without one (no other
+    /// machine ran it within the watchdog's `--checks-wait-secs`, or all
+    /// disagreed): their result stands unverified.
+    #[serde(default)]
+    pub unverified: u32,
     /// Every shard, in order.
     pub shards: Vec<ManifestShard>,
     /// When the manifest was written (ms since the epoch).

@@ -34,6 +34,7 @@ impl JobFold {
                 handed_back: self.handed_back,
                 rejected: self.rejected,
                 disagreements: self.disagreements,
+                unverified: self.unverified,
             },
             spec: self.spec,
             progress,
@@ -73,6 +74,7 @@ impl ClosedFold {
             last_done: Some(m.completed_ms),
             rejected: u64::from(m.rejected),
             disagreements: u64::from(m.disagreements),
+            unverified: u64::from(m.unverified),
             ..Times::default()
         };
         let mut closed = JobFold::from_record(spec, m, times).close(m.completed_ms);
@@ -115,6 +117,7 @@ mod tests {
             rejected: 0,
             verified: 0,
             disagreements: 0,
+            unverified: 0,
             shards: (0..spec.shards)
                 .map(|i| {
                     let bad = failed.contains(&i);

@@ -40,12 +40,25 @@ pub(crate) struct CheckTrack {
     runs: Vec<(u8, WorkerId, String, Option<u32>)>,
     /// Verdicts folded: (round, outcome).
     verdicts: Vec<(u8, VerdictOutcome)>,
+    /// When the highest round was queued (ms since the epoch; 0: unknown).
+    #[serde(default)]
+    pub(super) queued_ms: u64,
 }
 
 impl CheckTrack {
     /// Whether a round is queued and no verdict closed the check.
     pub(super) fn open(&self) -> bool {
         self.round > 0 && !self.verdicts.iter().any(|(_, o)| o.closes())
+    }
+
+    /// Whether the check closed without confirming the result (no other
+    /// machine ran it in time, or the machines all disagreed).
+    pub(super) fn unverified(&self) -> bool {
+        !self.verified()
+            && self
+                .verdicts
+                .iter()
+                .any(|(_, o)| *o == VerdictOutcome::Undecided)
     }
 
     /// Whether a verdict confirmed the result (or a majority decided).
@@ -349,6 +362,89 @@ impl Tracker {
     pub(super) async fn drain_judgements(&mut self) {
         while let Some(r) = self.next_judgement().await {
             self.judged(r).await;
+        }
+    }
+
+    /// Closes, `undecided`, every open check whose round has waited longer
+    /// than the fleet allows for a machine to run it (a fleet of one
+    /// machine never does): the shard's result stands unverified, and the
+    /// check run leaves the queue. What cannot be published now is tried
+    /// again next tick.
+    pub(super) async fn give_up_checks(&mut self) {
+        let Some(wait_ms) = self.judge.as_ref().map(|j| j.checks_wait_ms) else {
+            return;
+        };
+        let now = now_ms();
+        let due: Vec<(JobId, u32, u8)> = self
+            .jobs
+            .iter()
+            .filter(|(_, t)| t.open_checks > 0 && t.sealed != Some(true))
+            .flat_map(|(job, t)| {
+                t.shards.iter().filter_map(move |(&shard, s)| {
+                    s.check
+                        .as_ref()
+                        .filter(|c| {
+                            c.open()
+                                && c.queued_ms > 0
+                                && c.queued_ms.saturating_add(wait_ms) <= now
+                                && !c.verdicts.iter().any(|v| v.0 == c.round)
+                        })
+                        .map(|c| (job.clone(), shard, c.round))
+                })
+            })
+            .collect();
+        for (job, shard, round) in due {
+            let detail = format!(
+                "no machine other than those it avoids ran the check run within {} s",
+                wait_ms / 1000
+            );
+            let verdict = self
+                .publish_event(
+                    &job,
+                    shard,
+                    u64::from(round),
+                    EventKind::Verdict {
+                        round,
+                        outcome: VerdictOutcome::Undecided,
+                        outvoted: Vec::new(),
+                        stands: None,
+                        sha256: String::new(),
+                        detail: detail.clone(),
+                    },
+                )
+                .await;
+            match verdict {
+                Ok(e) => {
+                    tracing::warn!(job = %job, shard, round, detail = %detail,
+                        "check closed undecided: the shard's result stands unverified");
+                    self.fold_local(e).await;
+                    self.withdraw_check_run(&job, shard).await;
+                }
+                Err(why) => {
+                    tracing::warn!(job = %job, shard, round, error = %why,
+                        "a check that waited too long could not be closed yet; will retry");
+                }
+            }
+        }
+    }
+
+    /// Removes a shard's queued check run from the work stream (a check
+    /// closed without it); a run already taken ends unheard.
+    async fn withdraw_check_run(&self, job: &JobId, shard: u32) {
+        let Some(js) = &self.js else { return };
+        let purged = match js.get_stream(minions_schemas::streams::WORK_STREAM).await {
+            Ok(work) => work
+                .purge()
+                .filter(subjects::check_work(job, shard))
+                .await
+                .map(|p| p.purged),
+            Err(e) => {
+                tracing::debug!(job = %job, shard, error = %e, "work stream not reachable");
+                return;
+            }
+        };
+        if let Err(e) = purged {
+            tracing::debug!(job = %job, shard, error = %e, "check run not withdrawn");
         }
     }
 
