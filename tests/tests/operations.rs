@@ -126,7 +126,24 @@ async fn ops(fleet: &mut Fleet) -> Result<()> {
     let said = fleet.cli(&["worker", "drain", &w1])?;
     assert!(said.contains("draining"), "{said}");
     let job = fleet.submit("tiny", &input, 20, "drained")?;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // A resubmit after the work stream's duplicate window (here shrunk to
+    // 100 ms, as if hours had passed) queues none of the shards it holds.
+    let js = async_nats::jetstream::new(fleet.client().await?);
+    let mut work = js.get_stream(minions_schemas::streams::WORK_STREAM).await?;
+    let mut config = work.info().await?.config.clone();
+    let window = config.duplicate_window;
+    config.duplicate_window = Duration::from_millis(100);
+    js.update_stream(config.clone()).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    fleet.submit("tiny", &input, 20, "drained")?;
+    assert_eq!(
+        fleet.work_stream_messages().await?,
+        100,
+        "a resubmit queued shards again"
+    );
+    config.duplicate_window = window;
+    js.update_stream(config).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(done(fleet, &job)?, 0, "a drained worker ran shards");
     let said = fleet.cli(&["worker", "resume", &w1])?;
     assert!(said.contains("resumed"), "{said}");

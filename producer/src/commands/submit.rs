@@ -287,6 +287,13 @@ pub async fn submit(
     let mut duplicates = 0u64;
     let mut already_done = 0u64;
     let mut acks = FuturesUnordered::new();
+    // A resubmit queues no shard the work stream still holds: message ids
+    // stop catching repeats after the stream's duplicate window.
+    let queued = if resubmit {
+        queued_subjects(&js, &job).await?
+    } else {
+        std::collections::HashSet::new()
+    };
     for s in 0..shards {
         if resubmit
             && store
@@ -295,6 +302,10 @@ pub async fn submit(
                 .is_ok()
         {
             already_done += 1;
+            continue;
+        }
+        if queued.contains(&subjects::work(&job, s)) {
+            duplicates += 1;
             continue;
         }
         let task = spec.task(s);
@@ -375,6 +386,30 @@ pub async fn submit(
         model = %model_name, model_hash = record.hash.short(), secs = started.elapsed().as_secs_f64(),
         "job submitted");
     Ok(report)
+}
+
+/// The subjects of `job`'s shards that the work stream holds now (queued
+/// or running).
+async fn queued_subjects(
+    js: &async_nats::jetstream::Context,
+    job: &JobId,
+) -> anyhow::Result<std::collections::HashSet<String>> {
+    let stream = js
+        .get_stream(minions_schemas::streams::WORK_STREAM)
+        .await
+        .context("reading the work stream")?;
+    let mut held = stream
+        .info_with_subjects(subjects::job_work(job))
+        .await
+        .context("reading the job's queued shards")?;
+    let mut out = std::collections::HashSet::new();
+    while let Some(s) = held.next().await {
+        let (subject, n) = s.context("reading the job's queued shards")?;
+        if n > 0 {
+            out.insert(subject);
+        }
+    }
+    Ok(out)
 }
 
 /// The job-level defaults of a generation job, checked.
