@@ -158,7 +158,7 @@ async fn ops(fleet: &mut Fleet) -> Result<()> {
     fleet
         .wait_started(&job, 0, Duration::from_secs(60), |w| w.starts_with("w1-"))
         .await?;
-    fleet.add_worker(&["--slots", "1"])?;
+    fleet.add_worker(&["--slots", "1", "--cancel-check-secs", "0.5"])?;
     wait_worker(fleet, "w2-").await?;
     let said = fleet.cli(&["worker", "evict", &w1])?;
     assert!(said.contains("evicted (1 shards handed back)"), "{said}");

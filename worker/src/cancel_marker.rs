@@ -1,6 +1,6 @@
 //! Cancellations a worker did not hear: a job's cancellation is broadcast on
 //! core NATS once, so a worker disconnected at that moment would run its
-//! shard of the job to the end. Every [`EVERY`], the worker reads the
+//! shard of the job to the end. Every `--cancel-check-secs`, the worker reads the
 //! `cancelled` marker (`jobs/JOB/cancelled` in the store) of each job it is
 //! running and stops that job's shards when the marker is there.
 
@@ -14,9 +14,6 @@ use object_store::path::Path as StorePath;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::Ctx;
-
-/// How often the markers of running jobs are read.
-pub(crate) const EVERY: Duration = Duration::from_secs(10);
 
 /// Reads the markers of running jobs every `every` until `stop`.
 pub(crate) async fn watch(ctx: Arc<Ctx>, every: Duration, stop: CancellationToken) {

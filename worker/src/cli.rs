@@ -94,6 +94,11 @@ pub struct WorkerArgs {
     /// Seconds between heartbeats.
     #[arg(long, default_value_t = 1.0)]
     pub heartbeat_secs: f64,
+    /// Seconds between reads of the cancellation markers of the jobs this
+    /// worker runs: a cancellation sent while it was disconnected stops its
+    /// shards within this time.
+    #[arg(long, default_value_t = 10.0)]
+    pub cancel_check_secs: f64,
     /// Seconds running shards may take to finish on shutdown before they are handed back.
     #[arg(long, default_value_t = 30.0)]
     pub drain_timeout_secs: f64,
@@ -201,6 +206,7 @@ impl WorkerArgs {
             checkpoint_every: secs("checkpoint-secs", self.checkpoint_secs)?,
         };
         c.heartbeat_interval = secs("heartbeat-secs", self.heartbeat_secs)?;
+        c.cancel_check = secs("cancel-check-secs", self.cancel_check_secs)?;
         c.drain_timeout = secs("drain-timeout-secs", self.drain_timeout_secs)?;
         c.work.ack_wait = secs("ack-wait-secs", self.ack_wait_secs)?;
         c.work.max_deliver = self.max_deliver;

@@ -33,6 +33,9 @@ pub struct WorkerConfig {
     pub batch_tokens: usize,
     /// How often the worker publishes a heartbeat.
     pub heartbeat_interval: Duration,
+    /// How often the worker reads the cancellation markers of the jobs it
+    /// runs (a cancellation it did not hear still stops them).
+    pub cancel_check: Duration,
     /// On shutdown, how long running shards may take to finish before they
     /// are handed back.
     pub drain_timeout: Duration,
@@ -74,6 +77,7 @@ impl WorkerConfig {
             max_batch: crate::model::Batching::DEFAULT_TEXTS,
             batch_tokens: crate::model::Batching::DEFAULT_TOKENS,
             heartbeat_interval: Duration::from_secs(1),
+            cancel_check: Duration::from_secs(10),
             drain_timeout: Duration::from_secs(30),
             pull_expires: Duration::from_secs(1),
             lend_memory_mb: None,

@@ -47,7 +47,7 @@ pub(crate) async fn run(
     let mut ready = Some(ready);
     let markers = tokio::spawn(crate::cancel_marker::watch(
         ctx.clone(),
-        crate::cancel_marker::EVERY,
+        ctx.settings.cancel_check,
         stop.child_token(),
     ));
     let _markers = AbortOnDrop(markers);

@@ -192,6 +192,7 @@ pub async fn run(
             generation: config.generation,
             ack_wait,
             max_deliver,
+            cancel_check: config.cancel_check,
             mem_budget_mb: mem_budget_mb.unwrap_or(0),
             duty_cycle: config.policy.as_ref().map_or(1.0, |p| p.max_duty_cycle),
             perturb,

@@ -39,6 +39,8 @@ pub(crate) struct Settings {
     pub(crate) ack_wait: Duration,
     /// The work stream's deliveries per shard (the last one fails for good).
     pub(crate) max_deliver: i64,
+    /// How often the cancellation markers of running jobs are read.
+    pub(crate) cancel_check: Duration,
     /// The most memory models may use here, MB (0 = no cap).
     pub(crate) mem_budget_mb: u64,
     /// Quiet mode: the largest share of time the device may work, (0, 1].
