@@ -126,6 +126,7 @@ async fn big_job(fleet: &mut Fleet) -> Result<()> {
         status["token_rate"].as_f64().unwrap_or(0.0)
     );
     assert_eq!(status["state"], "done");
+    fleet.counts_agree(&job)?;
     assert!(
         status["tokens"].as_u64().unwrap_or(0) > 0,
         "no tokens counted: {status}"
@@ -213,6 +214,7 @@ async fn disrupted_shard(
     fleet.add_worker(&["--slots", "1", "--checkpoint-secs", "1"])?;
     let status = fleet.wait_job(&job, Duration::from_secs(900))?;
     assert_eq!(status["state"], "done");
+    fleet.counts_agree(&job)?;
     let log2 = fleet.workers.last().ok_or("no worker")?.log.clone();
     let resumed = last_value(&log2, "generation shard finished", "resumed").unwrap_or(0);
     let recomputed = finished_by_first.saturating_sub(resumed as usize);
@@ -393,6 +395,7 @@ async fn openai_and_bad_input(fleet: &mut Fleet) -> Result<()> {
         fleet.wait_job(&job, Duration::from_secs(600))?["state"],
         "done"
     );
+    fleet.counts_agree(&job)?;
     fleet.cli(&[
         "collect",
         &job,
@@ -517,5 +520,6 @@ async fn openai_and_bad_input(fleet: &mut Fleet) -> Result<()> {
         fleet.wait_job(&job, Duration::from_secs(300))?["state"],
         "done"
     );
+    fleet.counts_agree(&job)?;
     Ok(())
 }
