@@ -337,3 +337,112 @@ async fn one_machine(fleet: &mut Fleet) -> Result<()> {
     eprintln!("one machine: 8 checks waited, said why, and closed unverified");
     Ok(())
 }
+
+/// A check run that reports after its machine was quarantined (it took the
+/// run before it learnt of its quarantine) does not count, even when it
+/// agrees: the round is queued again and another machine's run decides.
+/// The late report is made here by hand, as machine `w9`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_check_run_from_a_quarantined_machine_does_not_count() -> Result<()> {
+    let mut fleet = Fleet::local()?;
+    let r = late_check(&mut fleet).await;
+    fleet.explain(r)
+}
+
+async fn late_check(fleet: &mut Fleet) -> Result<()> {
+    use minions_schemas::messages::ShardEvent;
+    use minions_schemas::{JobId, SCHEMA_VERSION, WorkerId, encode, keys};
+    use sha2::Digest;
+
+    fleet.push_model("tiny", TinySpec::default())?;
+    let input = fleet.dir.path().join("in.jsonl");
+    write_corpus(&input, 4)?;
+    fleet.add_watchdog(&["--checks-wait-secs", "600"])?;
+    fleet.add_worker(&[])?;
+    fleet.cli(&[
+        "submit",
+        "--model",
+        "tiny",
+        "--input",
+        &input.display().to_string(),
+        "--shard-size",
+        "4",
+        "--job",
+        "late",
+        "--verify",
+        "1",
+    ])?;
+    fleet.wait_status("late", Duration::from_secs(60), |v| {
+        v["done"] == 1 && v["verifying"] == 1
+    })?;
+    let js = async_nats::jetstream::new(fleet.client().await?);
+    let kv = js.get_key_value(streams::QUARANTINE_BUCKET).await?;
+    let now = minions_schemas::time::now_ms();
+    let record = Quarantine {
+        v: SCHEMA_VERSION,
+        machine: "w9".into(),
+        quarantined: true,
+        strikes: 2,
+        reason: "outvoted twice".into(),
+        by: "test".into(),
+        at_ms: now,
+    };
+    kv.put("w9", encode("quarantine record", &record)?.into())
+        .await?;
+    // The watchdogs read the bucket every few seconds.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let job = JobId::new("late")?;
+    let output = std::fs::read(
+        fleet
+            .dir
+            .path()
+            .join("store")
+            .join(keys::shard_output(&job, 0)),
+    )?;
+    let w9 = WorkerId::new("w9-late")?;
+    let checked = ShardEvent {
+        energy: None,
+        v: SCHEMA_VERSION,
+        job: job.clone(),
+        shard: 0,
+        worker: w9.clone(),
+        host: "w9".into(),
+        attempt: 1,
+        at_ms: now,
+        kind: EventKind::Checked {
+            round: 1,
+            rows: 4,
+            output_bytes: 0,
+            duration_ms: 1,
+            compute_ms: 1,
+            sha256: hex::encode(sha2::Sha256::digest(&output)),
+            made_by: None,
+        },
+    };
+    js.publish(
+        subjects::event(&job, 0, &w9),
+        encode("shard event", &checked)?.into(),
+    )
+    .await?
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let s: serde_json::Value = serde_json::from_str(&fleet.cli(&["status", "late", "--json"])?)?;
+    assert_eq!(
+        (s["verified"].as_u64(), s["verifying"].as_u64()),
+        (Some(0), Some(1)),
+        "{s}"
+    );
+    fleet.add_worker(&[])?;
+    let done = fleet.wait_job("late", Duration::from_secs(60))?;
+    assert_eq!(
+        (done["state"].as_str(), done["verified"].as_u64()),
+        (Some("done"), Some(1)),
+        "{done}"
+    );
+    let log = std::fs::read_to_string(&fleet.watchdogs[0].log)?;
+    assert!(
+        log.contains("made on a quarantined machine does not count"),
+        "{log}"
+    );
+    Ok(())
+}

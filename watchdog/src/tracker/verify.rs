@@ -199,7 +199,7 @@ impl Tracker {
     /// Queues check round `round` of a shard (a `check_queued` event, then
     /// the task); what cannot be published now is retried each tick.
     async fn queue_round(&mut self, job: JobId, shard: u32, round: u8, avoid: Vec<String>) {
-        match self.publish_round(&job, shard, round, &avoid).await {
+        match self.publish_round(&job, shard, round, &avoid, None).await {
             Ok(()) => {
                 tracing::info!(job = %job, shard, round, avoid = ?avoid, "check run queued");
             }
@@ -210,12 +210,16 @@ impl Tracker {
         }
     }
 
+    /// Publishes round `round`'s `check_queued` event and its task; `again`
+    /// names a repeat of a round already queued (its task gets a message id
+    /// of its own).
     async fn publish_round(
         &mut self,
         job: &JobId,
         shard: u32,
         round: u8,
         avoid: &[String],
+        again: Option<&str>,
     ) -> Result<(), String> {
         let (Some(js), Some(judge)) = (self.js.clone(), self.judge.clone()) else {
             return Err("no NATS connection".to_owned());
@@ -244,7 +248,10 @@ impl Tracker {
         resilient::publish_once(
             &js,
             &subject,
-            &format!("{}/check/{round}", subjects::msg_id(job, shard)),
+            &match again {
+                None => format!("{}/check/{round}", subjects::msg_id(job, shard)),
+                Some(a) => format!("{}/check/{round}/{a}", subjects::msg_id(job, shard)),
+            },
             bytes.into(),
         )
         .await
@@ -314,6 +321,41 @@ impl Tracker {
         let Some(spec) = t.spec.as_ref() else {
             return;
         };
+        // A check run made on a machine quarantined since (it took the run
+        // before it learnt of its quarantine) does not count: the round is
+        // queued again, on another machine.
+        let checker = subjects::machine(&e.worker).to_owned();
+        if self.view.is_quarantined(&checker)
+            || (self.quarantined.contains_key(&checker) && self.still_quarantined(&checker).await)
+        {
+            let mut avoid: Vec<String> = t
+                .shards
+                .get(&e.shard)
+                .and_then(|s| s.done.as_ref())
+                .map(|d| subjects::machine(&d.0).to_owned())
+                .into_iter()
+                .chain(c.runs.iter().map(|r| subjects::machine(&r.1).to_owned()))
+                .collect();
+            avoid.sort();
+            avoid.dedup();
+            let (job, shard, round) = (e.job.clone(), e.shard, *round);
+            let again = format!("not-{checker}");
+            match self
+                .publish_round(&job, shard, round, &avoid, Some(&again))
+                .await
+            {
+                Ok(()) => {
+                    tracing::warn!(job = %job, shard, round, checker = %checker, avoid = ?avoid,
+                    "a check run made on a quarantined machine does not count; queued again elsewhere")
+                }
+                Err(why) => {
+                    tracing::warn!(job = %job, shard, round, error = %why,
+                        "a check run made on a quarantined machine could not be queued again; will retry");
+                    self.pending_judgements.push(e.clone());
+                }
+            }
+            return;
+        }
         let primary = t
             .shards
             .get(&e.shard)

@@ -175,6 +175,12 @@ impl View {
         *lock(&self.quarantined) = q;
     }
 
+    /// Whether the quarantine bucket, as last read, holds `machine`
+    /// quarantined.
+    pub fn is_quarantined(&self, machine: &str) -> bool {
+        lock(&self.quarantined).contains_key(machine)
+    }
+
     /// Counts a canary judged.
     pub fn count_canary(&self, passed: bool) {
         self.canaries[usize::from(!passed)].fetch_add(1, Ordering::Relaxed);
