@@ -99,3 +99,51 @@ async fn a_silent_events_consumer_is_replaced() -> Result<()> {
     );
     Ok(())
 }
+
+/// A delivery the server sent that no worker holds (here: taken by the
+/// test and never answered, as a delivery lost with a dying server is) is
+/// handed back once the watchdog is connected again after a restart, not
+/// after the ack wait (five minutes here).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delivery_held_by_no_worker_comes_back_after_a_restart() -> Result<()> {
+    let mut fleet = Fleet::local()?;
+    let r = held_by_none(&mut fleet).await;
+    fleet.explain(r)
+}
+
+async fn held_by_none(fleet: &mut Fleet) -> Result<()> {
+    use futures::StreamExt;
+    use std::time::Instant;
+
+    fleet.push_model("tiny", TinySpec::default())?;
+    let input = fleet.dir.path().join("in.jsonl");
+    write_corpus(&input, 40)?;
+    fleet.cli(&["admin", "init", "--ack-wait-secs", "300"])?;
+    fleet.add_watchdog(&[])?;
+    let job = fleet.submit("tiny", &input, 4, "held")?;
+    let js = async_nats::jetstream::new(fleet.client().await?);
+    let consumer: async_nats::jetstream::consumer::PullConsumer = js
+        .get_stream(minions_schemas::streams::WORK_STREAM)
+        .await?
+        .get_consumer("job-held")
+        .await?;
+    let mut batch = consumer.fetch().max_messages(1).messages().await?;
+    let taken = batch.next().await.ok_or("no shard delivered")??;
+    eprintln!("taken and left unanswered: {}", taken.subject);
+    // Stopped as an operator stops it (SIGTERM): the consumer keeps the
+    // delivery as sent and unanswered.
+    fleet.nats.proc.signal(nix::sys::signal::Signal::SIGTERM)?;
+    fleet.nats.proc.wait_timeout(Duration::from_secs(30))?;
+    fleet.nats.start_again()?;
+    let restarted = Instant::now();
+    fleet.add_worker(&[])?;
+    let status = fleet.wait_job(&job, Duration::from_secs(120))?;
+    assert_eq!(status["state"], "done", "{status}");
+    eprintln!(
+        "all 10 shards done {:.1} s after the restart, the one held by no one included",
+        restarted.elapsed().as_secs_f64()
+    );
+    let log = std::fs::read_to_string(&fleet.watchdogs[0].log)?;
+    assert!(log.contains("held by no worker"), "{log}");
+    Ok(())
+}

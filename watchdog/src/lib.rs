@@ -38,6 +38,7 @@ pub mod run;
 pub mod schedule;
 pub mod tracker;
 pub mod trust;
+pub mod unheld;
 pub mod view;
 
 pub use run::{WatchdogConfig, WatchdogError, run};

@@ -181,6 +181,7 @@ async fn start(
         .map_err(follow_err("canaries"))?;
     let poller = tokio::spawn({
         let (js, view, stop) = (js.clone(), view.clone(), stop_side.clone());
+        let nats = client.clone();
         let every = config.queue_poll;
         let canaries = crate::trust::canary::serve(
             client.clone(),
@@ -193,6 +194,7 @@ async fn start(
         async move {
             tokio::join!(
                 queue::poll(js.clone(), view.clone(), every, stop.clone()),
+                crate::unheld::watch(js.clone(), nats, view.clone(), every, stop.clone()),
                 crate::trust::quarantined::poll(js, view, every * 3, stop),
                 canaries,
             );
