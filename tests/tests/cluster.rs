@@ -139,7 +139,7 @@ async fn job_survives_losing_the_leaders() -> Result<()> {
 }
 
 async fn leaders_killed(fleet: &mut Fleet) -> Result<()> {
-    const SHARDS: usize = 2_000;
+    const SHARDS: usize = 1_200;
     let job = "leaders".to_owned();
     let (model, texts) = slow_job(fleet, SHARDS, &job)?;
     let js = async_nats::jetstream::new(fleet.client().await?);
