@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! jobs/<job>/spec.msgpack                 job spec (written once by submit)
-//! jobs/<job>/manifest.msgpack             job manifest (written when every shard is settled)
+//! jobs/<job>/manifest.msgpack             job manifest (written create-only when every shard is settled)
+//! jobs/<job>/manifest.<n>.msgpack         its revision n ≥ 2 (create-only: a retry, verdict or quarantine changed it)
 //! jobs/<job>/cancelled                    present once the job is cancelled
 //! jobs/<job>/inputs/<shard:08>.msgpack    shard input
 //! jobs/<job>/outputs/<shard:08>.msgpack   shard output (create-only)
@@ -24,6 +25,16 @@ pub fn job_spec(job: &JobId) -> String {
 /// The job manifest's key.
 pub fn job_manifest(job: &JobId) -> String {
     format!("jobs/{job}/manifest.msgpack")
+}
+
+/// The key of revision `n` of the job's manifest: the first is
+/// [`job_manifest`], later ones (n ≥ 2) sit beside it.
+pub fn job_manifest_revision(job: &JobId, n: u32) -> String {
+    if n <= 1 {
+        job_manifest(job)
+    } else {
+        format!("jobs/{job}/manifest.{n}.msgpack")
+    }
 }
 
 /// The job's cancellation marker.

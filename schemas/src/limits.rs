@@ -23,6 +23,8 @@ pub const MAX_CANARY_BYTES: usize = 256 * 1024;
 pub const MAX_SPEC_BYTES: usize = 1024 * 1024;
 /// A model manifest or model name record in the store.
 pub const MAX_MANIFEST_BYTES: usize = 1024 * 1024;
+/// A job manifest in the store (a line per shard: about 200 bytes each).
+pub const MAX_JOB_MANIFEST_BYTES: usize = 64 * 1024 * 1024;
 /// One shard's input document in the store.
 pub const MAX_SHARD_INPUT_BYTES: usize = 256 * 1024 * 1024;
 /// One shard's output document in the store.

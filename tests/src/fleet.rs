@@ -330,15 +330,37 @@ impl Fleet {
             .join("\n")
     }
 
-    /// The manifest of `job` in this fleet's local-directory store.
+    /// The manifest of `job` in this fleet's local-directory store: its
+    /// newest revision.
     pub fn manifest(&self, job: &str) -> Result<minions_schemas::messages::JobManifest> {
-        let key = minions_schemas::keys::job_manifest(&minions_schemas::JobId::new(job)?);
+        let id = minions_schemas::JobId::new(job)?;
+        let mut n = 1;
+        while self
+            .dir
+            .path()
+            .join("store")
+            .join(minions_schemas::keys::job_manifest_revision(&id, n + 1))
+            .exists()
+        {
+            n += 1;
+        }
+        self.manifest_revision(job, n)
+    }
+
+    /// Revision `n` of `job`'s manifest (1: the first written).
+    pub fn manifest_revision(
+        &self,
+        job: &str,
+        n: u32,
+    ) -> Result<minions_schemas::messages::JobManifest> {
+        let id = minions_schemas::JobId::new(job)?;
+        let key = minions_schemas::keys::job_manifest_revision(&id, n);
         let path = self.dir.path().join("store").join(key);
         let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(minions_schemas::decode(
             "job manifest",
             &bytes,
-            minions_schemas::limits::MAX_MANIFEST_BYTES,
+            minions_schemas::limits::MAX_JOB_MANIFEST_BYTES,
         )?)
     }
 

@@ -136,6 +136,7 @@ fn shipped_s3_policies_allow_each_role_what_it_needs_and_no_more() -> Result<()>
     let input = keys::shard_input(&job, 3);
     let output = keys::shard_output(&job, 3);
     let manifest = keys::job_manifest(&job);
+    let revision = keys::job_manifest_revision(&job, 2);
     let cancelled = keys::job_cancelled(&job);
     let model_manifest = keys::model_manifest(&hash);
     let model_file = keys::model_file(&hash, "model.safetensors");
@@ -170,6 +171,9 @@ fn shipped_s3_policies_allow_each_role_what_it_needs_and_no_more() -> Result<()>
         ("watchdog", &watchdog, get, &cancelled, true),
         ("watchdog", &watchdog, get, &model_manifest, true),
         ("watchdog", &watchdog, put, &manifest, true),
+        ("watchdog", &watchdog, get, &revision, true),
+        ("watchdog", &watchdog, put, &revision, true),
+        ("worker", &worker, put, &revision, false),
         ("watchdog", &watchdog, get, &input, false),
         // A done is checked against its output and a check run's output
         // against the shard's; an outvoted output is replaced by the

@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use minions_schemas::messages::{JobManifest, ShardOutput};
+use minions_schemas::messages::ShardOutput;
 use minions_schemas::{decode, limits};
 use minions_tests::{Fleet, Result, write_corpus};
 use minions_worker::model::tiny::TinySpec;
@@ -109,16 +109,23 @@ async fn check_makers(fleet: &Fleet) -> Result<()> {
     let job = fleet.dir.path().join("store/jobs/poison");
     let mut manifest = None;
     for _ in 0..100 {
-        if let Ok(bytes) = std::fs::read(job.join("manifest.msgpack")) {
-            let m: JobManifest = decode("job manifest", &bytes, limits::MAX_MANIFEST_BYTES)?;
-            if m.failed == 0 {
-                manifest = Some(m);
-                break;
-            }
+        if let Ok(m) = fleet.manifest("poison")
+            && m.failed == 0
+        {
+            manifest = Some(m);
+            break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let manifest = manifest.ok_or("no manifest with every shard done after the retry")?;
+    // Manifests are create-only: the retry's record is a new revision, and
+    // the first still records the failures.
+    let first = fleet.manifest_revision("poison", 1)?;
+    assert!(
+        first.failed > 0,
+        "the first manifest was overwritten: {} failed",
+        first.failed
+    );
     let makers: BTreeSet<String> = manifest
         .shards
         .iter()

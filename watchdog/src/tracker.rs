@@ -26,7 +26,7 @@ use minions_schemas::{
     JobId, SCHEMA_VERSION, WorkerId, decode, encode, keys, limits, streams, subjects,
 };
 use object_store::path::Path as StorePath;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions};
+use object_store::{ObjectStore, ObjectStoreExt};
 use serde::{Deserialize, Serialize};
 
 use crate::trust::backing::{Backing, BackingError};
@@ -1298,37 +1298,20 @@ impl Tracker {
         }
     }
 
-    /// Writes the manifest unless one with the same content is there; a
-    /// manifest is never replaced by one with fewer shards done (a retry
-    /// adds done shards; a verdict or a quarantine re-run changes which
-    /// results stand).
+    /// Writes the manifest as its job's next revision (create-only; see
+    /// [`minions_endpoints::manifest`]) unless the newest records the same
+    /// or has more shards done (a retry adds done shards; a verdict or a
+    /// quarantine re-run changes which results stand). True when the
+    /// store holds it, or a newer one.
     async fn write_manifest(&self, m: &JobManifest) -> bool {
-        let key = StorePath::from(keys::job_manifest(&m.job));
-        if let Ok(got) = self.store.get(&key).await
-            && let Ok(bytes) = got.bytes().await
-            && let Ok(old) =
-                decode::<JobManifest>("job manifest", &bytes, limits::MAX_SPEC_BYTES * 64)
-            && (old.done > m.done
-                || JobManifest {
-                    completed_ms: m.completed_ms,
-                    ..old
-                } == *m)
-        {
-            return true;
-        }
-        let Ok(bytes) = encode("job manifest", m) else {
-            return false;
-        };
-        let opts = PutOptions {
-            mode: PutMode::Overwrite,
-            ..Default::default()
-        };
-        match self.store.put_opts(&key, bytes.into(), opts).await {
-            Ok(_) => {
-                tracing::info!(job = %m.job, done = m.done, failed = m.failed, "job complete; manifest written");
+        use minions_endpoints::manifest::{self, Written};
+        match manifest::write(self.store.as_ref(), m).await {
+            Ok(Written::New(revision)) => {
+                tracing::info!(job = %m.job, done = m.done, failed = m.failed, revision,
+                    "job complete; manifest written");
                 true
             }
-            Err(object_store::Error::AlreadyExists { .. }) => true,
+            Ok(Written::Same(_) | Written::Kept(_)) => true,
             Err(e) => {
                 tracing::error!(job = %m.job, error = %e, "manifest not written");
                 false
@@ -1416,9 +1399,8 @@ mod tests {
     async fn manifest_of(
         store: &dyn ObjectStore,
     ) -> Result<JobManifest, Box<dyn std::error::Error>> {
-        let key = StorePath::from(keys::job_manifest(&JobId::new("j")?));
-        let got = store.get(&key).await?.bytes().await?;
-        Ok(decode("job manifest", &got, limits::MAX_MANIFEST_BYTES)?)
+        let got = minions_endpoints::manifest::latest(store, &JobId::new("j")?).await?;
+        Ok(got.ok_or("no manifest")?.1)
     }
 
     #[tokio::test]

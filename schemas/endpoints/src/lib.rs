@@ -9,6 +9,7 @@ pub mod exit;
 pub mod host;
 pub mod ledger;
 pub mod logging;
+pub mod manifest;
 pub mod nats;
 pub mod queue;
 pub mod resilient;

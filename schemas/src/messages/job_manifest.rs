@@ -28,7 +28,9 @@ pub struct ManifestShard {
 }
 
 /// The record of a finished job, written create-only to
-/// [`crate::keys::job_manifest`] when every shard is done or failed.
+/// [`crate::keys::job_manifest`] when every shard is done or failed; a later
+/// change is written, create-only too, as the next revision
+/// ([`crate::keys::job_manifest_revision`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobManifest {
     /// Schema version.

@@ -288,7 +288,7 @@ async fn finished_from_store(
     store: &dyn ObjectStore,
     job: &JobId,
 ) -> Option<minions_schemas::progress::Progress> {
-    use minions_schemas::messages::{JobManifest, JobSpec};
+    use minions_schemas::messages::JobSpec;
     use minions_schemas::{decode, keys, limits};
     async fn read(store: &dyn ObjectStore, key: String, limit: usize) -> Option<bytes::Bytes> {
         let got = store.get(&object_store::path::Path::from(key)).await.ok()?;
@@ -297,8 +297,10 @@ async fn finished_from_store(
         }
         got.bytes().await.ok()
     }
-    let m = read(store, keys::job_manifest(job), limits::MAX_MANIFEST_BYTES).await?;
-    let m: JobManifest = decode("job manifest", &m, limits::MAX_MANIFEST_BYTES).ok()?;
+    let (_, m) = minions_endpoints::manifest::latest(store, job)
+        .await
+        .ok()
+        .flatten()?;
     let spec = read(store, keys::job_spec(job), limits::MAX_SPEC_BYTES).await?;
     let spec: JobSpec = decode("job spec", &spec, limits::MAX_SPEC_BYTES).ok()?;
     let closed = minions_schemas::progress::ClosedFold::from_record(spec, &m);

@@ -16,9 +16,7 @@ use std::collections::{HashMap, VecDeque};
 
 use minions_schemas::messages::{EventKind, JobManifest, ShardEvent};
 use minions_schemas::time::now_ms;
-use minions_schemas::{JobId, decode, keys, limits, subjects};
-use object_store::ObjectStoreExt;
-use object_store::path::Path as StorePath;
+use minions_schemas::{JobId, subjects};
 
 use super::{JobTrack, ShardTrack, SpecRead, Tracker};
 
@@ -302,26 +300,9 @@ impl Tracker {
     }
 
     async fn manifest(&self, job: &JobId) -> ManifestRead {
-        let key = StorePath::from(keys::job_manifest(job));
-        let got = match self.store.get(&key).await {
-            Ok(got) => got,
-            Err(object_store::Error::NotFound { .. }) => return ManifestRead::Missing,
-            Err(e) => return ManifestRead::Failed(e.to_string()),
-        };
-        if got.meta.size > limits::MAX_MANIFEST_BYTES as u64 {
-            return ManifestRead::Failed(format!(
-                "the manifest is {} bytes, over the limit of {}",
-                got.meta.size,
-                limits::MAX_MANIFEST_BYTES
-            ));
-        }
-        match got.bytes().await {
-            Ok(bytes) => {
-                match decode::<JobManifest>("job manifest", &bytes, limits::MAX_MANIFEST_BYTES) {
-                    Ok(m) => ManifestRead::Found(Box::new(m)),
-                    Err(e) => ManifestRead::Failed(e.to_string()),
-                }
-            }
+        match minions_endpoints::manifest::latest(self.store.as_ref(), job).await {
+            Ok(Some((_, m))) => ManifestRead::Found(Box::new(m)),
+            Ok(None) => ManifestRead::Missing,
             Err(e) => ManifestRead::Failed(e.to_string()),
         }
     }
