@@ -467,7 +467,7 @@ impl Fleet {
             return Ok(());
         }
         // A watchdog whose events consumer stalled replaces it within
-        // a few seconds (`follow::STALL_AFTER`).
+        // a few seconds (`minions_endpoints::follow::STALL_AFTER`).
         let until = Instant::now() + Duration::from_secs(20);
         loop {
             let status: serde_json::Value =

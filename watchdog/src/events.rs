@@ -22,10 +22,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::{self, CheckpointPolicy, Header, StreamFacts};
-use crate::follow::Follower;
 use crate::run::WatchdogError;
 use crate::tracker::Tracker;
 use crate::view::View;
+use minions_endpoints::follow::Follower;
 
 /// One message read from the stream: its sequence, how many more the
 /// consumer had then, and its event (None when it is not a valid event:
@@ -97,7 +97,7 @@ pub async fn start(
             tokio::select! {
                 _ = stop.cancelled() => break,
                 m = follower.next() => match m {
-                    Some(Ok(crate::follow::Read { seq, pending, message: m })) => {
+                    Some(Ok(minions_endpoints::follow::Read { seq, pending, message: m })) => {
                         let event = decode::<ShardEvent>("shard event", &m.payload, limits::MAX_EVENT_BYTES)
                             .ok()
                             .filter(|e| e.is_on(&m.subject));

@@ -28,7 +28,6 @@ pub mod dead_letters;
 pub mod events;
 pub mod explain;
 pub mod fleet;
-pub mod follow;
 pub mod http;
 pub mod ledger;
 pub mod orphans;

@@ -7,12 +7,11 @@ use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use async_nats::jetstream::{consumer::DeliverPolicy, consumer::pull::OrderedConfig};
-use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use minions_endpoints::follow::{Follower, Read};
 use minions_schemas::messages::ShardEvent;
 use minions_schemas::progress::{JobFold, JobState, Progress, human_secs};
-use minions_schemas::{JobId, decode, keys, limits, streams, subjects};
+use minions_schemas::{JobId, decode, keys, limits, subjects};
 use object_store::ObjectStoreExt;
 use object_store::path::Path as StorePath;
 use tokio_util::sync::CancellationToken;
@@ -131,21 +130,16 @@ pub async fn run(
     let (_, js) = endpoints.connect("minions watch").await?;
     let spec = job_spec(store.as_ref(), &job).await?;
     let mut fold = JobFold::new(spec.clone());
-    let consumer = js
-        .get_stream(streams::EVENTS_STREAM)
-        .await
-        .context("the events stream")?
-        .create_consumer(OrderedConfig {
-            filter_subject: subjects::job_events(&job),
-            deliver_policy: DeliverPolicy::All,
-            ..Default::default()
-        })
-        .await
-        .context("following the job's events")?;
-    let mut events = consumer
-        .messages()
-        .await
-        .context("following the job's events")?;
+    // A follower, not a bare ordered consumer: after a server restart the
+    // latter was seen to fall silent while events went on.
+    let mut events = Follower::start_with(
+        &js,
+        &subjects::job_events(&job),
+        0,
+        minions_endpoints::follow::STALL_AFTER,
+    )
+    .await
+    .context("following the job's events")?;
     let marker = StorePath::from(keys::job_cancelled(&job));
     let mut display = Display::new(args.json, spec.shards);
     let mut tick = tokio::time::interval(Duration::from_millis(args.interval_ms.max(100)));
@@ -160,7 +154,7 @@ pub async fn run(
                 return Ok(Watched { progress, ended: false });
             }
             m = events.next() => match m {
-                Some(Ok(m)) => match decode::<ShardEvent>("shard event", &m.payload, limits::MAX_EVENT_BYTES) {
+                Some(Ok(Read { message: m, .. })) => match decode::<ShardEvent>("shard event", &m.payload, limits::MAX_EVENT_BYTES) {
                     Ok(e) if e.is_on(&m.subject) => fold.apply(&e),
                     Ok(e) => tracing::warn!(subject = %m.subject, worker = %e.worker, "ignoring an event on a subject its sender does not use"),
                     Err(e) => tracing::warn!(subject = %m.subject, error = %e, "ignoring an event that does not decode"),

@@ -6,6 +6,7 @@
 
 pub mod config_file;
 pub mod exit;
+pub mod follow;
 pub mod host;
 pub mod ledger;
 pub mod logging;

@@ -33,8 +33,8 @@ use object_store::ObjectStore;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::follow::Follower;
 use crate::view::View;
+use minions_endpoints::follow::Follower;
 
 /// Why the ledger could not be written (the watchdog logs it, waits and
 /// starts again from the cursor; nothing else stops).

@@ -1,5 +1,5 @@
-//! Reading the events stream in order, from a given sequence, without ever
-//! stalling for good.
+//! Reading the events stream (or a filter of it) in order, from a given
+//! sequence, without ever stalling for good.
 //!
 //! An ordered consumer recreates itself when it sees a gap or misses its
 //! heartbeats, but after a server restart it was seen to go silent while
@@ -46,6 +46,7 @@ pub struct Read {
 /// An in-order reader of every event from a sequence on; see the module.
 pub struct Follower {
     stream: jetstream::stream::Stream,
+    filter: String,
     messages: Ordered,
     /// The last sequence returned (or the one before the start).
     last: u64,
@@ -57,21 +58,24 @@ pub struct Follower {
 }
 
 impl Follower {
-    /// Starts reading the events stream at sequence `after + 1`.
+    /// Starts reading every event at sequence `after + 1`.
     pub async fn start(js: &jetstream::Context, after: u64) -> Result<Self, FollowError> {
-        Self::start_with(js, after, STALL_AFTER).await
+        Self::start_with(js, subjects::EVENT_SUBJECTS, after, STALL_AFTER).await
     }
 
-    /// [`Follower::start`] with the stall check's wait chosen.
+    /// Starts reading the events on `filter` at sequence `after + 1`, with
+    /// the stall check's wait chosen.
     pub async fn start_with(
         js: &jetstream::Context,
+        filter: &str,
         after: u64,
         stall_after: Duration,
     ) -> Result<Self, FollowError> {
         let stream = js.get_stream(streams::EVENTS_STREAM).await.map_err(err)?;
-        let (messages, backlog) = consumer(&stream, after).await?;
+        let (messages, backlog) = consumer(&stream, filter, after).await?;
         Ok(Self {
             stream,
+            filter: filter.to_owned(),
             messages,
             last: after,
             backlog,
@@ -120,17 +124,22 @@ impl Follower {
     /// Replaces the consumer when the stream holds events past the last
     /// one read.
     async fn check(&mut self) {
-        let last_in_stream = match self.stream.info().await {
-            Ok(i) => i.state.last_sequence,
+        let last_in_stream = match self
+            .stream
+            .get_last_raw_message_by_subject(&self.filter)
+            .await
+        {
+            Ok(m) => m.sequence,
             Err(e) => {
-                tracing::debug!(error = %e, "events stream not reachable for the stall check");
+                // None on the filter yet, or the stream not reachable.
+                tracing::debug!(error = %e, "no last event on the filter for the stall check");
                 return;
             }
         };
         if last_in_stream <= self.last {
             return;
         }
-        match consumer(&self.stream, self.last).await {
+        match consumer(&self.stream, &self.filter, self.last).await {
             Ok((messages, _)) => {
                 tracing::warn!(
                     read = self.last,
@@ -146,15 +155,16 @@ impl Follower {
     }
 }
 
-/// An ordered consumer of the events stream from `after + 1` on, with the
-/// number of messages it has pending.
+/// An ordered consumer of the events on `filter` from `after + 1` on, with
+/// the number of messages it has pending.
 async fn consumer(
     stream: &jetstream::stream::Stream,
+    filter: &str,
     after: u64,
 ) -> Result<(Ordered, u64), FollowError> {
     let c = stream
         .create_consumer(OrderedConfig {
-            filter_subject: subjects::EVENT_SUBJECTS.to_owned(),
+            filter_subject: filter.to_owned(),
             deliver_policy: if after == 0 {
                 DeliverPolicy::All
             } else {
