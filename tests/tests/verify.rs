@@ -41,6 +41,18 @@ fn start_fleet(fleet: &mut Fleet, quarantine_after: &str, one_in: &str) -> Resul
 /// Submits `input` as job `job` of the tiny model, one record per shard,
 /// with 5 % of its shards checked.
 fn submit_checked(fleet: &Fleet, input: &std::path::Path, job: &str) -> Result<()> {
+    submit_verified(fleet, input, job, "1", "0.05")
+}
+
+/// Submits `input` as job `job` of the tiny model in shards of
+/// `shard_size` records, with the share `verify` of its shards checked.
+fn submit_verified(
+    fleet: &Fleet,
+    input: &std::path::Path,
+    job: &str,
+    shard_size: &str,
+    verify: &str,
+) -> Result<()> {
     fleet.cli(&[
         "submit",
         "--model",
@@ -48,11 +60,11 @@ fn submit_checked(fleet: &Fleet, input: &std::path::Path, job: &str) -> Result<(
         "--input",
         &input.display().to_string(),
         "--shard-size",
-        "1",
+        shard_size,
         "--job",
         job,
         "--verify",
-        "0.05",
+        verify,
     ])?;
     Ok(())
 }
@@ -307,19 +319,7 @@ async fn one_machine(fleet: &mut Fleet) -> Result<()> {
     write_corpus(&input, 8)?;
     fleet.add_watchdog(&["--checks-wait-secs", "6"])?;
     fleet.add_worker(&["--slots", "2"])?;
-    fleet.cli(&[
-        "submit",
-        "--model",
-        "tiny",
-        "--input",
-        &input.display().to_string(),
-        "--shard-size",
-        "1",
-        "--job",
-        "alone",
-        "--verify",
-        "1",
-    ])?;
+    submit_verified(fleet, &input, "alone", "1", "1")?;
     let waiting = fleet.wait_status("alone", Duration::from_secs(60), |v| {
         v["done"] == 8 && v["verifying"].as_u64().unwrap_or(0) > 0
     })?;
@@ -359,19 +359,7 @@ async fn late_check(fleet: &mut Fleet) -> Result<()> {
     write_corpus(&input, 4)?;
     fleet.add_watchdog(&["--checks-wait-secs", "600"])?;
     fleet.add_worker(&[])?;
-    fleet.cli(&[
-        "submit",
-        "--model",
-        "tiny",
-        "--input",
-        &input.display().to_string(),
-        "--shard-size",
-        "4",
-        "--job",
-        "late",
-        "--verify",
-        "1",
-    ])?;
+    submit_verified(fleet, &input, "late", "4", "1")?;
     fleet.wait_status("late", Duration::from_secs(60), |v| {
         v["done"] == 1 && v["verifying"] == 1
     })?;

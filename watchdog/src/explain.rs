@@ -63,10 +63,15 @@ pub fn explain(
         ));
         return out;
     }
-    let machines: std::collections::BTreeSet<&str> = workers
+    let machines: std::collections::BTreeSet<String> = workers
         .iter()
         .filter(|w| w.alive())
-        .map(|w| w.id.rsplit_once('-').map_or(w.id.as_str(), |(m, _)| m))
+        .map(|w| {
+            minions_schemas::WorkerId::new(&w.id).map_or_else(
+                |_| w.id.clone(),
+                |id| minions_schemas::subjects::machine(&id).to_owned(),
+            )
+        })
         .collect();
     if let Some(why) = job.checks_waiting(machines.len()) {
         out.push(r("checks_wait", why));

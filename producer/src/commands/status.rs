@@ -33,7 +33,7 @@ async fn live_machines(js: &async_nats::jetstream::Context) -> usize {
     let now = minions_schemas::time::now_ms();
     beats
         .iter()
-        .filter(|hb| !hb.leaving && now.saturating_sub(hb.at_ms) <= 3 * hb.interval_ms.max(1))
+        .filter(|hb| !hb.leaving && !super::worker::silent(hb, now))
         .map(|hb| minions_schemas::subjects::machine(&hb.worker).to_owned())
         .collect::<std::collections::BTreeSet<_>>()
         .len()

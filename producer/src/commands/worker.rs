@@ -63,7 +63,7 @@ pub async fn list(endpoints: &Endpoints, json: bool) -> anyhow::Result<String> {
     let mut rows = BTreeMap::new();
     for hb in beats {
         let age = now_ms().saturating_sub(hb.at_ms);
-        let mut state = if age > 3 * hb.interval_ms.max(1) && !hb.leaving {
+        let mut state = if silent(&hb, now_ms()) {
             "silent".to_owned()
         } else {
             hb.state().as_str().to_owned()
@@ -138,6 +138,11 @@ pub async fn list(endpoints: &Endpoints, json: bool) -> anyhow::Result<String> {
         ));
     }
     Ok(out.trim_end().to_owned())
+}
+
+/// Whether a worker missed three beats without saying it was leaving.
+pub(crate) fn silent(hb: &minions_schemas::messages::Heartbeat, now_ms: u64) -> bool {
+    now_ms.saturating_sub(hb.at_ms) > 3 * hb.interval_ms.max(1) && !hb.leaving
 }
 
 fn or_unknown(s: &str) -> &str {

@@ -65,13 +65,9 @@ impl Strikes {
     }
 
     /// Strikes held, all machines together.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.0.values().map(Vec::len).sum()
-    }
-
-    /// Whether none is held.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
     }
 }
 
