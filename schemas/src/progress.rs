@@ -250,10 +250,10 @@ pub struct JobFold {
 }
 
 /// A [`JobFold`] as it is saved (a watchdog checkpoint): the spec and each
-/// shard's state as a compact tuple `(done, running, failed reason,
-/// attempts, tokens, done tag, checking, verified)`; the running totals and the failed-shard list are
-/// derived again on loading, so a saved fold cannot carry totals that
-/// disagree with its shards.
+/// shard's state with named fields ([`SavedShard`]), so that a field added
+/// later (with a default) leaves saved folds readable; the running totals
+/// and the failed-shard list are derived again on loading, so a saved fold
+/// cannot carry totals that disagree with its shards.
 #[derive(Serialize)]
 struct SavedFoldRef<'a> {
     spec: &'a JobSpec,
@@ -270,11 +270,15 @@ struct SavedShardsRef<'a>(&'a [ShardState]);
 
 impl Serialize for SavedShardsRef<'_> {
     fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
-        ser.collect_seq(self.0.iter().map(|s| {
-            (
-                s.done, s.running, &s.failed, s.attempts, s.tokens, s.done_tag, s.checking,
-                s.verified,
-            )
+        ser.collect_seq(self.0.iter().map(|s| SavedShardRef {
+            done: s.done,
+            running: s.running,
+            failed: &s.failed,
+            attempts: s.attempts,
+            tokens: s.tokens,
+            done_tag: s.done_tag,
+            checking: s.checking,
+            verified: s.verified,
         }))
     }
 }
@@ -293,8 +297,40 @@ struct SavedFold {
     unverified: u64,
 }
 
-/// One shard as a saved fold holds it (see [`SavedFoldRef`]).
-type SavedShard = (bool, bool, Option<String>, u64, u64, u64, bool, bool);
+/// One shard as a saved fold holds it, borrowed (see [`SavedFoldRef`]);
+/// its layout is that of [`SavedShard`].
+#[derive(Serialize)]
+struct SavedShardRef<'a> {
+    done: bool,
+    running: bool,
+    failed: &'a Option<String>,
+    attempts: u64,
+    tokens: u64,
+    done_tag: u64,
+    checking: bool,
+    verified: bool,
+}
+
+/// One shard as a saved fold holds it; a field missing takes its default.
+#[derive(Deserialize)]
+struct SavedShard {
+    #[serde(default)]
+    done: bool,
+    #[serde(default)]
+    running: bool,
+    #[serde(default)]
+    failed: Option<String>,
+    #[serde(default)]
+    attempts: u64,
+    #[serde(default)]
+    tokens: u64,
+    #[serde(default)]
+    done_tag: u64,
+    #[serde(default)]
+    checking: bool,
+    #[serde(default)]
+    verified: bool,
+}
 
 impl Serialize for JobFold {
     fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
@@ -329,20 +365,16 @@ impl<'de> Deserialize<'de> for JobFold {
         let shards: Vec<ShardState> = saved
             .shards
             .into_iter()
-            .map(
-                |(done, running, failed, attempts, tokens, done_tag, checking, verified)| {
-                    ShardState {
-                        done,
-                        running,
-                        failed,
-                        attempts,
-                        tokens,
-                        done_tag,
-                        checking,
-                        verified,
-                    }
-                },
-            )
+            .map(|s| ShardState {
+                done: s.done,
+                running: s.running,
+                failed: s.failed,
+                attempts: s.attempts,
+                tokens: s.tokens,
+                done_tag: s.done_tag,
+                checking: s.checking,
+                verified: s.verified,
+            })
             .collect();
         Ok(JobFold::from_shards(
             saved.spec,
@@ -1014,6 +1046,28 @@ mod tests {
             e.to_string()
                 .contains("has 3 shards but its saved fold holds 4")
         }));
+        Ok(())
+    }
+
+    /// Saved shards are maps of named fields: one saved without a field
+    /// (by an older build) loads with its default, and one with a field
+    /// this build does not know (a newer build's) loads without it.
+    #[test]
+    fn a_saved_shard_reads_across_added_fields() -> Result<(), Box<dyn std::error::Error>> {
+        #[derive(Serialize)]
+        struct Other {
+            done: bool,
+            attempts: u64,
+            from_the_future: u8,
+        }
+        let bytes = rmp_serde::to_vec_named(&Other {
+            done: true,
+            attempts: 2,
+            from_the_future: 7,
+        })?;
+        let s: SavedShard = rmp_serde::from_slice(&bytes)?;
+        assert!(s.done && !s.running && s.failed.is_none());
+        assert_eq!((s.attempts, s.tokens, s.done_tag), (2, 0, 0));
         Ok(())
     }
 

@@ -19,9 +19,14 @@
 //! keys of different sequences never clash; the newest [`KEEP`] are kept.
 //!
 //! Format (version [`FORMAT`]): `MWCK`, the header's length (u32, big
-//! endian), the [`Header`] (MessagePack), the body (MessagePack), then the
-//! SHA-256 of everything before it. A checkpoint that is truncated,
-//! corrupt, of another format or schema version, past the stream's end (the
+//! endian), the [`Header`] (MessagePack), the body (MessagePack maps:
+//! every record has named fields, so a field added later with a default
+//! leaves it readable), then the SHA-256 of everything before it. The
+//! header names the oldest format that can read it ([`Header::readable_from`]):
+//! a later build that only adds fields keeps it at [`FORMAT`], and this
+//! build reads what it writes; one that changes what a field means raises
+//! it. A checkpoint that is truncated, corrupt, of a format this build
+//! cannot read or of another schema version, past the stream's end (the
 //! stream was recreated) or of another stream (its creation time differs)
 //! is skipped with a warning for the next older one, then for a full replay:
 //! a checkpoint either restores exactly the state it saved or is not used.
@@ -38,8 +43,13 @@ use sha2::{Digest, Sha256};
 use crate::tracker::{RestoreError, SavedTracker, SavedTrackerRef, Tracker};
 use crate::view::job_progress::{SavedJobs, SavedJobsRef};
 
-/// The checkpoint format this build writes and reads.
-pub const FORMAT: u16 = 6;
+/// The checkpoint format this build writes.
+pub const FORMAT: u16 = 7;
+/// The oldest format this build reads (6 and before saved shards as
+/// positional tuples).
+pub const OLDEST_READ: u16 = 7;
+/// The oldest reader format that can read what this build writes.
+pub const READABLE_FROM: u16 = 7;
 /// How many checkpoints are kept in the store (older ones are deleted after
 /// a new one is written): a corrupt newest one falls back to the next.
 pub const KEEP: usize = 3;
@@ -53,6 +63,10 @@ pub struct Header {
     pub v: u16,
     /// Checkpoint format ([`FORMAT`]).
     pub format: u16,
+    /// The oldest reader format that reads it ([`READABLE_FROM`]; absent:
+    /// `format`).
+    #[serde(default)]
+    pub readable_from: Option<u16>,
     /// The last events-stream sequence folded: the state is that of every
     /// event up to and including it.
     pub seq: u64,
@@ -122,11 +136,17 @@ pub enum CheckpointError {
     #[error("encoding the checkpoint: {0}")]
     Encode(String),
     /// Another checkpoint format.
-    #[error("checkpoint format {found}; this build reads format {supported} only")]
+    #[error(
+        "checkpoint format {found} (readable from format {readable_from}); this build reads formats {oldest} to {supported}"
+    )]
     Format {
         /// The format found.
         found: u16,
-        /// The format this build reads.
+        /// The oldest reader format the checkpoint says reads it.
+        readable_from: u16,
+        /// The oldest format this build reads.
+        oldest: u16,
+        /// The format this build writes.
         supported: u16,
     },
     /// The key names another sequence than the header.
@@ -271,9 +291,12 @@ pub fn decode_checkpoint(bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
         head,
         limits::MAX_CHECKPOINT_HEADER_BYTES,
     )?;
-    if header.format != FORMAT {
+    let readable_from = header.readable_from.unwrap_or(header.format);
+    if header.format < OLDEST_READ || readable_from > FORMAT {
         return Err(CheckpointError::Format {
             found: header.format,
+            readable_from,
+            oldest: OLDEST_READ,
             supported: FORMAT,
         });
     }
@@ -513,6 +536,7 @@ mod tests {
         Header {
             v: SCHEMA_VERSION,
             format: FORMAT,
+            readable_from: Some(READABLE_FROM),
             seq,
             stream_created: "2026-01-01 0:00:00.0 +00:00:00".into(),
             written_ms: 1,
@@ -616,17 +640,35 @@ mod tests {
             why(b"{\"not\": \"a checkpoint at all, but long enough to look\"}").as_deref(),
             Some("not a watchdog checkpoint (no MWCK mark)")
         );
-        // A well-framed checkpoint of another format.
+        // A well-framed checkpoint of a later format that this build
+        // cannot read, and one of a format before the oldest it reads.
         let mut other = header(103);
         other.format = FORMAT + 1;
+        other.readable_from = Some(FORMAT + 1);
         let other = encode(&t, &other)?;
         assert_eq!(
             why(&other),
             Some(format!(
-                "checkpoint format {}; this build reads format {FORMAT} only",
+                "checkpoint format {} (readable from format {}); this build reads formats {OLDEST_READ} to {FORMAT}",
+                FORMAT + 1,
                 FORMAT + 1
             ))
         );
+        let mut old = header(103);
+        old.format = OLDEST_READ - 1;
+        old.readable_from = None;
+        let old = encode(&t, &old)?;
+        assert!(why(&old).is_some_and(|e| e.starts_with(&format!(
+            "checkpoint format {} (readable from format {})",
+            OLDEST_READ - 1,
+            OLDEST_READ - 1
+        ))));
+        // A later format that says this build reads it (it only added
+        // fields) is read.
+        let mut later = header(103);
+        later.format = FORMAT + 1;
+        later.readable_from = Some(FORMAT);
+        assert_eq!(why(&encode(&t, &later)?), None);
         // A header length past the end, with a valid checksum.
         let mut lying = good[..good.len() - DIGEST_BYTES].to_vec();
         lying[4..8].copy_from_slice(&u32::MAX.to_be_bytes());

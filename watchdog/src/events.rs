@@ -220,6 +220,7 @@ impl Fold {
         let header = Header {
             v: SCHEMA_VERSION,
             format: checkpoint::FORMAT,
+            readable_from: Some(checkpoint::READABLE_FROM),
             seq: self.covered,
             stream_created: self.created.clone(),
             written_ms: now_ms(),

@@ -40,9 +40,18 @@ pub use closed::DEFAULT_FINISHED_KEPT;
 use verify::CheckTrack;
 pub use verify::JudgeResult;
 
+/// The result that makes a shard done: who made it, its output's SHA-256
+/// and how long its run took.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct DoneBy {
+    worker: WorkerId,
+    sha256: String,
+    ms: u64,
+}
+
 #[derive(Debug, Default, Clone)]
 struct ShardTrack {
-    done: Option<(WorkerId, String, u64)>,
+    done: Option<DoneBy>,
     failed: Option<String>,
     attempts: u64,
     hosts: Vec<String>,
@@ -132,13 +141,17 @@ impl JobTrack {
                 already_done,
                 ..
             } => {
-                let known = s.done.as_ref().is_some_and(|d| d.1 == *sha256);
+                let known = s.done.as_ref().is_some_and(|d| d.sha256 == *sha256);
                 if !(*already_done && known) {
                     let by = match made_on {
                         Some(w) if *already_done => w,
                         _ => &e.worker,
                     };
-                    s.done = Some((by.clone(), sha256.clone(), *duration_ms));
+                    s.done = Some(DoneBy {
+                        worker: by.clone(),
+                        sha256: sha256.clone(),
+                        ms: *duration_ms,
+                    });
                     s.maker = maker;
                 }
                 s.failed = None;
@@ -151,7 +164,7 @@ impl JobTrack {
             EventKind::Rejected { sha256, .. } => {
                 if e.from_watchdog() {
                     self.rejected += 1;
-                    if s.done.as_ref().is_some_and(|d| d.1 == *sha256) {
+                    if s.done.as_ref().is_some_and(|d| d.sha256 == *sha256) {
                         s.done = None;
                         s.maker = None;
                         self.manifest = None;
@@ -194,7 +207,8 @@ impl JobTrack {
                         self.outvoted
                             .extend(outvoted.iter().map(|w| (w.clone(), e.shard)));
                         if let (Some(w), Some(d)) = (stands, s.done.as_mut()) {
-                            *d = (w.clone(), sha256.clone(), d.2);
+                            d.worker = w.clone();
+                            d.sha256 = sha256.clone();
                             s.maker = c.maker_of(w, sha256);
                             self.manifest = None;
                         }
@@ -282,29 +296,59 @@ pub struct PendingDead {
     pub stream_seq: u64,
 }
 
-/// One shard's track as a checkpoint saves it:
-/// `(shard, done by (worker, sha256, ms), failed reason, attempts, hosts,
-/// maker, check)`.
-type SavedShard = (
-    u32,
-    Option<(WorkerId, String, u64)>,
-    Option<String>,
-    u64,
-    Vec<String>,
-    Option<u32>,
-    Option<Box<CheckTrack>>,
-);
+/// One shard's track as a checkpoint saves it, borrowed: named fields, so
+/// that a field added later (with a default) leaves older checkpoints
+/// readable. Its layout is that of [`SavedShard`].
+#[derive(Serialize)]
+struct SavedShardRef<'a> {
+    shard: u32,
+    done: &'a Option<DoneBy>,
+    failed: &'a Option<String>,
+    attempts: u64,
+    hosts: &'a [String],
+    maker: Option<u32>,
+    check: &'a Option<Box<CheckTrack>>,
+}
+
+/// The owned form of [`SavedShardRef`].
+#[derive(Deserialize)]
+struct SavedShard {
+    shard: u32,
+    #[serde(default)]
+    done: Option<DoneBy>,
+    #[serde(default)]
+    failed: Option<String>,
+    #[serde(default)]
+    attempts: u64,
+    #[serde(default)]
+    hosts: Vec<String>,
+    #[serde(default)]
+    maker: Option<u32>,
+    #[serde(default)]
+    check: Option<Box<CheckTrack>>,
+}
 
 struct SavedShardsRef<'a>(&'a BTreeMap<u32, ShardTrack>);
 
 impl Serialize for SavedShardsRef<'_> {
     fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
-        ser.collect_seq(self.0.iter().map(|(i, s)| {
-            (
-                i, &s.done, &s.failed, s.attempts, &s.hosts, s.maker, &s.check,
-            )
+        ser.collect_seq(self.0.iter().map(|(&shard, s)| SavedShardRef {
+            shard,
+            done: &s.done,
+            failed: &s.failed,
+            attempts: s.attempts,
+            hosts: &s.hosts,
+            maker: s.maker,
+            check: &s.check,
         }))
     }
+}
+
+/// A job's last manifest counts as saved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct SavedCounts {
+    done: u32,
+    failed: u32,
 }
 
 #[derive(Serialize)]
@@ -312,7 +356,7 @@ pub(crate) struct SavedJobRef<'a> {
     job: &'a JobId,
     spec: &'a Option<JobSpec>,
     shards: SavedShardsRef<'a>,
-    manifest: Option<(u32, u32)>,
+    manifest: Option<SavedCounts>,
     makers: &'a [Provenance],
     rejected: u32,
     disagreements: u32,
@@ -323,7 +367,9 @@ struct SavedJob {
     job: JobId,
     spec: Option<JobSpec>,
     shards: Vec<SavedShard>,
-    manifest: Option<(u32, u32)>,
+    #[serde(default)]
+    manifest: Option<SavedCounts>,
+    #[serde(default)]
     makers: Vec<Provenance>,
     #[serde(default)]
     rejected: u32,
@@ -609,7 +655,7 @@ impl TrackerCopy {
                 job,
                 spec: &t.spec,
                 shards: SavedShardsRef(&t.shards),
-                manifest: t.manifest,
+                manifest: t.manifest.map(|(done, failed)| SavedCounts { done, failed }),
                 makers: &t.makers,
                 rejected: t.rejected,
                 disagreements: t.disagreements,
@@ -641,23 +687,25 @@ impl Tracker {
         let mut jobs = HashMap::with_capacity(tracker.jobs.len());
         for j in tracker.jobs {
             let makers = j.makers.len();
+            let manifest = j.manifest.map(|c| (c.done, c.failed));
             let mut t = JobTrack {
                 spec: j.spec,
-                sealed: j.manifest.map(|_| true),
-                manifest: j.manifest,
+                sealed: manifest.map(|_| true),
+                manifest,
                 makers: j.makers,
                 rejected: j.rejected,
                 disagreements: j.disagreements,
                 ..Default::default()
             };
-            for (shard, done, failed, attempts, hosts, maker, check) in j.shards {
+            for saved in j.shards {
+                let shard = saved.shard;
                 let s = ShardTrack {
-                    done,
-                    failed,
-                    attempts,
-                    hosts,
-                    maker: maker.filter(|&m| (m as usize) < makers),
-                    check,
+                    done: saved.done,
+                    failed: saved.failed,
+                    attempts: saved.attempts,
+                    hosts: saved.hosts,
+                    maker: saved.maker.filter(|&m| (m as usize) < makers),
+                    check: saved.check,
                 };
                 let (d, f) = s.outcome();
                 t.done += u32::from(d);
@@ -975,7 +1023,7 @@ impl Tracker {
         if t.shards
             .get(&e.shard)
             .and_then(|s| s.done.as_ref())
-            .is_some_and(|d| d.1 == *sha256)
+            .is_some_and(|d| d.sha256 == *sha256)
         {
             return false;
         }
@@ -1263,15 +1311,15 @@ impl Tracker {
                 .map(|i| {
                     let s = track.shards.get(&i).cloned().unwrap_or_default();
                     match (&s.done, &s.failed) {
-                        (Some((worker, sha, ms)), _) => ManifestShard {
+                        (Some(d), _) => ManifestShard {
                             shard: i,
                             outcome: "done".into(),
                             output_key: Some(keys::shard_output(job, i)),
-                            sha256: Some(sha.clone()),
-                            worker: Some(worker.clone()),
+                            sha256: Some(d.sha256.clone()),
+                            worker: Some(d.worker.clone()),
                             made_by: s.maker.and_then(|m| track.makers.get(m as usize).cloned()),
                             attempts: s.attempts,
-                            duration_ms: *ms,
+                            duration_ms: d.ms,
                             reason: None,
                         },
                         (None, reason) => ManifestShard {
@@ -1516,7 +1564,7 @@ mod tests {
         t.retry_checks().await;
         let s1 = t.jobs.get(&job).and_then(|j| j.shards.get(&1)).cloned();
         assert_eq!(
-            s1.and_then(|s| s.done).map(|d| d.0.as_str().to_owned()),
+            s1.and_then(|s| s.done).map(|d| d.worker.as_str().to_owned()),
             Some("m-2".to_owned())
         );
         assert!(t.lossy().is_some());
@@ -1558,7 +1606,7 @@ mod tests {
                 .get(&job)
                 .and_then(|j| j.shards.get(&shard))
                 .and_then(|s| s.done.clone())
-                .map(|d| d.0.as_str().to_owned());
+                .map(|d| d.worker.as_str().to_owned());
             assert_eq!(by.as_deref(), Some("m-1"), "shard {shard}");
         }
         Ok(())

@@ -147,6 +147,7 @@ fn checkpoint_round(
     let header = Header {
         v: SCHEMA_VERSION,
         format: FORMAT,
+        readable_from: Some(checkpoint::READABLE_FROM),
         seq: 1,
         stream_created: "bench".into(),
         written_ms: now_ms(),

@@ -18,7 +18,7 @@ use minions_schemas::messages::{EventKind, JobManifest, ShardEvent};
 use minions_schemas::time::now_ms;
 use minions_schemas::{JobId, subjects};
 
-use super::{JobTrack, ShardTrack, SpecRead, Tracker};
+use super::{DoneBy, JobTrack, ShardTrack, SpecRead, Tracker};
 
 /// Closed jobs remembered by default.
 pub const DEFAULT_FINISHED_KEPT: usize = 1000;
@@ -247,10 +247,11 @@ impl Tracker {
             let maker = s.made_by.as_ref().map(|p| t.intern(p));
             let track = if s.outcome == "done" {
                 ShardTrack {
-                    done: s
-                        .worker
-                        .clone()
-                        .map(|w| (w, s.sha256.clone().unwrap_or_default(), s.duration_ms)),
+                    done: s.worker.clone().map(|worker| DoneBy {
+                        worker,
+                        sha256: s.sha256.clone().unwrap_or_default(),
+                        ms: s.duration_ms,
+                    }),
                     maker,
                     attempts: s.attempts,
                     // Its check, if it was picked for one, is over (the

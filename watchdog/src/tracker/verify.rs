@@ -36,19 +36,41 @@ pub type JudgeResult = (ShardEvent, Case, Result<Ruling, BackingError>);
 pub(crate) struct CheckTrack {
     /// The highest round queued (0: none; only results seen).
     pub(super) round: u8,
-    /// Check runs' results: (round, worker, SHA-256, maker index).
-    runs: Vec<(u8, WorkerId, String, Option<u32>)>,
-    /// Verdicts folded: (round, outcome).
-    verdicts: Vec<(u8, VerdictOutcome)>,
+    /// Check runs' results.
+    runs: Vec<CheckRun>,
+    /// Verdicts folded.
+    verdicts: Vec<RoundVerdict>,
     /// When the highest round was queued (ms since the epoch; 0: unknown).
     #[serde(default)]
     pub(super) queued_ms: u64,
 }
 
+/// One check run's result, as a [`CheckTrack`] holds and saves it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct CheckRun {
+    /// The round it ran for.
+    round: u8,
+    /// Who ran it.
+    worker: WorkerId,
+    /// Its output's SHA-256.
+    sha256: String,
+    /// What made it: an index into its job's makers.
+    maker: Option<u32>,
+}
+
+/// A verdict folded into a [`CheckTrack`].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub(crate) struct RoundVerdict {
+    /// The round it closed or judged.
+    round: u8,
+    /// What it said.
+    outcome: VerdictOutcome,
+}
+
 impl CheckTrack {
     /// Whether a round is queued and no verdict closed the check.
     pub(super) fn open(&self) -> bool {
-        self.round > 0 && !self.verdicts.iter().any(|(_, o)| o.closes())
+        self.round > 0 && !self.verdicts.iter().any(|v| v.outcome.closes())
     }
 
     /// Whether the check closed without confirming the result (no other
@@ -58,14 +80,14 @@ impl CheckTrack {
             && self
                 .verdicts
                 .iter()
-                .any(|(_, o)| *o == VerdictOutcome::Undecided)
+                .any(|v| v.outcome == VerdictOutcome::Undecided)
     }
 
     /// Whether a verdict confirmed the result (or a majority decided).
     pub(super) fn verified(&self) -> bool {
         self.verdicts
             .iter()
-            .any(|(_, o)| matches!(o, VerdictOutcome::Agreed | VerdictOutcome::Decided))
+            .any(|v| matches!(v.outcome, VerdictOutcome::Agreed | VerdictOutcome::Decided))
     }
 
     /// Records a check run's result (once).
@@ -79,20 +101,24 @@ impl CheckTrack {
         if !self
             .runs
             .iter()
-            .any(|r| r.0 == round && r.1 == *worker && r.2 == sha256)
+            .any(|r| r.round == round && r.worker == *worker && r.sha256 == sha256)
         {
-            self.runs
-                .push((round, worker.clone(), sha256.to_owned(), maker));
+            self.runs.push(CheckRun {
+                round,
+                worker: worker.clone(),
+                sha256: sha256.to_owned(),
+                maker,
+            });
         }
     }
 
     /// Records a verdict on `round`; false when that round had one already
     /// (a repeat changes nothing).
     pub(super) fn judge(&mut self, round: u8, outcome: VerdictOutcome) -> bool {
-        if self.verdicts.iter().any(|(r, _)| *r == round) {
+        if self.judged(round) {
             return false;
         }
-        self.verdicts.push((round, outcome));
+        self.verdicts.push(RoundVerdict { round, outcome });
         true
     }
 
@@ -100,14 +126,19 @@ impl CheckTrack {
     pub(super) fn maker_of(&self, worker: &WorkerId, sha256: &str) -> Option<u32> {
         self.runs
             .iter()
-            .find(|r| r.1 == *worker && r.2 == sha256)
-            .and_then(|r| r.3)
+            .find(|r| r.worker == *worker && r.sha256 == sha256)
+            .and_then(|r| r.maker)
+    }
+
+    /// Whether `round` has its verdict.
+    pub(super) fn judged(&self, round: u8) -> bool {
+        self.verdicts.iter().any(|v| v.round == round)
     }
 
     fn first_result(&self, round: u8) -> Option<RunResult> {
-        self.runs.iter().find(|r| r.0 == round).map(|r| RunResult {
-            worker: r.1.clone(),
-            sha256: r.2.clone(),
+        self.runs.iter().find(|r| r.round == round).map(|r| RunResult {
+            worker: r.worker.clone(),
+            sha256: r.sha256.clone(),
         })
     }
 }
@@ -160,8 +191,8 @@ impl Tracker {
             .get(&e.job)
             .and_then(|t| t.shards.get(&e.shard))
             .and_then(|s| s.done.as_ref())
-            .filter(|d| d.1 == *sha256)
-            .map_or_else(|| e.worker.clone(), |d| d.0.clone());
+            .filter(|d| d.sha256 == *sha256)
+            .map_or_else(|| e.worker.clone(), |d| d.worker.clone());
         let machine = subjects::machine(&maker).to_owned();
         if let Some(&strikes) = self.quarantined.get(&machine) {
             if self.still_quarantined(&machine).await {
@@ -183,7 +214,7 @@ impl Tracker {
         // Only the result the record holds is picked (its maker is `maker`).
         if t.sealed == Some(true)
             || s.check.is_some()
-            || s.done.as_ref().map(|d| &d.1) != Some(sha256)
+            || s.done.as_ref().map(|d| &d.sha256) != Some(sha256)
         {
             return;
         }
@@ -314,7 +345,7 @@ impl Tracker {
         if t.sealed == Some(true)
             || !c.open()
             || c.round != *round
-            || c.verdicts.iter().any(|v| v.0 == *round)
+            || c.judged(*round)
         {
             return;
         }
@@ -332,9 +363,9 @@ impl Tracker {
                 .shards
                 .get(&e.shard)
                 .and_then(|s| s.done.as_ref())
-                .map(|d| subjects::machine(&d.0).to_owned())
+                .map(|d| subjects::machine(&d.worker).to_owned())
                 .into_iter()
-                .chain(c.runs.iter().map(|r| subjects::machine(&r.1).to_owned()))
+                .chain(c.runs.iter().map(|r| subjects::machine(&r.worker).to_owned()))
                 .collect();
             avoid.sort();
             avoid.dedup();
@@ -361,8 +392,8 @@ impl Tracker {
             .get(&e.shard)
             .and_then(|s| s.done.as_ref())
             .map(|d| RunResult {
-                worker: d.0.clone(),
-                sha256: d.1.clone(),
+                worker: d.worker.clone(),
+                sha256: d.sha256.clone(),
             });
         let case = Case {
             job: e.job.clone(),
@@ -429,7 +460,7 @@ impl Tracker {
                             c.open()
                                 && c.queued_ms > 0
                                 && c.queued_ms.saturating_add(wait_ms) <= now
-                                && !c.verdicts.iter().any(|v| v.0 == c.round)
+                                && !c.judged(c.round)
                         })
                         .map(|c| (job.clone(), shard, c.round))
                 })
@@ -721,9 +752,10 @@ impl Tracker {
             .filter(|(_, t)| t.sealed != Some(true))
             .flat_map(|(job, t)| {
                 t.shards.iter().filter_map(move |(&i, s)| {
-                    let (w, sha, _) = s.done.as_ref()?;
-                    (subjects::machine(w) == machine)
-                        .then(|| (job.clone(), i, w.clone(), sha.clone(), s.attempts))
+                    let d = s.done.as_ref()?;
+                    (subjects::machine(&d.worker) == machine).then(|| {
+                        (job.clone(), i, d.worker.clone(), d.sha256.clone(), s.attempts)
+                    })
                 })
             })
             .collect();

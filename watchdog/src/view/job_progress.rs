@@ -327,10 +327,24 @@ impl JobsView {
     }
 }
 
-/// A worker's recent work as saved: (worker, first event ms, shards done).
-type SavedRecentRef<'a> = (&'a WorkerId, u64, &'a VecDeque<(u64, u64)>);
+/// A worker's recent work as saved, borrowed: its first event's time and
+/// the `(ms, records)` pairs of its shards done within the window.
+#[derive(Serialize)]
+struct SavedRecentRef<'a> {
+    worker: &'a WorkerId,
+    first_ms: u64,
+    done: &'a VecDeque<(u64, u64)>,
+}
+
 /// The owned form of [`SavedRecentRef`].
-type SavedRecent = (WorkerId, u64, VecDeque<(u64, u64)>);
+#[derive(Debug, Deserialize)]
+struct SavedRecent {
+    worker: WorkerId,
+    #[serde(default)]
+    first_ms: u64,
+    #[serde(default)]
+    done: VecDeque<(u64, u64)>,
+}
 
 /// The jobs view as a checkpoint saves it, borrowed (nothing is copied to
 /// save it). Its layout is that of [`SavedJobs`]; workers are sorted by id
@@ -366,9 +380,13 @@ impl JobsView {
         let mut recent: Vec<_> = self
             .recent
             .iter()
-            .map(|(id, r)| (id, r.first_ms, &r.done))
+            .map(|(worker, r)| SavedRecentRef {
+                worker,
+                first_ms: r.first_ms,
+                done: &r.done,
+            })
             .collect();
-        recent.sort_by(|a, b| a.0.cmp(b.0));
+        recent.sort_by(|a, b| a.worker.cmp(b.worker));
         SavedJobsRef {
             jobs: self.jobs.values().collect(),
             counters: &self.counters,
@@ -394,7 +412,13 @@ impl JobsView {
             recent: saved
                 .recent
                 .into_iter()
-                .map(|(id, first_ms, done)| (id, Recent { first_ms, done }))
+                .map(|r| {
+                    let recent = Recent {
+                        first_ms: r.first_ms,
+                        done: r.done,
+                    };
+                    (r.worker, recent)
+                })
                 .collect(),
             since_purge: saved.since_purge,
         })
