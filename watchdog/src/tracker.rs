@@ -4,6 +4,13 @@
 //! check of what is already there, create-or-compare puts), so several
 //! watchdogs, or one that restarts and replays the events, write each once.
 //! It also folds every event into the shared [`View`] for the dashboard.
+//!
+//! Each job's state is a `JobTrack`, changed only by its fold: a pure
+//! function of the state and one event that returns the `Effect`s the
+//! event asks for (a strike, a verification pick, a judgement, a
+//! dead-letter record, a completion check). `Tracker::carry_out` does
+//! them; what fails for now (the store or NATS down) waits in the one
+//! retry queue (`retry`), tried again each tick.
 //! A job's detail is held only while it is open: once its manifest is
 //! written it is closed ([`closed`]), so memory grows with open work.
 //!
@@ -33,10 +40,12 @@ use crate::trust::backing::{Backing, BackingError};
 use crate::view::View;
 
 mod closed;
+mod retry;
 pub mod strikes;
 mod verify;
 use closed::Closed;
 pub use closed::DEFAULT_FINISHED_KEPT;
+use retry::{Retries, Retry};
 use verify::CheckTrack;
 pub use verify::JudgeResult;
 
@@ -99,14 +108,38 @@ struct JobTrack {
     verified: u32,
     /// Check runs that disagreed with the result they checked.
     disagreements: u32,
-    /// Workers outvoted by verdicts folded and not yet counted as strikes
-    /// by the tracker: (worker, shard).
-    outvoted: Vec<(WorkerId, u32)>,
+}
+
+/// What folding one event into a [`JobTrack`] asks the tracker to do,
+/// in this order; [`Tracker::carry_out`] does it. The fold itself reads
+/// and writes nothing but the job's state.
+#[derive(Debug)]
+enum Effect {
+    /// Count a strike against the machine of a result a majority of check
+    /// runs outvoted.
+    Strike {
+        /// Who made the outvoted result.
+        worker: WorkerId,
+    },
+    /// A result was reported: pick it, or not, for a check by another
+    /// machine.
+    MaybeVerify,
+    /// A check run reported: judge its round.
+    Judge,
+    /// The shard failed for good: write its dead-letter record.
+    DeadLetter {
+        /// Why it failed.
+        reason: String,
+        /// Its state then (the record names its attempts and hosts).
+        state: Box<ShardTrack>,
+    },
+    /// The job may be complete: write its manifest when it is.
+    MaybeComplete,
 }
 
 impl JobTrack {
-    /// Folds one shard event into the job's shards and counts. Returns the
-    /// reason and state of a shard that this event made fail for good.
+    /// Folds one shard event into the job's shards and counts; returns what
+    /// that asks the tracker to do ([`Effect`], in order).
     ///
     /// A done counts as made by its sender, except a delivery's report of
     /// an output it found already written (`already_done`): that result
@@ -114,7 +147,7 @@ impl JobTrack {
     /// goes to `made_on`, the writer the output names, when known. A
     /// quarantine must withdraw a result from the machine that made it,
     /// whichever delivery reported it last.
-    fn fold(&mut self, e: &ShardEvent, made_on: Option<&WorkerId>) -> Option<(String, ShardTrack)> {
+    fn fold(&mut self, e: &ShardEvent, made_on: Option<&WorkerId>) -> Vec<Effect> {
         let maker = match &e.kind {
             EventKind::Done {
                 made_by: Some(p), ..
@@ -128,6 +161,7 @@ impl JobTrack {
         let before = s.outcome();
         let was_open = s.check.as_ref().is_some_and(|c| c.open());
         s.attempts = s.attempts.max(e.attempt);
+        let mut effects = Vec::new();
         let mut dead = None;
         match &e.kind {
             EventKind::Started => {
@@ -204,8 +238,11 @@ impl JobTrack {
                             O::Disagreed => self.disagreements += 1,
                             O::Undecided => {}
                         }
-                        self.outvoted
-                            .extend(outvoted.iter().map(|w| (w.clone(), e.shard)));
+                        effects.extend(
+                            outvoted
+                                .iter()
+                                .map(|w| Effect::Strike { worker: w.clone() }),
+                        );
                         if let (Some(w), Some(d)) = (stands, s.done.as_mut()) {
                             d.worker = w.clone();
                             d.sha256 = sha256.clone();
@@ -223,7 +260,10 @@ impl JobTrack {
             } => {
                 if *permanent && s.done.is_none() && s.failed.is_none() {
                     s.failed = Some(reason.clone());
-                    dead = Some((reason.clone(), s.clone()));
+                    dead = Some(Effect::DeadLetter {
+                        reason: reason.clone(),
+                        state: Box::new(s.clone()),
+                    });
                 }
             }
         }
@@ -244,7 +284,14 @@ impl JobTrack {
                 _ => {}
             }
         }
-        dead
+        match &e.kind {
+            EventKind::Done { .. } => effects.push(Effect::MaybeVerify),
+            EventKind::Checked { .. } => effects.push(Effect::Judge),
+            _ => {}
+        }
+        effects.extend(dead);
+        effects.push(Effect::MaybeComplete);
+        effects
     }
 
     /// Withdraws the result that the rejection `e` names, without counting
@@ -432,19 +479,15 @@ pub struct Tracker {
     js: Option<jetstream::Context>,
     store: std::sync::Arc<dyn ObjectStore>,
     view: std::sync::Arc<View>,
-    /// Dead-letter records not written yet.
-    pending_dead: Vec<PendingDead>,
+    /// What folded events asked for and could not be done yet, tried
+    /// again each tick ([`retry`]).
+    retries: Retries,
     /// Why the view missed an event because the store failed, if it did: a
     /// checkpoint would keep that gap, so none is written until a restart
     /// folds those events again.
     lossy: Option<String>,
     /// Who judges results here (None: offline, tests).
     judge: Option<Judge>,
-    /// Workers' done events not counted yet because their check could not
-    /// be finished (the store or NATS failed); retried by
-    /// [`Tracker::retry_checks`]. No checkpoint is written while any wait:
-    /// it would cover events not counted.
-    pending_checks: Vec<ShardEvent>,
     /// Checks of done events running now (at most [`MAX_CHECKS`]), so that
     /// a slow store delays no other event: each resolves to its event and
     /// what the store said; see [`Tracker::next_check`].
@@ -456,14 +499,6 @@ pub struct Tracker {
     check_outputs: bool,
     /// Check rounds being judged now (each reads up to three outputs).
     judging: tokio::task::JoinSet<JudgeResult>,
-    /// Check runs' events whose judgement could not be finished or acted
-    /// on (the store or NATS failed); judged again each tick.
-    pending_judgements: Vec<ShardEvent>,
-    /// Check rounds that could not be queued yet: (job, shard, round,
-    /// machines to avoid).
-    pending_rounds: Vec<(JobId, u32, u8, Vec<String>)>,
-    /// Machines whose quarantine could not be written yet.
-    pending_quarantine: Vec<String>,
     /// Strikes per machine: the (job, shard) of each of its results that a
     /// majority outvoted.
     strikes: strikes::Strikes,
@@ -555,17 +590,13 @@ impl Tracker {
             js: None,
             store,
             view,
-            pending_dead: Vec::new(),
+            retries: Retries::default(),
             lossy: None,
             judge: None,
-            pending_checks: Vec::new(),
             checking: tokio::task::JoinSet::new(),
             queued_checks: VecDeque::new(),
             check_outputs: false,
             judging: tokio::task::JoinSet::new(),
-            pending_judgements: Vec::new(),
-            pending_rounds: Vec::new(),
-            pending_quarantine: Vec::new(),
             strikes: strikes::Strikes::default(),
             quarantined: BTreeMap::new(),
             closed: Closed::new(DEFAULT_FINISHED_KEPT),
@@ -615,7 +646,7 @@ impl Tracker {
                 .iter()
                 .map(|(j, t)| (j.clone(), t.clone()))
                 .collect(),
-            pending_dead: self.pending_dead.clone(),
+            pending_dead: self.retries.dead_letters(),
             strikes: self.strikes.clone(),
             closed: self.closed.ids().cloned().collect(),
         }
@@ -655,7 +686,9 @@ impl TrackerCopy {
                 job,
                 spec: &t.spec,
                 shards: SavedShardsRef(&t.shards),
-                manifest: t.manifest.map(|(done, failed)| SavedCounts { done, failed }),
+                manifest: t
+                    .manifest
+                    .map(|(done, failed)| SavedCounts { done, failed }),
                 makers: &t.makers,
                 rejected: t.rejected,
                 disagreements: t.disagreements,
@@ -731,7 +764,7 @@ impl Tracker {
         }
         self.closed = closed;
         self.jobs = jobs;
-        self.pending_dead = tracker.pending_dead;
+        self.retries = Retries::restored(tracker.pending_dead);
         self.strikes = tracker.strikes;
         *self.view.jobs() = view;
         Ok(())
@@ -744,16 +777,14 @@ impl Tracker {
         if let Some(why) = &self.lossy {
             return Some(why.clone());
         }
-        let waiting = self.pending_checks.len() + self.checking.len() + self.queued_checks.len();
+        let (checks, judgements) = self.retries.unfinished();
+        let waiting = checks + self.checking.len() + self.queued_checks.len();
         if waiting > 0 {
             return Some(format!(
                 "{waiting} done events wait for the check of their output"
             ));
         }
-        let judging = self.judging.len()
-            + self.pending_judgements.len()
-            + self.pending_rounds.len()
-            + self.pending_quarantine.len();
+        let judging = self.judging.len() + judgements;
         (judging > 0).then(|| format!("{judging} check rounds or quarantines wait to be acted on"))
     }
 
@@ -763,24 +794,9 @@ impl Tracker {
     /// checkpoint is written.
     pub async fn resume(&mut self) {
         self.drain_checks().await;
-        self.retry_checks().await;
+        self.retry().await;
         self.drain_checks().await;
         self.drain_judgements().await;
-        for p in std::mem::take(&mut self.pending_dead) {
-            let s = self
-                .jobs
-                .get(&p.job)
-                .and_then(|t| t.shards.get(&p.shard))
-                .cloned()
-                .unwrap_or_default();
-            let payload = match self.spec(&p.job).await {
-                SpecRead::Found(spec) => encode("shard task", &spec.task(p.shard)).ok(),
-                _ => None,
-            };
-            if !self.dead_letter(&p, &s, payload.unwrap_or_default()).await {
-                self.pending_dead.push(p);
-            }
-        }
         let unwritten: Vec<JobId> = self
             .jobs
             .iter()
@@ -836,28 +852,57 @@ impl Tracker {
         self.count(e).await;
     }
 
-    /// Checks again the done events whose check could not be finished, and
-    /// counts those now found backed.
-    /// They are taken in order and the round stops at the first that waits
-    /// again (the store or NATS still failing would fail the rest too).
-    pub async fn retry_checks(&mut self) {
+    /// The tick's work: forgets expired strikes, closes check rounds that
+    /// waited too long, and tries again everything in the retry queue
+    /// (the `retry` module), oldest first; what fails again goes back.
+    ///
+    /// The first output check waiting is tried here and now: when it waits
+    /// again, so do the others (the store or NATS still failing would fail
+    /// them too); else they go to the running checks.
+    pub async fn retry(&mut self) {
         self.expire_strikes();
         self.give_up_checks().await;
-        self.retry_judgements().await;
-        let mut waiting = std::mem::take(&mut self.pending_checks).into_iter();
-        // The first is checked here and now: when it waits again, so do the
-        // rest; else they go to the running checks.
-        let Some(first) = waiting.next() else {
-            return;
-        };
-        let r = check_done(self.store.clone(), first).await;
-        self.checked(r).await;
-        if !self.pending_checks.is_empty() {
-            self.pending_checks.extend(waiting);
-            return;
+        // None: no output check tried yet; Some(passed).
+        let mut first_check: Option<bool> = None;
+        for r in self.retries.take() {
+            match r {
+                Retry::DeadLetter(p) => self.write_dead_letter(p).await,
+                Retry::CheckOutput(e) => match first_check {
+                    None => {
+                        let r = check_done(self.store.clone(), e).await;
+                        self.checked(r).await;
+                        first_check = Some(!self.retries.checks_wait());
+                    }
+                    Some(true) => self.count(e).await,
+                    Some(false) => self.retries.push(Retry::CheckOutput(e)),
+                },
+                Retry::Judge(e) => self.maybe_judge(&e).await,
+                Retry::QueueRound {
+                    job,
+                    shard,
+                    round,
+                    avoid,
+                } => self.queue_round(job, shard, round, avoid).await,
+                Retry::Quarantine(m) => self.maybe_quarantine(&m, None).await,
+            }
         }
-        for e in waiting {
-            self.count(e).await;
+    }
+
+    /// Writes a dead-letter record; queued for a retry when it cannot be
+    /// written now.
+    async fn write_dead_letter(&mut self, p: PendingDead) {
+        let s = self
+            .jobs
+            .get(&p.job)
+            .and_then(|t| t.shards.get(&p.shard))
+            .cloned()
+            .unwrap_or_default();
+        let payload = match self.spec(&p.job).await {
+            SpecRead::Found(spec) => encode("shard task", &spec.task(p.shard)).ok(),
+            _ => None,
+        };
+        if !self.dead_letter(&p, &s, payload.unwrap_or_default()).await {
+            self.retries.push(Retry::DeadLetter(p));
         }
     }
 
@@ -933,7 +978,7 @@ impl Tracker {
             Err(err) => {
                 tracing::warn!(job = %e.job, shard = e.shard, worker = %e.worker, error = %err,
                     "a done event's output could not be checked; it is counted once it is");
-                self.pending_checks.push(e);
+                self.retries.push(Retry::CheckOutput(e));
             }
         }
     }
@@ -973,39 +1018,51 @@ impl Tracker {
         if self.closed.contains(&e.job) {
             return;
         }
-        let job = e.job.clone();
-        let t = self.jobs.entry(job.clone()).or_default();
-        let dead = t.fold(&e, made_on);
-        let outvoted = std::mem::take(&mut t.outvoted);
-        for (w, shard) in outvoted {
-            self.strike(&w, &job, shard, e.at_ms.min(now_ms())).await;
+        let effects = self
+            .jobs
+            .entry(e.job.clone())
+            .or_default()
+            .fold(&e, made_on);
+        for effect in effects {
+            self.carry_out(&e, effect).await;
         }
-        match &e.kind {
-            EventKind::Done { .. } => self.maybe_verify(&e).await,
-            EventKind::Checked { .. } => self.maybe_judge(&e).await,
-            _ => {}
-        }
-        if let Some((reason, s)) = dead {
-            let payload = match self.spec(&job).await {
-                SpecRead::Found(spec) => encode("shard task", &spec.task(e.shard)).ok(),
-                _ => None,
-            };
-            let stream_seq = match &e.kind {
-                EventKind::Failed { stream_seq, .. } => stream_seq.unwrap_or(0),
-                _ => 0,
-            };
-            let p = PendingDead {
-                job: job.clone(),
-                shard: e.shard,
-                reason,
-                attempt: e.attempt,
-                stream_seq,
-            };
-            if !self.dead_letter(&p, &s, payload.unwrap_or_default()).await {
-                self.pending_dead.push(p);
+    }
+
+    /// Does what folding `e` asked for; what cannot be done now goes to the
+    /// retry queue ([`retry`]).
+    async fn carry_out(&mut self, e: &ShardEvent, effect: Effect) {
+        match effect {
+            Effect::Strike { worker } => {
+                self.strike(&worker, &e.job, e.shard, e.at_ms.min(now_ms()))
+                    .await;
             }
+            Effect::MaybeVerify => self.maybe_verify(e).await,
+            Effect::Judge => self.maybe_judge(e).await,
+            Effect::DeadLetter { reason, state } => {
+                let payload = match self.spec(&e.job).await {
+                    SpecRead::Found(spec) => encode("shard task", &spec.task(e.shard)).ok(),
+                    _ => None,
+                };
+                let stream_seq = match &e.kind {
+                    EventKind::Failed { stream_seq, .. } => stream_seq.unwrap_or(0),
+                    _ => 0,
+                };
+                let p = PendingDead {
+                    job: e.job.clone(),
+                    shard: e.shard,
+                    reason,
+                    attempt: e.attempt,
+                    stream_seq,
+                };
+                if !self
+                    .dead_letter(&p, &state, payload.unwrap_or_default())
+                    .await
+                {
+                    self.retries.push(Retry::DeadLetter(p));
+                }
+            }
+            Effect::MaybeComplete => self.maybe_complete(&e.job).await,
         }
-        self.maybe_complete(&job).await;
     }
 
     /// Whether an event must wait for an output check before it counts:
@@ -1051,7 +1108,7 @@ impl Tracker {
         if let Err(err) = self.publish_rejection(e, why).await {
             tracing::warn!(job = %e.job, shard = e.shard, error = %err,
                 "a rejected result could not be published yet; will retry");
-            self.pending_checks.push(e.clone());
+            self.retries.push(Retry::CheckOutput(e.clone()));
         }
     }
 
@@ -1471,7 +1528,7 @@ mod tests {
             (manifest_of(store.as_ref()).await?.done, t.jobs.len()),
             (2, 1)
         );
-        t.pending_dead.clear();
+        t.retries.clear_dead_letters();
         t.resume().await;
         // Closed: no detail left, in memory or in a checkpoint; the view
         // keeps the counts.
@@ -1561,10 +1618,11 @@ mod tests {
         assert_eq!(m.shards[1].worker.as_ref().map(|w| w.as_str()), Some("m-2"));
         // The forged done, checked again, is still rejected: the job's
         // manifest was written by this tracker, not found at first sight.
-        t.retry_checks().await;
+        t.retry().await;
         let s1 = t.jobs.get(&job).and_then(|j| j.shards.get(&1)).cloned();
         assert_eq!(
-            s1.and_then(|s| s.done).map(|d| d.worker.as_str().to_owned()),
+            s1.and_then(|s| s.done)
+                .map(|d| d.worker.as_str().to_owned()),
             Some("m-2".to_owned())
         );
         assert!(t.lossy().is_some());
@@ -1609,6 +1667,47 @@ mod tests {
                 .map(|d| d.worker.as_str().to_owned());
             assert_eq!(by.as_deref(), Some("m-1"), "shard {shard}");
         }
+        Ok(())
+    }
+
+    /// The fold asks for its effects and does none itself: a shard that
+    /// fails for good asks for one dead-letter record, a result for a
+    /// verification pick; every event for a completion check, last.
+    #[test]
+    fn the_fold_returns_its_effects_in_order() -> Result<(), IdError> {
+        let names = |effects: Vec<Effect>| -> Vec<&'static str> {
+            effects
+                .into_iter()
+                .map(|e| match e {
+                    Effect::Strike { .. } => "strike",
+                    Effect::MaybeVerify => "verify",
+                    Effect::Judge => "judge",
+                    Effect::DeadLetter { .. } => "dead letter",
+                    Effect::MaybeComplete => "complete",
+                })
+                .collect()
+        };
+        let failed = || EventKind::Failed {
+            reason: "bad input".into(),
+            permanent: true,
+            stream_seq: None,
+        };
+        let mut t = JobTrack::default();
+        assert_eq!(
+            names(t.fold(&event(0, failed())?, None)),
+            ["dead letter", "complete"]
+        );
+        // Failed for good once: a repeat writes no second record.
+        assert_eq!(names(t.fold(&event(0, failed())?, None)), ["complete"]);
+        assert_eq!(
+            names(t.fold(&event(1, done(1, "aa"))?, None)),
+            ["verify", "complete"]
+        );
+        assert_eq!(
+            names(t.fold(&event(2, EventKind::Started)?, None)),
+            ["complete"]
+        );
+        assert_eq!((t.done, t.failed), (1, 1));
         Ok(())
     }
 

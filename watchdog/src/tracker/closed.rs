@@ -168,7 +168,7 @@ impl Tracker {
             .as_ref()
             .is_some_and(|s| t.done + t.failed >= s.shards)
             && t.manifest == Some((t.done, t.failed));
-        if !complete || t.open_checks > 0 || !t.outvoted.is_empty() || self.waits_on(job) {
+        if !complete || t.open_checks > 0 || self.waits_on(job) {
             return;
         }
         let sealed_before = t.sealed == Some(true);
@@ -194,11 +194,7 @@ impl Tracker {
 
     /// Whether a retry queue holds something of `job`.
     fn waits_on(&self, job: &JobId) -> bool {
-        self.pending_dead.iter().any(|p| p.job == *job)
-            || self.pending_rounds.iter().any(|r| r.0 == *job)
-            || self.pending_judgements.iter().any(|e| e.job == *job)
-            || self.pending_checks.iter().any(|e| e.job == *job)
-            || self.queued_checks.iter().any(|e| e.job == *job)
+        self.retries.holds(job) || self.queued_checks.iter().any(|e| e.job == *job)
     }
 
     fn remember_closed(&mut self, job: JobId, sealed_before: bool) {

@@ -20,6 +20,7 @@ use object_store::ObjectStoreExt;
 use object_store::path::Path as StorePath;
 use serde::{Deserialize, Serialize};
 
+use super::retry::Retry;
 use super::{SpecRead, Tracker};
 use crate::trust::backing::BackingError;
 use crate::trust::compare::Tolerance;
@@ -136,10 +137,13 @@ impl CheckTrack {
     }
 
     fn first_result(&self, round: u8) -> Option<RunResult> {
-        self.runs.iter().find(|r| r.round == round).map(|r| RunResult {
-            worker: r.worker.clone(),
-            sha256: r.sha256.clone(),
-        })
+        self.runs
+            .iter()
+            .find(|r| r.round == round)
+            .map(|r| RunResult {
+                worker: r.worker.clone(),
+                sha256: r.sha256.clone(),
+            })
     }
 }
 
@@ -229,14 +233,25 @@ impl Tracker {
 
     /// Queues check round `round` of a shard (a `check_queued` event, then
     /// the task); what cannot be published now is retried each tick.
-    async fn queue_round(&mut self, job: JobId, shard: u32, round: u8, avoid: Vec<String>) {
+    pub(super) async fn queue_round(
+        &mut self,
+        job: JobId,
+        shard: u32,
+        round: u8,
+        avoid: Vec<String>,
+    ) {
         match self.publish_round(&job, shard, round, &avoid, None).await {
             Ok(()) => {
                 tracing::info!(job = %job, shard, round, avoid = ?avoid, "check run queued");
             }
             Err(why) => {
                 tracing::warn!(job = %job, shard, round, error = %why, "check run not queued yet; will retry");
-                self.pending_rounds.push((job, shard, round, avoid));
+                self.retries.push(Retry::QueueRound {
+                    job,
+                    shard,
+                    round,
+                    avoid,
+                });
             }
         }
     }
@@ -342,11 +357,7 @@ impl Tracker {
         let Some(c) = t.shards.get(&e.shard).and_then(|s| s.check.as_ref()) else {
             return;
         };
-        if t.sealed == Some(true)
-            || !c.open()
-            || c.round != *round
-            || c.judged(*round)
-        {
+        if t.sealed == Some(true) || !c.open() || c.round != *round || c.judged(*round) {
             return;
         }
         let Some(spec) = t.spec.as_ref() else {
@@ -365,7 +376,11 @@ impl Tracker {
                 .and_then(|s| s.done.as_ref())
                 .map(|d| subjects::machine(&d.worker).to_owned())
                 .into_iter()
-                .chain(c.runs.iter().map(|r| subjects::machine(&r.worker).to_owned()))
+                .chain(
+                    c.runs
+                        .iter()
+                        .map(|r| subjects::machine(&r.worker).to_owned()),
+                )
                 .collect();
             avoid.sort();
             avoid.dedup();
@@ -382,7 +397,7 @@ impl Tracker {
                 Err(why) => {
                     tracing::warn!(job = %job, shard, round, error = %why,
                         "a check run made on a quarantined machine could not be queued again; will retry");
-                    self.pending_judgements.push(e.clone());
+                    self.retries.push(Retry::Judge(e.clone()));
                 }
             }
             return;
@@ -521,19 +536,6 @@ impl Tracker {
         }
     }
 
-    /// Retries what could not be done yet: rounds, judgements, quarantines.
-    pub(super) async fn retry_judgements(&mut self) {
-        for (job, shard, round, avoid) in std::mem::take(&mut self.pending_rounds) {
-            self.queue_round(job, shard, round, avoid).await;
-        }
-        for e in std::mem::take(&mut self.pending_judgements) {
-            self.maybe_judge(&e).await;
-        }
-        for m in std::mem::take(&mut self.pending_quarantine) {
-            self.maybe_quarantine(&m, None).await;
-        }
-    }
-
     /// Acts on a finished judgement: publishes the verdict (and the
     /// tie-break round, or the replaced output) and folds it.
     pub async fn judged(&mut self, (e, case, r): JudgeResult) {
@@ -542,14 +544,14 @@ impl Tracker {
             Err(err) => {
                 tracing::warn!(job = %e.job, shard = e.shard, error = %err,
                     "a check run could not be judged; will retry");
-                self.pending_judgements.push(e);
+                self.retries.push(Retry::Judge(e));
                 return;
             }
         };
         if let Err(why) = self.rule(&case, ruling).await {
             tracing::warn!(job = %e.job, shard = e.shard, error = %why,
                 "a check run's verdict could not be published; will retry");
-            self.pending_judgements.push(e);
+            self.retries.push(Retry::Judge(e));
         }
     }
 
@@ -668,7 +670,7 @@ impl Tracker {
     /// Quarantines `machine` when its strikes reach the threshold beyond
     /// those the quarantine bucket says were acted on; then withdraws its
     /// results in open jobs and queues those shards again elsewhere.
-    async fn maybe_quarantine(&mut self, machine: &str, last: Option<(&JobId, u32)>) {
+    pub(super) async fn maybe_quarantine(&mut self, machine: &str, last: Option<(&JobId, u32)>) {
         let Some(judge) = self.judge.clone() else {
             return;
         };
@@ -698,7 +700,7 @@ impl Tracker {
             Ok(None) => 0,
             Err(e) => {
                 tracing::warn!(machine, error = %e, "the quarantine bucket could not be read; will retry");
-                self.pending_quarantine.push(machine.to_owned());
+                self.retries.push(Retry::Quarantine(machine.to_owned()));
                 return;
             }
         };
@@ -727,7 +729,7 @@ impl Tracker {
         };
         if let Err(e) = crate::trust::quarantined::put(&kv, &record).await {
             tracing::warn!(machine, error = %e, "the quarantine could not be written; will retry");
-            self.pending_quarantine.push(machine.to_owned());
+            self.retries.push(Retry::Quarantine(machine.to_owned()));
             return;
         }
         tracing::error!(machine, strikes, reason = %record.reason,
@@ -754,7 +756,13 @@ impl Tracker {
                 t.shards.iter().filter_map(move |(&i, s)| {
                     let d = s.done.as_ref()?;
                     (subjects::machine(&d.worker) == machine).then(|| {
-                        (job.clone(), i, d.worker.clone(), d.sha256.clone(), s.attempts)
+                        (
+                            job.clone(),
+                            i,
+                            d.worker.clone(),
+                            d.sha256.clone(),
+                            s.attempts,
+                        )
                     })
                 })
             })
