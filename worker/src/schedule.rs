@@ -8,18 +8,29 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer::PullConsumer};
+use async_nats::jetstream::{self, consumer::PullConsumer, consumer::pull};
 use minions_schemas::messages::Schedule;
 use minions_schemas::scheduling::{self, Lender, Since, Tiers, Turn};
 use minions_schemas::{JobId, ModelHash, streams};
 use tokio::sync::watch;
 
 use crate::lock::lock;
+
+/// How long a slot waits for a job consumer's lookup before it gives up
+/// until the next schedule (a lookup takes milliseconds but goes
+/// unanswered while the consumer's leader is being elected).
+const LOOKUP_WAIT: Duration = Duration::from_secs(1);
 use crate::running::RunningTable;
 
 /// How often a worker reads the queue itself while no watchdog publishes
 /// (the period a new scheduler assumes).
 pub(crate) const OWN_READ_EVERY: Duration = Duration::from_secs(1);
+
+/// How long a job marked empty (its consumer had nothing, or did not
+/// answer) is skipped when no new schedule comes: a schedule every 250 ms
+/// clears the marks sooner; while none comes (the watchdog's list of
+/// consumers waits on a leader election), slots ask again this often.
+const MARKS_LAST: Duration = Duration::from_secs(1);
 
 /// A worker's view of what is queued.
 pub(crate) struct Scheduler {
@@ -30,6 +41,8 @@ pub(crate) struct Scheduler {
     /// Jobs whose check consumer had nothing this worker may run, since
     /// the latest schedule.
     checks_seen: Mutex<std::collections::HashSet<JobId>>,
+    /// When the empty and checks-seen marks were last cleared.
+    marks_cleared: Mutex<std::time::Instant>,
     /// Memory this worker lends to models, MB (0 = unknown).
     pub(crate) lend_mb: u64,
     /// The device kind shards run on, as jobs' needs name it.
@@ -53,6 +66,7 @@ impl Scheduler {
             since: Mutex::new(Since::default()),
             consumers: Mutex::new(HashMap::new()),
             checks_seen: Mutex::new(Default::default()),
+            marks_cleared: Mutex::new(std::time::Instant::now()),
             lend_mb,
             device,
             period_ms: AtomicU64::new(OWN_READ_EVERY.as_millis() as u64),
@@ -74,6 +88,7 @@ impl Scheduler {
             .store(period.as_millis().max(50) as u64, Ordering::Relaxed);
         *lock(&self.since) = Since::default();
         lock(&self.checks_seen).clear();
+        *lock(&self.marks_cleared) = std::time::Instant::now();
         self.current.send_replace(Arc::new(schedule));
     }
 
@@ -87,6 +102,7 @@ impl Scheduler {
         mean_ms: u64,
         previous_team: Option<&str>,
     ) -> Option<(JobId, String)> {
+        self.clear_old_marks();
         let schedule = self.current.borrow().clone();
         let running: u64 = schedule.jobs.iter().map(|j| j.running).sum();
         let period_ms = self.period_ms.load(Ordering::Relaxed);
@@ -118,13 +134,24 @@ impl Scheduler {
         Some((job, team))
     }
 
+    /// Clears the empty and checks-seen marks made more than
+    /// [`MARKS_LAST`] ago when no schedule cleared them since.
+    fn clear_old_marks(&self) {
+        let mut cleared = lock(&self.marks_cleared);
+        if cleared.elapsed() >= MARKS_LAST {
+            lock(&self.since).empty.clear();
+            lock(&self.checks_seen).clear();
+            *cleared = std::time::Instant::now();
+        }
+    }
+
     /// A slot started (`+1`) or finished (`-1`) a shard of `job`.
     pub(crate) fn count(&self, job: &JobId, delta: i64) {
         *lock(&self.since).started.entry(job.clone()).or_default() += delta;
     }
 
-    /// `job`'s consumer had nothing to deliver: skip it until the next
-    /// schedule.
+    /// `job`'s consumer had nothing to deliver (or did not answer): skip
+    /// it until the next schedule, or for [`MARKS_LAST`] while none comes.
     pub(crate) fn mark_empty(&self, job: &JobId) {
         lock(&self.since).empty.insert(job.clone());
     }
@@ -163,18 +190,20 @@ impl Scheduler {
         if let Some(c) = lock(&self.consumers).get(&key) {
             return Ok(c.clone());
         }
-        let stream = js
-            .get_stream(streams::WORK_STREAM)
-            .await
-            .map_err(|e| e.to_string())?;
         let name = if checks {
             scheduling::check_consumer(job)
         } else {
             scheduling::job_consumer(job)
         };
-        let c: PullConsumer = stream
-            .get_consumer(&name)
+        // One request, answered in milliseconds by the consumer's leader.
+        // While its leader is being elected (4 to 9 s after a server is
+        // lost) nobody answers: waiting out the client's 5 s timeout would
+        // add up to 5 s to the pause once the leader is back, so the
+        // lookup gives up sooner and the next schedule asks again.
+        let lookup = js.get_consumer_from_stream::<pull::Config, _, _>(&name, streams::WORK_STREAM);
+        let c: PullConsumer = tokio::time::timeout(LOOKUP_WAIT, lookup)
             .await
+            .map_err(|_| format!("no answer within {} ms", LOOKUP_WAIT.as_millis()))?
             .map_err(|e| e.to_string())?;
         let mut all = lock(&self.consumers);
         // Forget consumers of jobs no longer queued.
