@@ -109,6 +109,9 @@ async fn dispatch(rounds: usize, shards: usize) -> Result<String> {
 
 async fn resume(kills: usize, shards: usize) -> Result<String> {
     let (mut fleet, _store) = fleet(3).await?;
+    // As a company runs it: the watchdog publishes the schedule and hands
+    // back deliveries that no worker holds after a leader change.
+    fleet.add_watchdog(&[])?;
     let input = fleet.dir.path().join("short.jsonl");
     write_short(&input, shards)?;
     let client = fleet.client().await?;
@@ -188,16 +191,17 @@ async fn resume(kills: usize, shards: usize) -> Result<String> {
         ));
     }
     Ok(format!(
-        "Three servers, R3, 2 workers (2 slots each), jobs of {shards} no-op shards. When a \
+        "Three servers, R3, a watchdog and 2 workers (2 slots each), jobs of {shards} no-op shards. When a \
          quarter of a job is done, the server leading the work stream (or the work consumer) \
          is killed with SIGKILL. Longest pause: the longest time between two `done` events \
          (their times as the workers stamp them, read back from the events stream) from the \
          kill to the job's end, leaving out shards delivered again, which is how long shards \
-         stopped completing. Redelivered: shards JetStream sent again after the ack wait \
-         (60 s): ones on their way from the killed server to a worker (counted delivered, \
-         held by no worker, so no watchdog can hand them back sooner) and ones whose ack was \
-         lost with it (the redelivery finds the output and acks); in brackets, when the last \
-         of them was done, seconds after the kill. The server is \
+         stopped completing. Redelivered: shards delivered again after the kill: ones on \
+         their way from the killed server to a worker, and ones whose ack was lost with it \
+         (the redelivery finds the output and acks); JetStream sends them again after the \
+         ack wait (60 s) unless the watchdog hands them back first (it does, after a consumer \
+         leader changes, for deliveries no live worker reports holding). In brackets, when \
+         the last of them was done, seconds after the kill. The server is \
          started again after the job ends, and the next kill waits until its copy of the \
          work stream is current.\n\n\
          | kill | leader of | server | shards done before | longest pause (s) | first `done` after (s) | redelivered (last done after, s) | job ended after (s) | restarted and current after (s) |\n\
