@@ -154,7 +154,7 @@ pub async fn start(
                     }
                 }
                 _ = tick.tick() => {
-                    fold.tracker.retry().await;
+                    fold.tracker.retry(false).await;
                     if fold.policy.due(fold.since, fold.last_write.elapsed()) {
                         fold.write().await;
                     }

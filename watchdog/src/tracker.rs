@@ -794,7 +794,7 @@ impl Tracker {
     /// checkpoint is written.
     pub async fn resume(&mut self) {
         self.drain_checks().await;
-        self.retry().await;
+        self.retry(true).await;
         self.drain_checks().await;
         self.drain_judgements().await;
         let unwritten: Vec<JobId> = self
@@ -853,20 +853,25 @@ impl Tracker {
     }
 
     /// The tick's work: forgets expired strikes, closes check rounds that
-    /// waited too long, and tries again everything in the retry queue
-    /// (the `retry` module), oldest first; what fails again goes back.
+    /// waited too long, and tries again what waits in the retry queue (the
+    /// `retry` module), oldest first; what fails again goes back. Dead-letter
+    /// records are tried only with `dead_letters` (before a checkpoint, see
+    /// [`Tracker::resume`]): a write that fails has already retried for a
+    /// minute, and a failure that lasts would be tried and logged every
+    /// tick.
     ///
     /// The first output check waiting is tried here and now: when it waits
     /// again, so do the others (the store or NATS still failing would fail
     /// them too); else they go to the running checks.
-    pub async fn retry(&mut self) {
+    pub async fn retry(&mut self, dead_letters: bool) {
         self.expire_strikes();
         self.give_up_checks().await;
         // None: no output check tried yet; Some(passed).
         let mut first_check: Option<bool> = None;
         for r in self.retries.take() {
             match r {
-                Retry::DeadLetter(p) => self.write_dead_letter(p).await,
+                Retry::DeadLetter(p) if dead_letters => self.write_dead_letter(p).await,
+                Retry::DeadLetter(p) => self.retries.push(Retry::DeadLetter(p)),
                 Retry::CheckOutput(e) => match first_check {
                     None => {
                         let r = check_done(self.store.clone(), e).await;
@@ -1618,7 +1623,7 @@ mod tests {
         assert_eq!(m.shards[1].worker.as_ref().map(|w| w.as_str()), Some("m-2"));
         // The forged done, checked again, is still rejected: the job's
         // manifest was written by this tracker, not found at first sight.
-        t.retry().await;
+        t.retry(false).await;
         let s1 = t.jobs.get(&job).and_then(|j| j.shards.get(&1)).cloned();
         assert_eq!(
             s1.and_then(|s| s.done)

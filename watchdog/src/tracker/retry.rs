@@ -1,9 +1,9 @@
 //! The tracker's one queue of work that folded events asked for and that
 //! could not be done yet because the store or NATS failed: dead-letter
 //! records, output checks, judgements, check rounds and quarantines. Each
-//! tick (and before each checkpoint) [`super::Tracker::retry`] takes the
-//! whole queue and tries each entry again, in the order they were queued;
-//! what fails again goes back.
+//! tick [`super::Tracker::retry`] takes the whole queue and tries each
+//! entry again, in the order they were queued (dead-letter records only
+//! before a checkpoint); what fails again goes back.
 //!
 //! Only dead-letter records are saved with a checkpoint (their events are
 //! folded: a restart would not ask for them again). Any other entry stands
