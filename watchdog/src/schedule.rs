@@ -28,17 +28,6 @@ const IDLE_CONSUMER: Duration = Duration::from_secs(60);
 /// How often shard messages without a job consumer are looked for.
 const ORPHAN_SWEEP_EVERY: Duration = Duration::from_secs(5);
 
-/// How long the loop waits for the list of consumers before it publishes
-/// the last one read again. A list takes milliseconds, but while a job
-/// consumer's leader is being elected (4 to 9 s after its server is lost)
-/// the server waits about 4 s for that consumer, then reports it missing:
-/// waiting would stop the schedule, and a list without the job would stop
-/// workers pulling it, for the whole election.
-const LIST_WAIT: Duration = Duration::from_secs(1);
-/// How long the last list read stands in for lists that do not come in
-/// time; after it, the loop waits for the list however long it takes.
-const LIST_STANDS: Duration = Duration::from_secs(30);
-
 /// Settings of the schedule loop.
 #[derive(Debug, Clone)]
 pub struct ScheduleSettings {
@@ -126,7 +115,8 @@ pub async fn run(
     let mut last: Option<Instant> = None;
     let mut regular_waited = false;
     let mut idle_since: HashMap<JobId, Instant> = HashMap::new();
-    let mut last_list: Option<(Instant, Vec<minions_schemas::messages::QueuedJob>)> = None;
+    // A slow list while a consumer's leader is elected: the last stands.
+    let mut listed = minions_endpoints::queue::Standing::default();
     // A submit's nudge: the schedule is rebuilt at once, so a new job
     // starts without waiting for the tick.
     let mut queued = minions_endpoints::queue::Nudges::follow(&client).await;
@@ -138,32 +128,17 @@ pub async fn run(
                 tick.reset();
             }
         }
-        let standing = last_list
-            .as_ref()
-            .filter(|(at, _)| at.elapsed() < LIST_STANDS)
-            .map(|(_, jobs)| jobs.clone());
-        let list = minions_endpoints::queue::list_jobs(&js);
-        let listed = match standing {
-            Some(_) => tokio::time::timeout(LIST_WAIT, list).await.ok(),
-            None => Some(list.await),
-        };
-        let (jobs, fresh) = match (listed, standing) {
-            (Some(Ok(j)), _) => {
-                last_list = Some((Instant::now(), j.clone()));
-                (j, true)
+        use minions_endpoints::queue::Reading;
+        let (jobs, fresh) = match listed.read(minions_endpoints::queue::list_jobs(&js)).await {
+            Reading::Fresh(j) => (j, true),
+            Reading::Stands(j) => {
+                tracing::debug!("consumer list slow (a leader election?); the last one stands");
+                (j, false)
             }
-            (Some(Err(e)), _) => {
+            Reading::Failed(e) => {
                 tracing::debug!(error = %e, "schedule not read");
                 continue;
             }
-            (None, Some(jobs)) => {
-                tracing::debug!(
-                    wait_ms = LIST_WAIT.as_millis() as u64,
-                    "consumer list slow (a leader election?); the last one stands"
-                );
-                (jobs, false)
-            }
-            (None, None) => continue,
         };
         if teams_read.is_none_or(|t| t.elapsed() >= TEAMS_EVERY) {
             match minions_endpoints::queue::read_teams(&js).await {

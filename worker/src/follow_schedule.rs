@@ -22,15 +22,6 @@ use crate::schedule::OWN_READ_EVERY;
 /// itself.
 const WATCHDOG_SILENCE: Duration = Duration::from_secs(2);
 
-/// How long a worker reading the queue itself waits for the list of
-/// consumers before its last schedule stands (a list waits about 4 s, then
-/// leaves the job out, while a job consumer's leader is being elected; the
-/// watchdog does the same, see `minions_watchdog::schedule`).
-const LIST_WAIT: Duration = Duration::from_secs(1);
-/// How long the last schedule read stands in for lists that do not come in
-/// time.
-const LIST_STANDS: Duration = Duration::from_secs(30);
-
 /// Follows the watchdog's schedule until `stop`; reads the queue itself
 /// while none arrives.
 pub(crate) async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
@@ -47,8 +38,8 @@ pub(crate) async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
     let mut last_remote = tokio::time::Instant::now() - WATCHDOG_SILENCE;
     let mut own = tokio::time::interval(OWN_READ_EVERY);
     own.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // When this worker's own reading last succeeded.
-    let mut own_read: Option<tokio::time::Instant> = None;
+    // A slow list while a consumer's leader is elected: the last stands.
+    let mut listed = minions_endpoints::queue::Standing::default();
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
@@ -80,22 +71,13 @@ pub(crate) async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
                 if last_remote.elapsed() < WATCHDOG_SILENCE {
                     continue;
                 }
-                // A slow list leaves the last schedule standing (no new
-                // one: slots ask again as their empty marks expire), for
-                // as long as a watchdog's would stand.
-                let standing = own_read.is_some_and(|at| at.elapsed() < LIST_STANDS);
-                let read = if standing {
-                    tokio::time::timeout(LIST_WAIT, read_own(&ctx.js)).await.ok()
-                } else {
-                    Some(read_own(&ctx.js).await)
-                };
-                match read {
-                    Some(Ok(s)) => {
-                        own_read = Some(tokio::time::Instant::now());
-                        ctx.sched.set(s, OWN_READ_EVERY);
-                    }
-                    Some(Err(e)) => tracing::debug!(error = %e, "cannot read the queue"),
-                    None => tracing::debug!("queue list slow (a leader election?); the last schedule stands"),
+                // A slow list leaves the last schedule standing (slots
+                // ask again as their empty marks expire).
+                use minions_endpoints::queue::Reading;
+                match listed.read(read_own(&ctx.js)).await {
+                    Reading::Fresh(s) => ctx.sched.set(s, OWN_READ_EVERY),
+                    Reading::Stands(_) => tracing::debug!("queue list slow (a leader election?); the last schedule stands"),
+                    Reading::Failed(e) => tracing::debug!(error = %e, "cannot read the queue"),
                 }
             }
         }

@@ -15,12 +15,12 @@ use minions_schemas::{JobId, ModelHash, streams};
 use tokio::sync::watch;
 
 use crate::lock::lock;
+use crate::running::RunningTable;
 
 /// How long a slot waits for a job consumer's lookup before it gives up
 /// until the next schedule (a lookup takes milliseconds but goes
 /// unanswered while the consumer's leader is being elected).
 const LOOKUP_WAIT: Duration = Duration::from_secs(1);
-use crate::running::RunningTable;
 
 /// How often a worker reads the queue itself while no watchdog publishes
 /// (the period a new scheduler assumes).

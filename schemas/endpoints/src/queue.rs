@@ -152,6 +152,71 @@ impl Nudges {
 #[error("cannot list the work consumers: {0}")]
 pub struct ScheduleError(pub String);
 
+/// How long a reader of the queue waits for the list of consumers before
+/// the last one it read stands in. A list takes milliseconds, but while a
+/// job consumer's leader is being elected (4 to 9 s after its server is
+/// lost) the server waits about 4 s for that consumer, then reports it
+/// missing: waiting would stop the schedule, and a list without the job
+/// would stop workers pulling it, for the whole election.
+pub const LIST_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long the last list read stands in for lists that do not come in
+/// time; after it, the reader waits for a list however long it takes.
+pub const LIST_STANDS: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The last reading of the queue that succeeded, standing in for readings
+/// slower than [`LIST_WAIT`] for up to [`LIST_STANDS`] (the watchdog's
+/// schedule and a worker reading the queue itself both use it).
+#[derive(Debug)]
+pub struct Standing<T> {
+    last: Option<(std::time::Instant, T)>,
+}
+
+impl<T> Default for Standing<T> {
+    fn default() -> Self {
+        Self { last: None }
+    }
+}
+
+/// What [`Standing::read`] got.
+#[derive(Debug)]
+pub enum Reading<T, E> {
+    /// A reading made now.
+    Fresh(T),
+    /// The reading was slow: the last one stands.
+    Stands(T),
+    /// The reading failed.
+    Failed(E),
+}
+
+impl<T: Clone> Standing<T> {
+    /// Runs `read`: given [`LIST_WAIT`] while a recent reading can stand
+    /// in for it, else as long as it takes.
+    pub async fn read<E>(
+        &mut self,
+        read: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Reading<T, E> {
+        let stand_in = self
+            .last
+            .as_ref()
+            .filter(|(at, _)| at.elapsed() < LIST_STANDS)
+            .map(|(_, v)| v.clone());
+        let got = match stand_in {
+            Some(v) => match tokio::time::timeout(LIST_WAIT, read).await {
+                Ok(got) => got,
+                Err(_) => return Reading::Stands(v),
+            },
+            None => read.await,
+        };
+        match got {
+            Ok(v) => {
+                self.last = Some((std::time::Instant::now(), v.clone()));
+                Reading::Fresh(v)
+            }
+            Err(e) => Reading::Failed(e),
+        }
+    }
+}
+
 /// Every job of the work stream with a consumer, with its counts: a job's
 /// check consumer counts under the job.
 pub async fn list_jobs(js: &jetstream::Context) -> Result<Vec<QueuedJob>, ScheduleError> {
@@ -191,5 +256,31 @@ pub async fn read_teams(js: &jetstream::Context) -> Result<(Teams, u64), Schedul
         Ok(Some(e)) => Ok((Teams::default(), e.revision)),
         Ok(None) => Ok((Teams::default(), 0)),
         Err(e) => Err(ScheduleError(e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first reading waits as long as it takes; a later one slower
+    /// than [`LIST_WAIT`] gives the last reading; a failure is passed on.
+    #[tokio::test]
+    async fn a_slow_reading_leaves_the_last_one_standing() {
+        let mut s = Standing::default();
+        let slow = |v: u32| async move {
+            tokio::time::sleep(LIST_WAIT + std::time::Duration::from_millis(200)).await;
+            Ok::<u32, String>(v)
+        };
+        assert!(matches!(s.read(slow(1)).await, Reading::Fresh(1)));
+        assert!(matches!(s.read(slow(2)).await, Reading::Stands(1)));
+        assert!(matches!(
+            s.read(async { Ok::<u32, String>(3) }).await,
+            Reading::Fresh(3)
+        ));
+        assert!(matches!(
+            s.read(async { Err::<u32, String>("down".into()) }).await,
+            Reading::Failed(e) if e == "down"
+        ));
     }
 }
