@@ -8,10 +8,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::messages::{EventKind, JobSpec, ShardEvent, VerdictOutcome};
+use crate::messages::{EventKind, JobSpec, ShardEvent};
 
 mod closed;
+pub mod shard;
 pub use closed::{CLOSED_FAILED_LISTED, ClosedFold};
+pub use shard::{Counts, Effect, Reports, ShardFold, Step, Tally};
 
 /// Where a job stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -171,29 +173,14 @@ impl Progress {
     }
 }
 
+/// A shard as a fold holds it: the shared state machine ([`ShardFold`])
+/// and what only progress needs (whether it runs, its tokens).
 #[derive(Debug, Default, Clone)]
 struct ShardState {
-    done: bool,
+    fold: ShardFold,
     running: bool,
-    failed: Option<String>,
-    attempts: u64,
     /// Tokens generated: the done event's, or the running delivery's last report.
     tokens: u64,
-    /// Which result made it done: [`done_tag`] of the done event's SHA-256
-    /// (a rejection undoes the done only when it names that result).
-    done_tag: u64,
-    /// Whether a check run of it is queued and no verdict closed it yet.
-    checking: bool,
-    /// Whether a check confirmed its result.
-    verified: bool,
-}
-
-/// A 64-bit tag of a result's SHA-256 text (FNV-1a: stable across builds,
-/// as saved folds need), to tell a rejected result from a later one.
-fn done_tag(sha256: &str) -> u64 {
-    sha256.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -206,9 +193,9 @@ enum Class {
 
 impl ShardState {
     fn class(&self) -> Class {
-        if self.done {
+        if self.fold.is_done() {
             Class::Done
-        } else if self.failed.is_some() {
+        } else if self.fold.failure().is_some() {
             Class::Failed
         } else if self.running {
             Class::Running
@@ -218,32 +205,39 @@ impl ShardState {
     }
 }
 
-/// Running totals, kept as events are applied so that reading progress
-/// costs nothing per shard.
+/// Running totals beside the shards' [`Tally`], kept as events are applied
+/// so that reading progress costs nothing per shard.
 #[derive(Debug, Default, Clone)]
 struct Totals {
-    done: u32,
-    failed: u32,
     running: u32,
     records_done: u64,
     redeliveries: u64,
     tokens: u64,
-    checking: u32,
-    verified: u32,
 }
 
 /// A job's events folded so far; apply events one by one, read
 /// [`JobFold::progress`] at any time (its cost does not grow with the
-/// job's size, only with its failed shards).
+/// job's size, only with its failed shards). Each shard steps the one
+/// state machine ([`ShardFold`]) that the watchdog's tracker steps too.
 #[derive(Debug, Clone)]
 pub struct JobFold {
     spec: JobSpec,
+    reports: Reports,
     shards: Vec<ShardState>,
+    tally: Tally,
     totals: Totals,
     failed: std::collections::BTreeMap<u32, (String, u64)>,
     first_start: Option<u64>,
     last_done: Option<u64>,
     handed_back: u64,
+    /// Counts carried from a job's record when it was reopened from it
+    /// (its shards' check flags are not in the record).
+    carried: Carried,
+}
+
+/// Counts a fold reopened from a record carries beside its shards'.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct Carried {
     rejected: u64,
     disagreements: u64,
     unverified: u64,
@@ -257,6 +251,7 @@ pub struct JobFold {
 #[derive(Serialize)]
 struct SavedFoldRef<'a> {
     spec: &'a JobSpec,
+    checked: bool,
     shards: SavedShardsRef<'a>,
     first_start: Option<u64>,
     last_done: Option<u64>,
@@ -271,14 +266,19 @@ struct SavedShardsRef<'a>(&'a [ShardState]);
 impl Serialize for SavedShardsRef<'_> {
     fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
         ser.collect_seq(self.0.iter().map(|s| SavedShardRef {
-            done: s.done,
+            done: s.fold.is_done(),
             running: s.running,
-            failed: &s.failed,
-            attempts: s.attempts,
+            failed: &s.fold.failed,
+            attempts: s.fold.attempts,
             tokens: s.tokens,
-            done_tag: s.done_tag,
-            checking: s.checking,
-            verified: s.verified,
+            done_tag: s.fold.counted.unwrap_or(0),
+            checking: s.fold.check_open(),
+            verified: s.fold.verified,
+            round: s.fold.round,
+            judged: s.fold.judged,
+            closed: s.fold.closed,
+            unverified: s.fold.unverified,
+            reported: s.fold.reported,
         }))
     }
 }
@@ -287,6 +287,8 @@ impl Serialize for SavedShardsRef<'_> {
 #[derive(Deserialize)]
 struct SavedFold {
     spec: JobSpec,
+    #[serde(default)]
+    checked: bool,
     shards: Vec<SavedShard>,
     first_start: Option<u64>,
     last_done: Option<u64>,
@@ -309,6 +311,11 @@ struct SavedShardRef<'a> {
     done_tag: u64,
     checking: bool,
     verified: bool,
+    round: u8,
+    judged: u32,
+    closed: bool,
+    unverified: bool,
+    reported: Option<u64>,
 }
 
 /// One shard as a saved fold holds it; a field missing takes its default.
@@ -330,19 +337,57 @@ struct SavedShard {
     checking: bool,
     #[serde(default)]
     verified: bool,
+    #[serde(default)]
+    round: u8,
+    #[serde(default)]
+    judged: u32,
+    #[serde(default)]
+    closed: bool,
+    #[serde(default)]
+    unverified: bool,
+    #[serde(default)]
+    reported: Option<u64>,
+}
+
+impl SavedShard {
+    /// The shard's state; a fold saved before check rounds were kept
+    /// (`checking` alone) has its check open in round 1.
+    fn state(self) -> ShardState {
+        ShardState {
+            fold: ShardFold {
+                counted: self.done.then_some(self.done_tag),
+                reported: self.reported,
+                failed: self.failed,
+                attempts: self.attempts,
+                round: if self.checking {
+                    self.round.max(1)
+                } else {
+                    self.round
+                },
+                judged: self.judged,
+                closed: self.closed,
+                verified: self.verified,
+                unverified: self.unverified,
+            },
+            running: self.running,
+            tokens: self.tokens,
+        }
+    }
 }
 
 impl Serialize for JobFold {
     fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        let times = self.times();
         SavedFoldRef {
             spec: &self.spec,
+            checked: self.reports == Reports::Checked,
             shards: SavedShardsRef(&self.shards),
-            first_start: self.first_start,
-            last_done: self.last_done,
-            handed_back: self.handed_back,
-            rejected: self.rejected,
-            disagreements: self.disagreements,
-            unverified: self.unverified,
+            first_start: times.first_start,
+            last_done: times.last_done,
+            handed_back: times.handed_back,
+            rejected: times.rejected,
+            disagreements: times.disagreements,
+            unverified: times.unverified,
         }
         .serialize(ser)
     }
@@ -362,21 +407,8 @@ impl<'de> Deserialize<'de> for JobFold {
                 saved.shards.len()
             )));
         }
-        let shards: Vec<ShardState> = saved
-            .shards
-            .into_iter()
-            .map(|s| ShardState {
-                done: s.done,
-                running: s.running,
-                failed: s.failed,
-                attempts: s.attempts,
-                tokens: s.tokens,
-                done_tag: s.done_tag,
-                checking: s.checking,
-                verified: s.verified,
-            })
-            .collect();
-        Ok(JobFold::from_shards(
+        let shards: Vec<ShardState> = saved.shards.into_iter().map(SavedShard::state).collect();
+        let mut fold = JobFold::from_shards(
             saved.spec,
             shards,
             Times {
@@ -387,7 +419,11 @@ impl<'de> Deserialize<'de> for JobFold {
                 disagreements: saved.disagreements,
                 unverified: saved.unverified,
             },
-        ))
+        );
+        if saved.checked {
+            fold.reports = Reports::Checked;
+        }
+        Ok(fold)
     }
 }
 
@@ -400,26 +436,36 @@ struct Times {
     handed_back: u64,
     rejected: u64,
     disagreements: u64,
+    /// Unverified shards beyond those the shards' flags count.
     #[serde(default)]
     unverified: u64,
 }
 
 impl JobFold {
-    /// An empty fold for the job `spec` describes.
+    /// An empty fold for the job `spec` describes; a worker's result counts
+    /// at once ([`Reports::Trusted`]: `status` and `watch`, which rely on a
+    /// watchdog's rejection events).
     pub fn new(spec: JobSpec) -> Self {
         let n = usize::try_from(spec.shards).unwrap_or(0);
         Self {
             spec,
+            reports: Reports::Trusted,
             shards: vec![ShardState::default(); n],
+            tally: Tally::default(),
             totals: Totals::default(),
             failed: std::collections::BTreeMap::new(),
             first_start: None,
             last_done: None,
             handed_back: 0,
-            rejected: 0,
-            disagreements: 0,
-            unverified: 0,
+            carried: Carried::default(),
         }
+    }
+
+    /// The fold, a worker's result counting only once [`JobFold::backed`]
+    /// says its output backs it (a watchdog, which checks outputs).
+    pub fn checking_outputs(mut self) -> Self {
+        self.reports = Reports::Checked;
+        self
     }
 
     /// A fold of `spec` whose shards are `shards` (one per shard of the
@@ -427,38 +473,58 @@ impl JobFold {
     /// from them, so they always agree.
     fn from_shards(spec: JobSpec, shards: Vec<ShardState>, times: Times) -> Self {
         let mut totals = Totals::default();
+        let mut tally = Tally::default();
         let mut failed = std::collections::BTreeMap::new();
         for (i, s) in (0u32..).zip(&shards) {
             totals.redeliveries = totals
                 .redeliveries
-                .saturating_add(s.attempts.saturating_sub(1));
+                .saturating_add(s.fold.attempts.saturating_sub(1));
             totals.tokens = totals.tokens.saturating_add(s.tokens);
-            totals.checking += u32::from(s.checking);
-            totals.verified += u32::from(s.verified);
+            tally.shard(Counts::default(), s.fold.counts());
             match s.class() {
-                Class::Done => {
-                    totals.done += 1;
-                    totals.records_done += spec.shard_rows(i);
-                }
+                Class::Done => totals.records_done += spec.shard_rows(i),
                 Class::Failed => {
-                    totals.failed += 1;
-                    failed.insert(i, (s.failed.clone().unwrap_or_default(), s.attempts));
+                    failed.insert(
+                        i,
+                        (
+                            s.fold.failure().unwrap_or_default().to_owned(),
+                            s.fold.attempts,
+                        ),
+                    );
                 }
                 Class::Running => totals.running += 1,
                 Class::Pending => {}
             }
         }
+        // The saved unverified count held the flagged shards as well.
+        let unverified = times.unverified.saturating_sub(u64::from(tally.unverified));
         Self {
             spec,
+            reports: Reports::Trusted,
             shards,
+            tally,
             totals,
             failed,
             first_start: times.first_start,
             last_done: times.last_done,
             handed_back: times.handed_back,
-            rejected: times.rejected,
-            disagreements: times.disagreements,
-            unverified: times.unverified,
+            carried: Carried {
+                rejected: times.rejected,
+                disagreements: times.disagreements,
+                unverified,
+            },
+        }
+    }
+
+    /// What the fold keeps beside its shards.
+    fn times(&self) -> Times {
+        Times {
+            first_start: self.first_start,
+            last_done: self.last_done,
+            handed_back: self.handed_back,
+            rejected: self.carried.rejected + u64::from(self.tally.rejected),
+            disagreements: self.carried.disagreements + u64::from(self.tally.disagreements),
+            unverified: self.carried.unverified + u64::from(self.tally.unverified),
         }
     }
 
@@ -468,149 +534,107 @@ impl JobFold {
     }
 
     /// Applies one event (events of other jobs and out-of-range shards are
-    /// ignored).
-    pub fn apply(&mut self, e: &ShardEvent) {
-        if e.job != self.spec.job {
-            return;
-        }
-        let Some(s) = usize::try_from(e.shard)
-            .ok()
-            .and_then(|i| self.shards.get_mut(i))
-        else {
-            return;
+    /// ignored); returns what its shard's step asks for ([`Effect`]).
+    pub fn apply(&mut self, e: &ShardEvent) -> Vec<Effect> {
+        let Some(s) = Self::shard_of(&self.spec, &mut self.shards, e) else {
+            return Vec::new();
         };
-        if matches!(e.kind, EventKind::Submitted { .. }) {
-            return;
-        }
-        // Only a watchdog judges results; a rejection, check round or
-        // verdict from anyone else (a worker claiming to be one) changes
-        // nothing.
-        if matches!(
-            e.kind,
-            EventKind::Rejected { .. } | EventKind::CheckQueued { .. } | EventKind::Verdict { .. }
-        ) && !e.from_watchdog()
-        {
-            return;
-        }
-        let before = (s.class(), s.attempts);
-        let check_before = (s.checking, s.verified);
-        let tokens_before = s.tokens;
-        s.attempts = s.attempts.max(e.attempt);
+        let was = (s.class(), s.fold.attempts, s.tokens);
         match &e.kind {
             EventKind::Started => {
                 self.first_start = Some(self.first_start.map_or(e.at_ms, |t| t.min(e.at_ms)));
-                if !s.done {
+                if !s.fold.is_done() {
                     s.running = true;
                     s.tokens = 0;
                 }
             }
-            EventKind::Progress { tokens, .. } => {
-                if !s.done {
-                    s.tokens = *tokens;
-                }
-            }
-            EventKind::Done { tokens, sha256, .. } => {
-                if !s.done && *tokens > 0 {
-                    s.tokens = *tokens;
-                }
-                if !s.done {
-                    s.done_tag = done_tag(sha256);
-                }
-                s.done = true;
-                s.running = false;
-                s.failed = None;
-                self.last_done = Some(self.last_done.map_or(e.at_ms, |t| t.max(e.at_ms)));
-            }
-            // A check run's end changes nothing about the shard.
-            EventKind::Submitted { .. } | EventKind::Checked { .. } => {}
-            EventKind::Requeued => {
-                s.failed = None;
-                s.running = false;
-            }
+            EventKind::Progress { tokens, .. } if !s.fold.is_done() => s.tokens = *tokens,
+            EventKind::Requeued | EventKind::Failed { .. } => s.running = false,
             EventKind::HandedBack { .. } => {
                 s.running = false;
                 self.handed_back += 1;
             }
-            EventKind::Rejected { sha256, .. } => {
-                self.rejected += 1;
-                if s.done && s.done_tag == done_tag(sha256) {
-                    s.done = false;
-                    s.running = false;
-                    s.tokens = 0;
-                }
-            }
-            EventKind::Failed {
-                reason, permanent, ..
-            } => {
-                s.running = false;
-                if *permanent && !s.done {
-                    s.failed = Some(reason.clone());
-                }
-            }
-            EventKind::CheckQueued { .. } => s.checking = true,
-            EventKind::Verdict {
-                outcome,
-                stands,
-                sha256,
-                ..
-            } => {
-                match outcome {
-                    VerdictOutcome::Agreed => s.verified = true,
-                    VerdictOutcome::Decided => {
-                        s.verified = true;
-                        if s.done && stands.is_some() {
-                            s.done_tag = done_tag(sha256);
-                        }
-                    }
-                    VerdictOutcome::Disagreed => self.disagreements += 1,
-                    // Counted once: the verdict closes the check.
-                    VerdictOutcome::Undecided => {
-                        if s.checking && !s.verified {
-                            self.unverified += 1;
-                        }
-                    }
-                }
-                if outcome.closes() {
-                    s.checking = false;
-                }
-            }
+            _ => {}
         }
-        let check_after = (s.checking, s.verified);
-        let t = &mut self.totals;
-        t.checking = t.checking + u32::from(check_after.0) - u32::from(check_before.0);
-        t.verified = t.verified + u32::from(check_after.1) - u32::from(check_before.1);
+        let step = s.fold.step(e, self.reports);
+        if step.effects.contains(&Effect::Withdrawn) {
+            s.running = false;
+            s.tokens = 0;
+        }
+        self.after(e, was, &step)
+    }
+
+    /// Counts the result of the done event `e` once a check found its
+    /// output backing it ([`Effect::CheckOutput`]); returns what that asks
+    /// for.
+    pub fn backed(&mut self, e: &ShardEvent) -> Vec<Effect> {
+        let Some(s) = Self::shard_of(&self.spec, &mut self.shards, e) else {
+            return Vec::new();
+        };
+        let was = (s.class(), s.fold.attempts, s.tokens);
+        let step = s.fold.backed(e);
+        self.after(e, was, &step)
+    }
+
+    /// The shard `e` is about (None for another job's event or a shard
+    /// out of range).
+    fn shard_of<'a>(
+        spec: &JobSpec,
+        shards: &'a mut [ShardState],
+        e: &ShardEvent,
+    ) -> Option<&'a mut ShardState> {
+        if e.job != spec.job {
+            return None;
+        }
+        usize::try_from(e.shard)
+            .ok()
+            .and_then(|i| shards.get_mut(i))
+    }
+
+    /// Brings the totals up to date after shard `e.shard` stepped from
+    /// `was` (class, attempts, tokens); returns the step's effects.
+    fn after(&mut self, e: &ShardEvent, was: (Class, u64, u64), step: &Step) -> Vec<Effect> {
+        let Some(s) = Self::shard_of(&self.spec, &mut self.shards, e) else {
+            return Vec::new();
+        };
+        if let EventKind::Done { tokens, .. } = &e.kind
+            && step.before.done == 0
+            && step.after.done == 1
+        {
+            if *tokens > 0 {
+                s.tokens = *tokens;
+            }
+            s.running = false;
+            self.last_done = Some(self.last_done.map_or(e.at_ms, |t| t.max(e.at_ms)));
+        }
+        if step.after.done == 1 {
+            s.running = false;
+        }
+        self.tally.add(step);
         let after = s.class();
-        let tokens_after = s.tokens;
         let t = &mut self.totals;
-        t.tokens = t.tokens - tokens_before + tokens_after;
-        t.redeliveries += s.attempts.saturating_sub(1) - before.1.saturating_sub(1);
+        t.tokens = t.tokens - was.2 + s.tokens;
+        t.redeliveries += s.fold.attempts.saturating_sub(1) - was.1.saturating_sub(1);
         if after == Class::Failed {
-            let reason = s.failed.clone().unwrap_or_default();
-            self.failed.insert(e.shard, (reason, s.attempts));
-        } else if before.0 == Class::Failed {
+            let reason = s.fold.failure().unwrap_or_default().to_owned();
+            self.failed.insert(e.shard, (reason, s.fold.attempts));
+        } else if was.0 == Class::Failed {
             self.failed.remove(&e.shard);
         }
-        if before.0 != after {
+        if was.0 != after {
             let rows = self.spec.shard_rows(e.shard);
-            match before.0 {
-                Class::Done => {
-                    t.done -= 1;
-                    t.records_done -= rows;
-                }
-                Class::Failed => t.failed -= 1,
+            match was.0 {
+                Class::Done => t.records_done -= rows,
                 Class::Running => t.running -= 1,
-                Class::Pending => {}
+                Class::Failed | Class::Pending => {}
             }
             match after {
-                Class::Done => {
-                    t.done += 1;
-                    t.records_done += rows;
-                }
-                Class::Failed => t.failed += 1,
+                Class::Done => t.records_done += rows,
                 Class::Running => t.running += 1,
-                Class::Pending => {}
+                Class::Failed | Class::Pending => {}
             }
         }
+        step.effects.clone()
     }
 
     /// Whether `shard` is done.
@@ -618,7 +642,7 @@ impl JobFold {
         usize::try_from(shard)
             .ok()
             .and_then(|i| self.shards.get(i))
-            .is_some_and(|s| s.done)
+            .is_some_and(|s| s.fold.is_done())
     }
 
     /// Whether `shard` failed for good (and is not done).
@@ -626,7 +650,12 @@ impl JobFold {
         usize::try_from(shard)
             .ok()
             .and_then(|i| self.shards.get(i))
-            .is_some_and(|s| !s.done && s.failed.is_some())
+            .is_some_and(|s| s.fold.failure().is_some())
+    }
+
+    /// The job's counts as its shards' state machines make them.
+    pub fn tally(&self) -> Tally {
+        self.tally
     }
 
     /// The progress now; `now_ms` is the clock.
@@ -638,18 +667,18 @@ impl JobFold {
             model: spec.model_name.to_string(),
             records: spec.records,
             shards: spec.shards,
-            done: self.totals.done,
+            done: self.tally.done,
             running: self.totals.running,
             pending: 0,
-            failed: self.totals.failed,
+            failed: self.tally.failed,
             records_done: self.totals.records_done,
             redeliveries: self.totals.redeliveries,
             handed_back: self.handed_back,
-            rejected: self.rejected,
-            verified: self.totals.verified,
-            verifying: self.totals.checking,
-            disagreements: self.disagreements,
-            unverified: self.unverified,
+            rejected: self.carried.rejected + u64::from(self.tally.rejected),
+            verified: self.tally.verified,
+            verifying: self.tally.checking,
+            disagreements: self.carried.disagreements + u64::from(self.tally.disagreements),
+            unverified: self.carried.unverified + u64::from(self.tally.unverified),
             checks_wait: None,
             rate: 0.0,
             eta_secs: None,
@@ -814,6 +843,7 @@ impl Progress {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::messages::VerdictOutcome;
     use crate::{IdError, WorkerId};
 
     fn spec() -> Result<JobSpec, IdError> {
@@ -1124,7 +1154,7 @@ mod tests {
             let p = f.progress(step);
             let (mut done, mut failed, mut running, mut records, mut redel) = (0, 0, 0, 0, 0);
             for (i, s) in (0u32..).zip(&f.shards) {
-                redel += s.attempts.saturating_sub(1);
+                redel += s.fold.attempts.saturating_sub(1);
                 match s.class() {
                     Class::Done => {
                         done += 1;

@@ -44,12 +44,13 @@ use crate::tracker::{RestoreError, SavedTracker, SavedTrackerRef, Tracker};
 use crate::view::job_progress::{SavedJobs, SavedJobsRef};
 
 /// The checkpoint format this build writes.
-pub const FORMAT: u16 = 7;
+pub const FORMAT: u16 = 8;
 /// The oldest format this build reads (6 and before saved shards as
-/// positional tuples).
-pub const OLDEST_READ: u16 = 7;
+/// positional tuples; 7 kept a shard's outcome and check rounds beside
+/// the tracker's record instead of in its state machine).
+pub const OLDEST_READ: u16 = 8;
 /// The oldest reader format that can read what this build writes.
-pub const READABLE_FROM: u16 = 7;
+pub const READABLE_FROM: u16 = 8;
 /// How many checkpoints are kept in the store (older ones are deleted after
 /// a new one is written): a corrupt newest one falls back to the next.
 pub const KEEP: usize = 3;

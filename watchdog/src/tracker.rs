@@ -5,12 +5,18 @@
 //! watchdogs, or one that restarts and replays the events, write each once.
 //! It also folds every event into the shared [`View`] for the dashboard.
 //!
-//! Each job's state is a `JobTrack`, changed only by its fold: a pure
-//! function of the state and one event that returns the `Effect`s the
-//! event asks for (a strike, a verification pick, a judgement, a
-//! dead-letter record, a completion check). `Tracker::carry_out` does
-//! them; what fails for now (the store or NATS down) waits in the one
-//! retry queue (`retry`), tried again each tick.
+//! Each shard steps the one state machine that every reader of a job
+//! steps ([`minions_schemas::progress::shard`]: the dashboard's fold and
+//! `minions status` too): a pure function of the state and one event that
+//! returns the [`Effect`]s the event asks for (an output check, a strike,
+//! a verification pick, a judgement, a dead-letter record, a completion
+//! check). A `JobTrack` keeps beside it the record the manifest needs (who
+//! made each result, on which hosts it ran), as the effects say.
+//! `Tracker::carry_out` does the rest; what fails for now (the store or
+//! NATS down) waits in the one retry queue (`retry`), tried again each
+//! tick. A worker's result counts once its output backs it: the machine
+//! holds it as reported until the check, in the tracker and the view
+//! alike.
 //! A job's detail is held only while it is open: once its manifest is
 //! written it is closed ([`closed`]), so memory grows with open work.
 //!
@@ -28,6 +34,7 @@ use minions_schemas::messages::{
     DeadLetter, EventKind, JobManifest, JobSpec, ManifestShard, ModelManifest, Provenance,
     ShardEvent,
 };
+use minions_schemas::progress::{Effect, Reports, ShardFold, Step, Tally};
 use minions_schemas::time::now_ms;
 use minions_schemas::{
     JobId, SCHEMA_VERSION, WorkerId, decode, encode, keys, limits, streams, subjects,
@@ -58,125 +65,126 @@ struct DoneBy {
     ms: u64,
 }
 
+/// One shard as the tracker holds it: the state machine every reader of
+/// the job steps ([`ShardFold`]: which result counts, failed for good, its
+/// check's rounds) and the record the manifest and dead letters need
+/// beside it, kept as the machine's effects say.
 #[derive(Debug, Default, Clone)]
 struct ShardTrack {
+    fold: ShardFold,
+    /// Who made the result that counts (Some exactly when the fold counts
+    /// one, except a result reopened from a record that names no worker).
     done: Option<DoneBy>,
-    failed: Option<String>,
-    attempts: u64,
     hosts: Vec<String>,
     /// What made its output: an index into its job's `makers`.
     maker: Option<u32>,
-    /// Its check by other machines, once one was queued or ran.
+    /// Its check by other machines' runs, once one was queued or ran.
     check: Option<Box<CheckTrack>>,
-}
-
-impl ShardTrack {
-    /// Whether the shard counts as done, as failed for good, or neither.
-    fn outcome(&self) -> (bool, bool) {
-        (
-            self.done.is_some(),
-            self.done.is_none() && self.failed.is_some(),
-        )
-    }
 }
 
 #[derive(Debug, Default, Clone)]
 struct JobTrack {
     spec: Option<JobSpec>,
     shards: BTreeMap<u32, ShardTrack>,
-    /// Shards done, kept as events arrive (a count per event would cost a
-    /// scan of every shard: quadratic in the job's size).
-    done: u32,
-    /// Shards failed for good and not done, kept likewise.
-    failed: u32,
+    /// The job's counts as its shards' machines make them, kept as events
+    /// arrive (a count per event would cost a scan of every shard:
+    /// quadratic in the job's size).
+    tally: Tally,
     /// (done, failed) counts of the last manifest written or found.
     manifest: Option<(u32, u32)>,
     /// The distinct makers (build, device, kernel path) of its outputs;
     /// shards name theirs by index (a fleet has few, a job many shards).
     makers: Vec<Provenance>,
-    /// Results rejected by a watchdog (rejection events folded).
-    rejected: u32,
     /// Whether its manifest was in the store when its first `done` was
     /// checked, or the checkpoint it was restored from says it was written
     /// (None: not looked yet). The done events of a job that was complete
     /// before are not checked again: its outputs may be gone (collected
     /// and removed) long after.
     sealed: Option<bool>,
-    /// Shards whose check is open (the manifest waits for them).
-    open_checks: u32,
-    /// Shards whose result a check confirmed or a majority decided.
-    verified: u32,
-    /// Check runs that disagreed with the result they checked.
-    disagreements: u32,
-}
-
-/// What folding one event into a [`JobTrack`] asks the tracker to do,
-/// in this order; [`Tracker::carry_out`] does it. The fold itself reads
-/// and writes nothing but the job's state.
-#[derive(Debug)]
-enum Effect {
-    /// Count a strike against the machine of a result a majority of check
-    /// runs outvoted.
-    Strike {
-        /// Who made the outvoted result.
-        worker: WorkerId,
-    },
-    /// A result was reported: pick it, or not, for a check by another
-    /// machine.
-    MaybeVerify,
-    /// A check run reported: judge its round.
-    Judge,
-    /// The shard failed for good: write its dead-letter record.
-    DeadLetter {
-        /// Why it failed.
-        reason: String,
-        /// Its state then (the record names its attempts and hosts).
-        state: Box<ShardTrack>,
-    },
-    /// The job may be complete: write its manifest when it is.
-    MaybeComplete,
 }
 
 impl JobTrack {
-    /// Folds one shard event into the job's shards and counts; returns what
-    /// that asks the tracker to do ([`Effect`], in order).
-    ///
-    /// A done counts as made by its sender, except a delivery's report of
-    /// an output it found already written (`already_done`): that result
-    /// stays with whoever the shard's record already names for it, else
-    /// goes to `made_on`, the writer the output names, when known. A
-    /// quarantine must withdraw a result from the machine that made it,
-    /// whichever delivery reported it last.
-    fn fold(&mut self, e: &ShardEvent, made_on: Option<&WorkerId>) -> Vec<Effect> {
+    /// Steps one shard event through its shard's machine and keeps the
+    /// record beside it; returns what the event asks the tracker to do
+    /// ([`Effect`], in order; [`Effect::CheckOutput`] first when a
+    /// worker's result waits for its output check).
+    fn step(&mut self, e: &ShardEvent) -> Vec<Effect> {
+        self.step_counting(e, true)
+    }
+
+    fn step_counting(&mut self, e: &ShardEvent, count_rejection: bool) -> Vec<Effect> {
         let maker = match &e.kind {
-            EventKind::Done {
-                made_by: Some(p), ..
-            }
-            | EventKind::Checked {
+            EventKind::Checked {
                 made_by: Some(p), ..
             } => Some(self.intern(p)),
             _ => None,
         };
         let s = self.shards.entry(e.shard).or_default();
-        let before = s.outcome();
-        let was_open = s.check.as_ref().is_some_and(|c| c.open());
-        s.attempts = s.attempts.max(e.attempt);
-        let mut effects = Vec::new();
-        let mut dead = None;
         match &e.kind {
-            EventKind::Started => {
-                if s.hosts.last() != Some(&e.host) {
-                    s.hosts.push(e.host.clone());
+            EventKind::Started if s.hosts.last() != Some(&e.host) => {
+                s.hosts.push(e.host.clone());
+            }
+            EventKind::CheckQueued { round, .. } if e.from_watchdog() => {
+                let c = s.check.get_or_insert_with(Default::default);
+                if *round > s.fold.round() {
+                    c.queued_ms = e.at_ms;
                 }
             }
+            EventKind::Checked { round, sha256, .. } if e.from_worker() => {
+                s.check
+                    .get_or_insert_with(Default::default)
+                    .record(*round, &e.worker, sha256, maker);
+            }
+            EventKind::Verdict { .. } if e.from_watchdog() => {
+                s.check.get_or_insert_with(Default::default);
+            }
+            _ => {}
+        }
+        let mut step = s.fold.step(e, Reports::Checked);
+        step.rejected &= count_rejection;
+        self.follow(e, &step, None);
+        step.effects
+    }
+
+    /// Counts the result of the done event `e`, whose output a check found
+    /// backing it; `made_on`: the writer its output names, when read.
+    fn backed(&mut self, e: &ShardEvent, made_on: Option<&WorkerId>) -> Vec<Effect> {
+        let s = self.shards.entry(e.shard).or_default();
+        let step = s.fold.backed(e);
+        self.follow(e, &step, made_on);
+        step.effects
+    }
+
+    /// Keeps the counts and the record as `step` of `e` says.
+    ///
+    /// A result counts as made by its sender, except a delivery's report of
+    /// an output it found already written (`already_done`): that goes to
+    /// `made_on`, the writer the output names, when known (the machine
+    /// leaves a result already counted for it as it is). A quarantine must
+    /// withdraw a result from the machine that made it, whichever delivery
+    /// reported it last.
+    fn follow(&mut self, e: &ShardEvent, step: &Step, made_on: Option<&WorkerId>) {
+        self.tally.add(step);
+        let made_by = match &e.kind {
             EventKind::Done {
-                sha256,
-                duration_ms,
-                already_done,
-                ..
-            } => {
-                let known = s.done.as_ref().is_some_and(|d| d.sha256 == *sha256);
-                if !(*already_done && known) {
+                made_by: Some(p), ..
+            } if step.effects.contains(&Effect::Counted) => Some(self.intern(p)),
+            _ => None,
+        };
+        let Some(s) = self.shards.get_mut(&e.shard) else {
+            return;
+        };
+        for effect in &step.effects {
+            match (effect, &e.kind) {
+                (
+                    Effect::Counted,
+                    EventKind::Done {
+                        sha256,
+                        duration_ms,
+                        already_done,
+                        ..
+                    },
+                ) => {
                     let by = match made_on {
                         Some(w) if *already_done => w,
                         _ => &e.worker,
@@ -186,120 +194,32 @@ impl JobTrack {
                         sha256: sha256.clone(),
                         ms: *duration_ms,
                     });
-                    s.maker = maker;
+                    s.maker = made_by;
                 }
-                s.failed = None;
-            }
-            EventKind::Requeued => s.failed = None,
-            // The tracker does not count a done it has not checked (see
-            // `Tracker::apply`), so a rejection of an unbacked done changes
-            // no shard here; one of a counted result (made on a machine
-            // quarantined since) withdraws it.
-            EventKind::Rejected { sha256, .. } => {
-                if e.from_watchdog() {
-                    self.rejected += 1;
-                    if s.done.as_ref().is_some_and(|d| d.sha256 == *sha256) {
-                        s.done = None;
-                        s.maker = None;
-                        self.manifest = None;
-                    }
-                }
-            }
-            EventKind::CheckQueued { round, .. } => {
-                if e.from_watchdog() {
-                    let c = s.check.get_or_insert_with(Default::default);
-                    if *round > c.round {
-                        c.queued_ms = e.at_ms;
-                    }
-                    c.round = c.round.max(*round);
-                }
-            }
-            EventKind::Checked { round, sha256, .. } => {
-                if e.from_worker() {
-                    s.check
-                        .get_or_insert_with(Default::default)
-                        .record(*round, &e.worker, sha256, maker);
-                }
-            }
-            EventKind::Verdict {
-                round,
-                outcome,
-                outvoted,
-                stands,
-                sha256,
-                ..
-            } => {
-                if e.from_watchdog() {
-                    let c = s.check.get_or_insert_with(Default::default);
-                    if c.judge(*round, *outcome) {
-                        use minions_schemas::messages::VerdictOutcome as O;
-                        match outcome {
-                            O::Agreed | O::Decided => self.verified += 1,
-                            O::Disagreed => self.disagreements += 1,
-                            O::Undecided => {}
-                        }
-                        effects.extend(
-                            outvoted
-                                .iter()
-                                .map(|w| Effect::Strike { worker: w.clone() }),
-                        );
-                        if let (Some(w), Some(d)) = (stands, s.done.as_mut()) {
-                            d.worker = w.clone();
-                            d.sha256 = sha256.clone();
-                            s.maker = c.maker_of(w, sha256);
-                            self.manifest = None;
-                        }
-                    }
-                }
-            }
-            EventKind::HandedBack { .. }
-            | EventKind::Submitted { .. }
-            | EventKind::Progress { .. } => {}
-            EventKind::Failed {
-                reason, permanent, ..
-            } => {
-                if *permanent && s.done.is_none() && s.failed.is_none() {
-                    s.failed = Some(reason.clone());
-                    dead = Some(Effect::DeadLetter {
-                        reason: reason.clone(),
-                        state: Box::new(s.clone()),
+                (Effect::Stands { worker }, EventKind::Verdict { sha256, .. }) => {
+                    let ms = s.done.as_ref().map_or(0, |d| d.ms);
+                    s.done = Some(DoneBy {
+                        worker: worker.clone(),
+                        sha256: sha256.clone(),
+                        ms,
                     });
+                    s.maker = s.check.as_ref().and_then(|c| c.maker_of(worker, sha256));
+                    self.manifest = None;
                 }
-            }
-        }
-        let is_open = s.check.as_ref().is_some_and(|c| c.open());
-        match (was_open, is_open) {
-            (false, true) => self.open_checks += 1,
-            (true, false) => self.open_checks = self.open_checks.saturating_sub(1),
-            _ => {}
-        }
-        let after = s.outcome();
-        for (was, is, count) in [
-            (before.0, after.0, &mut self.done),
-            (before.1, after.1, &mut self.failed),
-        ] {
-            match (was, is) {
-                (false, true) => *count += 1,
-                (true, false) => *count = count.saturating_sub(1),
+                (Effect::Withdrawn, _) => {
+                    s.done = None;
+                    s.maker = None;
+                    self.manifest = None;
+                }
                 _ => {}
             }
         }
-        match &e.kind {
-            EventKind::Done { .. } => effects.push(Effect::MaybeVerify),
-            EventKind::Checked { .. } => effects.push(Effect::Judge),
-            _ => {}
-        }
-        effects.extend(dead);
-        effects.push(Effect::MaybeComplete);
-        effects
     }
 
     /// Withdraws the result that the rejection `e` names, without counting
     /// the rejection (its copy from the stream counts it).
     fn withdraw(&mut self, e: &ShardEvent) {
-        let before = self.rejected;
-        self.fold(e, None);
-        self.rejected = before;
+        self.step_counting(e, false);
     }
 
     /// The index of `p` in the job's makers, added when new.
@@ -312,6 +232,19 @@ impl JobTrack {
             }
         };
         u32::try_from(i).unwrap_or(u32::MAX)
+    }
+
+    /// (done, failed) shards now.
+    fn outcome(&self) -> (u32, u32) {
+        (self.tally.done, self.tally.failed)
+    }
+
+    /// Whether every shard is done or failed for good.
+    fn settled(&self) -> bool {
+        let (done, failed) = self.outcome();
+        self.spec
+            .as_ref()
+            .is_some_and(|s| done + failed >= s.shards)
     }
 }
 
@@ -349,9 +282,8 @@ pub struct PendingDead {
 #[derive(Serialize)]
 struct SavedShardRef<'a> {
     shard: u32,
+    fold: &'a ShardFold,
     done: &'a Option<DoneBy>,
-    failed: &'a Option<String>,
-    attempts: u64,
     hosts: &'a [String],
     maker: Option<u32>,
     check: &'a Option<Box<CheckTrack>>,
@@ -362,11 +294,9 @@ struct SavedShardRef<'a> {
 struct SavedShard {
     shard: u32,
     #[serde(default)]
+    fold: ShardFold,
+    #[serde(default)]
     done: Option<DoneBy>,
-    #[serde(default)]
-    failed: Option<String>,
-    #[serde(default)]
-    attempts: u64,
     #[serde(default)]
     hosts: Vec<String>,
     #[serde(default)]
@@ -381,9 +311,8 @@ impl Serialize for SavedShardsRef<'_> {
     fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
         ser.collect_seq(self.0.iter().map(|(&shard, s)| SavedShardRef {
             shard,
+            fold: &s.fold,
             done: &s.done,
-            failed: &s.failed,
-            attempts: s.attempts,
             hosts: &s.hosts,
             maker: s.maker,
             check: &s.check,
@@ -407,6 +336,11 @@ pub(crate) struct SavedJobRef<'a> {
     makers: &'a [Provenance],
     rejected: u32,
     disagreements: u32,
+    /// Shards verified (a job reopened from its manifest carries the
+    /// manifest's count, which its shards do not hold).
+    verified: u32,
+    /// Shards unverified, likewise.
+    unverified: u32,
 }
 
 #[derive(Deserialize)]
@@ -422,6 +356,10 @@ struct SavedJob {
     rejected: u32,
     #[serde(default)]
     disagreements: u32,
+    #[serde(default)]
+    verified: u32,
+    #[serde(default)]
+    unverified: u32,
 }
 
 /// The tracker's state as a checkpoint saves it, borrowed; jobs sorted by
@@ -690,8 +628,10 @@ impl TrackerCopy {
                     .manifest
                     .map(|(done, failed)| SavedCounts { done, failed }),
                 makers: &t.makers,
-                rejected: t.rejected,
-                disagreements: t.disagreements,
+                rejected: t.tally.rejected,
+                disagreements: t.tally.disagreements,
+                verified: t.tally.verified,
+                unverified: t.tally.unverified,
             })
             .collect();
         jobs.sort_by(|a, b| a.job.cmp(b.job));
@@ -726,31 +666,29 @@ impl Tracker {
                 sealed: manifest.map(|_| true),
                 manifest,
                 makers: j.makers,
-                rejected: j.rejected,
-                disagreements: j.disagreements,
                 ..Default::default()
             };
             for saved in j.shards {
                 let shard = saved.shard;
                 let s = ShardTrack {
+                    fold: saved.fold,
                     done: saved.done,
-                    failed: saved.failed,
-                    attempts: saved.attempts,
                     hosts: saved.hosts,
                     maker: saved.maker.filter(|&m| (m as usize) < makers),
                     check: saved.check,
                 };
-                let (d, f) = s.outcome();
-                t.done += u32::from(d);
-                t.failed += u32::from(f);
-                if let Some(c) = &s.check {
-                    t.open_checks += u32::from(c.open());
-                    t.verified += u32::from(c.verified());
-                }
+                t.tally.shard(
+                    minions_schemas::progress::Counts::default(),
+                    s.fold.counts(),
+                );
                 if t.shards.insert(shard, s).is_some() {
                     return Err(RestoreError::DuplicateShard(j.job, shard));
                 }
             }
+            t.tally.rejected = j.rejected;
+            t.tally.disagreements = j.disagreements;
+            t.tally.verified = t.tally.verified.max(j.verified);
+            t.tally.unverified = t.tally.unverified.max(j.unverified);
             if jobs.insert(j.job.clone(), t).is_some() {
                 return Err(RestoreError::DuplicateJob(j.job));
             }
@@ -800,12 +738,7 @@ impl Tracker {
         let unwritten: Vec<JobId> = self
             .jobs
             .iter()
-            .filter(|(_, t)| {
-                t.spec
-                    .as_ref()
-                    .is_some_and(|s| t.done + t.failed >= s.shards)
-                    && t.manifest != Some((t.done, t.failed))
-            })
+            .filter(|(_, t)| t.settled() && t.manifest != Some(t.outcome()))
             .map(|(job, _)| job.clone())
             .collect();
         for job in unwritten {
@@ -896,17 +829,20 @@ impl Tracker {
     /// Writes a dead-letter record; queued for a retry when it cannot be
     /// written now.
     async fn write_dead_letter(&mut self, p: PendingDead) {
-        let s = self
+        let hosts = self
             .jobs
             .get(&p.job)
             .and_then(|t| t.shards.get(&p.shard))
-            .cloned()
+            .map(|s| s.hosts.clone())
             .unwrap_or_default();
         let payload = match self.spec(&p.job).await {
             SpecRead::Found(spec) => encode("shard task", &spec.task(p.shard)).ok(),
             _ => None,
         };
-        if !self.dead_letter(&p, &s, payload.unwrap_or_default()).await {
+        if !self
+            .dead_letter(&p, &hosts, payload.unwrap_or_default())
+            .await
+        {
             self.retries.push(Retry::DeadLetter(p));
         }
     }
@@ -974,7 +910,7 @@ impl Tracker {
             self.start_check(q);
         }
         match r {
-            Ok(Backing::Backed(out)) => self.fold_counted(e, Some(&out.worker)).await,
+            Ok(Backing::Backed(out)) => self.count_backed(e, Some(&out.worker)).await,
             Ok(Backing::Missing) => {
                 self.reject(&e, "its output is not in the store".to_owned())
                     .await;
@@ -1004,22 +940,33 @@ impl Tracker {
         self.checking.spawn(check_done(self.store.clone(), e));
     }
 
-    /// Folds one event into the job's shards (a worker's done only once
-    /// its output is checked) and writes what that completes.
+    /// Steps one event through its shard's machine and does what that
+    /// asks: a worker's result whose output must be checked first waits
+    /// for the check ([`Tracker::checked`]).
     async fn count(&mut self, e: ShardEvent) {
-        if self.needs_check(&e).await {
-            self.start_check(e);
-        } else {
-            self.fold_counted(e, None).await;
+        // Closed since it was admitted (a check finished late): its record
+        // is written.
+        if self.closed.contains(&e.job) {
+            return;
+        }
+        let effects = self.jobs.entry(e.job.clone()).or_default().step(&e);
+        if effects.first() == Some(&Effect::CheckOutput) {
+            if self.needs_check(&e).await {
+                self.start_check(e);
+            } else {
+                self.count_backed(e, None).await;
+            }
+            return;
+        }
+        for effect in effects {
+            self.carry_out(&e, effect).await;
         }
     }
 
-    /// Folds an event that counts as it is (a done: once its output is
-    /// checked; `made_on`: the writer its output names, when read) and
-    /// writes what that completes.
-    async fn fold_counted(&mut self, e: ShardEvent, made_on: Option<&WorkerId>) {
-        // Closed since it was admitted (a check finished late): its record
-        // is written.
+    /// Counts a worker's result whose output backs it (`made_on`: the
+    /// writer its output names, when read), in the tracker and the view,
+    /// and does what that asks.
+    async fn count_backed(&mut self, e: ShardEvent, made_on: Option<&WorkerId>) {
         if self.closed.contains(&e.job) {
             return;
         }
@@ -1027,27 +974,25 @@ impl Tracker {
             .jobs
             .entry(e.job.clone())
             .or_default()
-            .fold(&e, made_on);
+            .backed(&e, made_on);
+        self.view.jobs().backed(&e);
         for effect in effects {
             self.carry_out(&e, effect).await;
         }
     }
 
-    /// Does what folding `e` asked for; what cannot be done now goes to the
-    /// retry queue ([`retry`]).
+    /// Does what a step asked for; what cannot be done now goes to the
+    /// retry queue ([`retry`]). The record beside the machine is kept by
+    /// the step itself ([`JobTrack::step`]).
     async fn carry_out(&mut self, e: &ShardEvent, effect: Effect) {
         match effect {
             Effect::Strike { worker } => {
                 self.strike(&worker, &e.job, e.shard, e.at_ms.min(now_ms()))
                     .await;
             }
-            Effect::MaybeVerify => self.maybe_verify(e).await,
+            Effect::Verify => self.maybe_verify(e).await,
             Effect::Judge => self.maybe_judge(e).await,
-            Effect::DeadLetter { reason, state } => {
-                let payload = match self.spec(&e.job).await {
-                    SpecRead::Found(spec) => encode("shard task", &spec.task(e.shard)).ok(),
-                    _ => None,
-                };
+            Effect::DeadLetter { reason } => {
                 let stream_seq = match &e.kind {
                     EventKind::Failed { stream_seq, .. } => stream_seq.unwrap_or(0),
                     _ => 0,
@@ -1059,36 +1004,22 @@ impl Tracker {
                     attempt: e.attempt,
                     stream_seq,
                 };
-                if !self
-                    .dead_letter(&p, &state, payload.unwrap_or_default())
-                    .await
-                {
-                    self.retries.push(Retry::DeadLetter(p));
-                }
+                self.write_dead_letter(p).await;
             }
             Effect::MaybeComplete => self.maybe_complete(&e.job).await,
+            Effect::CheckOutput | Effect::Counted | Effect::Stands { .. } | Effect::Withdrawn => {}
         }
     }
 
-    /// Whether an event must wait for an output check before it counts:
-    /// a worker's `done` ([`crate::trust::backing`]), but not one of a job
-    /// whose manifest was already written before, nor a repeat of the
-    /// shard's counted result.
+    /// Whether a worker's result that its shard's machine holds for an
+    /// output check ([`Effect::CheckOutput`]) is checked
+    /// ([`crate::trust::backing`]): not when this watchdog does not check
+    /// outputs, nor for a job whose manifest was already written before.
     async fn needs_check(&mut self, e: &ShardEvent) -> bool {
-        let EventKind::Done { sha256, .. } = &e.kind else {
-            return false;
-        };
-        if !e.from_worker() || !self.check_outputs || self.closed.contains(&e.job) {
+        if !self.check_outputs || self.closed.contains(&e.job) {
             return false;
         }
         let t = self.jobs.entry(e.job.clone()).or_default();
-        if t.shards
-            .get(&e.shard)
-            .and_then(|s| s.done.as_ref())
-            .is_some_and(|d| d.sha256 == *sha256)
-        {
-            return false;
-        }
         if t.sealed.is_none() {
             let key = StorePath::from(keys::job_manifest(&e.job));
             match self.store.head(&key).await {
@@ -1264,7 +1195,7 @@ impl Tracker {
 
     /// Writes the dead-letter record `p` (of shard track `s`, its task
     /// `payload`); true when it is stored (now or before).
-    async fn dead_letter(&self, p: &PendingDead, s: &ShardTrack, payload: Vec<u8>) -> bool {
+    async fn dead_letter(&self, p: &PendingDead, hosts: &[String], payload: Vec<u8>) -> bool {
         let (job, shard, attempt) = (&p.job, p.shard, p.attempt);
         let reason = p.reason.clone();
         let Some(js) = &self.js else {
@@ -1296,7 +1227,7 @@ impl Tracker {
             }
             .to_owned(),
             deliveries: attempt,
-            hosts: s.hosts.clone(),
+            hosts: hosts.to_vec(),
             stream_seq: p.stream_seq,
             at_ms: now_ms(),
         };
@@ -1314,7 +1245,7 @@ impl Tracker {
         {
             Ok(a) => {
                 if !a.duplicate {
-                    tracing::warn!(job = %job, shard, deliveries = attempt, reason = %reason, hosts = ?s.hosts, "dead letter recorded")
+                    tracing::warn!(job = %job, shard, deliveries = attempt, reason = %reason, hosts = ?hosts, "dead letter recorded")
                 }
                 true
             }
@@ -1329,9 +1260,9 @@ impl Tracker {
         let Some(track) = self.jobs.get(job) else {
             return;
         };
-        let (done, failed) = (track.done, track.failed);
+        let (done, failed) = track.outcome();
         // Open checks may still replace a result or withdraw it.
-        if track.open_checks > 0 {
+        if track.tally.checking > 0 {
             return;
         }
         if track.manifest == Some((done, failed))
@@ -1358,43 +1289,37 @@ impl Tracker {
             records: spec.records,
             done,
             failed,
-            rejected: track.rejected,
-            verified: track.verified,
-            disagreements: track.disagreements,
-            unverified: u32::try_from(
-                track
-                    .shards
-                    .values()
-                    .filter(|s| s.check.as_ref().is_some_and(|c| c.unverified()))
-                    .count(),
-            )
-            .unwrap_or(u32::MAX),
+            rejected: track.tally.rejected,
+            verified: track.tally.verified,
+            disagreements: track.tally.disagreements,
+            unverified: track.tally.unverified,
             shards: (0..spec.shards)
                 .map(|i| {
                     let s = track.shards.get(&i).cloned().unwrap_or_default();
-                    match (&s.done, &s.failed) {
-                        (Some(d), _) => ManifestShard {
+                    if s.fold.is_done() {
+                        ManifestShard {
                             shard: i,
                             outcome: "done".into(),
                             output_key: Some(keys::shard_output(job, i)),
-                            sha256: Some(d.sha256.clone()),
-                            worker: Some(d.worker.clone()),
+                            sha256: s.done.as_ref().map(|d| d.sha256.clone()),
+                            worker: s.done.as_ref().map(|d| d.worker.clone()),
                             made_by: s.maker.and_then(|m| track.makers.get(m as usize).cloned()),
-                            attempts: s.attempts,
-                            duration_ms: d.ms,
+                            attempts: s.fold.attempts(),
+                            duration_ms: s.done.as_ref().map_or(0, |d| d.ms),
                             reason: None,
-                        },
-                        (None, reason) => ManifestShard {
+                        }
+                    } else {
+                        ManifestShard {
                             shard: i,
                             outcome: "failed".into(),
                             output_key: None,
                             sha256: None,
                             worker: None,
                             made_by: None,
-                            attempts: s.attempts,
+                            attempts: s.fold.attempts(),
                             duration_ms: 0,
-                            reason: reason.clone(),
-                        },
+                            reason: s.fold.failure().map(str::to_owned),
+                        }
                     }
                 })
                 .collect(),
@@ -1553,7 +1478,7 @@ mod tests {
         // A retry moves it again: reopened from the manifest, then done.
         t.apply(ShardEvent::by_cli(job.clone(), 2, EventKind::Requeued)?)
             .await;
-        assert_eq!(t.jobs.get(&job).map(|j| (j.done, j.failed)), Some((2, 0)));
+        assert_eq!(t.jobs.get(&job).map(JobTrack::outcome), Some((2, 0)));
         t.apply(event(2, done(5, "s2"))?).await;
         let m = manifest_of(store.as_ref()).await?;
         assert_eq!((m.done, m.failed), (3, 0));
@@ -1580,7 +1505,7 @@ mod tests {
         t.reopen_made_on("other").await;
         assert!(t.jobs.is_empty());
         t.reopen_made_on("m").await;
-        assert_eq!(t.jobs.get(&job).map(|j| (j.done, j.failed)), Some((3, 0)));
+        assert_eq!(t.jobs.get(&job).map(JobTrack::outcome), Some((3, 0)));
         Ok(())
     }
 
@@ -1604,7 +1529,7 @@ mod tests {
         t.drain_checks().await;
         let job = JobId::new("j")?;
         let manifest = StorePath::from(keys::job_manifest(&job));
-        assert_eq!(t.jobs.get(&job).map(|j| j.done), Some(1));
+        assert_eq!(t.jobs.get(&job).map(|j| j.tally.done), Some(1));
         assert!(store.head(&manifest).await.is_err());
         // Offline, the rejection cannot be published: it waits, and no
         // checkpoint may be written meanwhile.
@@ -1675,17 +1600,22 @@ mod tests {
         Ok(())
     }
 
-    /// The fold asks for its effects and does none itself: a shard that
-    /// fails for good asks for one dead-letter record, a result for a
-    /// verification pick; every event for a completion check, last.
+    /// The step asks for its effects and does none itself: a shard that
+    /// fails for good asks for one dead-letter record; a worker's result
+    /// for its output check first, then (backed) for a verification pick;
+    /// every event for a completion check, last.
     #[test]
-    fn the_fold_returns_its_effects_in_order() -> Result<(), IdError> {
+    fn the_step_returns_its_effects_in_order() -> Result<(), IdError> {
         let names = |effects: Vec<Effect>| -> Vec<&'static str> {
             effects
                 .into_iter()
                 .map(|e| match e {
+                    Effect::CheckOutput => "check output",
+                    Effect::Counted => "counted",
+                    Effect::Stands { .. } => "stands",
+                    Effect::Withdrawn => "withdrawn",
                     Effect::Strike { .. } => "strike",
-                    Effect::MaybeVerify => "verify",
+                    Effect::Verify => "verify",
                     Effect::Judge => "judge",
                     Effect::DeadLetter { .. } => "dead letter",
                     Effect::MaybeComplete => "complete",
@@ -1699,50 +1629,62 @@ mod tests {
         };
         let mut t = JobTrack::default();
         assert_eq!(
-            names(t.fold(&event(0, failed())?, None)),
+            names(t.step(&event(0, failed())?)),
             ["dead letter", "complete"]
         );
         // Failed for good once: a repeat writes no second record.
-        assert_eq!(names(t.fold(&event(0, failed())?, None)), ["complete"]);
+        assert_eq!(names(t.step(&event(0, failed())?)), ["complete"]);
+        let done = event(1, done(1, "aa"))?;
+        assert_eq!(names(t.step(&done)), ["check output", "complete"]);
+        assert_eq!(t.outcome(), (0, 1), "not counted before its check");
         assert_eq!(
-            names(t.fold(&event(1, done(1, "aa"))?, None)),
-            ["verify", "complete"]
+            names(t.backed(&done, None)),
+            ["counted", "verify", "complete"]
         );
         assert_eq!(
-            names(t.fold(&event(2, EventKind::Started)?, None)),
-            ["complete"]
+            t.shards
+                .get(&1)
+                .and_then(|s| s.done.as_ref())
+                .map(|d| d.worker.as_str()),
+            Some("m-1")
         );
-        assert_eq!((t.done, t.failed), (1, 1));
+        assert_eq!(names(t.step(&event(2, EventKind::Started)?)), ["complete"]);
+        assert_eq!(t.outcome(), (1, 1));
         Ok(())
     }
 
+    /// The tracker's counts, kept as events arrive, equal a recount of its
+    /// shards, and the counts of the dashboard's fold of the same events:
+    /// both step the same machine.
     #[test]
-    fn running_counts_match_a_recount() -> Result<(), IdError> {
-        let mut t = JobTrack::default();
+    fn running_counts_match_a_recount_and_the_dashboards() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let spec = crate::view::job_progress::fixtures::spec("j", 50, 500)?;
+        let mut fold = minions_schemas::progress::JobFold::new(spec.clone()).checking_outputs();
+        let mut t = JobTrack {
+            spec: Some(spec),
+            ..JobTrack::default()
+        };
         let mut seed = 7u64;
         let mut saw = (false, false);
-        for _ in 0..5000 {
+        for i in 0..5000u64 {
             seed = seed
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             let shard = ((seed >> 33) % 50) as u32;
-            let kind = match (seed >> 20) % 5 {
+            let kind = match (seed >> 20) % 6 {
                 0 => EventKind::Started,
-                1 => EventKind::Done {
-                    rows: 1,
-                    output_bytes: 1,
-                    duration_ms: 1,
-                    compute_ms: 1,
-                    already_done: false,
-                    sha256: "00".into(),
-                    tokens: 0,
-                    made_by: None,
-                },
+                1 => done(1, if i % 2 == 0 { "00" } else { "11" }),
                 2 => EventKind::Requeued,
                 3 => EventKind::Failed {
                     reason: "x".into(),
                     permanent: true,
                     stream_seq: None,
+                },
+                4 => EventKind::Rejected {
+                    by: WorkerId::new("w")?,
+                    sha256: "00".into(),
+                    reason: "r".into(),
                 },
                 _ => EventKind::Failed {
                     reason: "y".into(),
@@ -1750,10 +1692,32 @@ mod tests {
                     stream_seq: None,
                 },
             };
-            t.fold(&event(shard, kind)?, None);
-            let done = t.shards.values().filter(|s| s.outcome().0).count() as u32;
-            let failed = t.shards.values().filter(|s| s.outcome().1).count() as u32;
-            assert_eq!((t.done, t.failed), (done, failed));
+            let mut e = event(shard, kind)?;
+            if matches!(e.kind, EventKind::Rejected { .. }) {
+                e.host = minions_schemas::messages::WATCHDOG_HOST.into();
+            }
+            let effects = t.step(&e);
+            fold.apply(&e);
+            // Most results are backed by their output; some are not.
+            if effects.first() == Some(&Effect::CheckOutput) && !(seed >> 40).is_multiple_of(4) {
+                t.backed(&e, None);
+                fold.backed(&e);
+            }
+            let done = t.shards.values().filter(|s| s.fold.is_done()).count() as u32;
+            let failed = t
+                .shards
+                .values()
+                .filter(|s| s.fold.failure().is_some())
+                .count() as u32;
+            assert_eq!(t.outcome(), (done, failed));
+            assert_eq!(
+                t.shards.values().filter(|s| s.done.is_some()).count() as u32,
+                done,
+                "a record beside each result counted"
+            );
+            let p = fold.progress(0);
+            assert_eq!((p.done, p.failed), (done, failed), "after event {i}");
+            assert_eq!(p.rejected, u64::from(t.tally.rejected));
             saw = (saw.0 || done > 0, saw.1 || failed > 0);
         }
         assert_eq!(saw, (true, true), "the sequence reached both outcomes");

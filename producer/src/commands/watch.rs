@@ -155,7 +155,9 @@ pub async fn run(
             }
             m = events.next() => match m {
                 Some(Ok(Read { message: m, .. })) => match decode::<ShardEvent>("shard event", &m.payload, limits::MAX_EVENT_BYTES) {
-                    Ok(e) if e.is_on(&m.subject) => fold.apply(&e),
+                    Ok(e) if e.is_on(&m.subject) => {
+                                fold.apply(&e);
+                            }
                     Ok(e) => tracing::warn!(subject = %m.subject, worker = %e.worker, "ignoring an event on a subject its sender does not use"),
                     Err(e) => tracing::warn!(subject = %m.subject, error = %e, "ignoring an event that does not decode"),
                 },

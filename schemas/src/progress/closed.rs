@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{JobFold, Progress, ShardState, Times, done_tag};
+use super::{JobFold, Progress, ShardFold, ShardState, Times};
 use crate::messages::{JobManifest, JobSpec};
 
 /// Failed shards a closed job's progress lists, at most (its manifest
@@ -28,14 +28,7 @@ impl JobFold {
         let mut progress = self.progress(now_ms);
         progress.failed_shards.truncate(CLOSED_FAILED_LISTED);
         ClosedFold {
-            times: Times {
-                first_start: self.first_start,
-                last_done: self.last_done,
-                handed_back: self.handed_back,
-                rejected: self.rejected,
-                disagreements: self.disagreements,
-                unverified: self.unverified,
-            },
+            times: self.times(),
             spec: self.spec,
             progress,
         }
@@ -54,13 +47,19 @@ impl JobFold {
             else {
                 continue;
             };
-            st.attempts = s.attempts;
-            if s.outcome == "done" {
-                st.done = true;
-                st.done_tag = done_tag(s.sha256.as_deref().unwrap_or_default());
+            st.fold = if s.outcome == "done" {
+                ShardFold::recorded(
+                    Some(s.sha256.as_deref().unwrap_or_default()),
+                    None,
+                    s.attempts,
+                )
             } else {
-                st.failed = Some(s.reason.clone().unwrap_or_else(|| s.outcome.clone()));
-            }
+                ShardFold::recorded(
+                    None,
+                    Some(s.reason.clone().unwrap_or_else(|| s.outcome.clone())),
+                    s.attempts,
+                )
+            };
         }
         Self::from_shards(spec, shards, times)
     }

@@ -15,6 +15,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use minions_schemas::messages::{EventKind, JobManifest, ShardEvent};
+use minions_schemas::progress::{Counts, ShardFold};
 use minions_schemas::time::now_ms;
 use minions_schemas::{JobId, subjects};
 
@@ -163,12 +164,8 @@ impl Tracker {
         let Some(t) = self.jobs.get(job) else {
             return;
         };
-        let complete = t
-            .spec
-            .as_ref()
-            .is_some_and(|s| t.done + t.failed >= s.shards)
-            && t.manifest == Some((t.done, t.failed));
-        if !complete || t.open_checks > 0 || self.waits_on(job) {
+        let complete = t.settled() && t.manifest == Some(t.outcome());
+        if !complete || t.tally.checking > 0 || self.waits_on(job) {
             return;
         }
         let sealed_before = t.sealed == Some(true);
@@ -233,9 +230,6 @@ impl Tracker {
         let mut t = JobTrack {
             spec,
             manifest: Some((m.done, m.failed)),
-            rejected: m.rejected,
-            verified: m.verified,
-            disagreements: m.disagreements,
             sealed: Some(sealed_before),
             ..Default::default()
         };
@@ -243,13 +237,17 @@ impl Tracker {
             let maker = s.made_by.as_ref().map(|p| t.intern(p));
             let track = if s.outcome == "done" {
                 ShardTrack {
+                    fold: ShardFold::recorded(
+                        Some(s.sha256.as_deref().unwrap_or_default()),
+                        None,
+                        s.attempts,
+                    ),
                     done: s.worker.clone().map(|worker| DoneBy {
                         worker,
                         sha256: s.sha256.clone().unwrap_or_default(),
                         ms: s.duration_ms,
                     }),
                     maker,
-                    attempts: s.attempts,
                     // Its check, if it was picked for one, is over (the
                     // manifest waited for it). A picked shard is picked
                     // again by the same key: a new round 1 would carry the
@@ -260,17 +258,24 @@ impl Tracker {
                 }
             } else {
                 ShardTrack {
-                    failed: Some(s.reason.clone().unwrap_or_else(|| s.outcome.clone())),
-                    attempts: s.attempts,
+                    fold: ShardFold::recorded(
+                        None,
+                        Some(s.reason.clone().unwrap_or_else(|| s.outcome.clone())),
+                        s.attempts,
+                    ),
                     ..Default::default()
                 }
             };
-            let (d, f) = track.outcome();
-            t.done += u32::from(d);
-            t.failed += u32::from(f);
+            t.tally.shard(Counts::default(), track.fold.counts());
             t.shards.insert(s.shard, track);
         }
-        tracing::info!(job = %job, done = t.done, failed = t.failed, "a finished job moves again; reopened from its manifest");
+        // The record's counts that its shards do not hold.
+        t.tally.rejected = m.rejected;
+        t.tally.verified = m.verified;
+        t.tally.disagreements = m.disagreements;
+        t.tally.unverified = m.unverified;
+        let (done, failed) = t.outcome();
+        tracing::info!(job = %job, done, failed, "a finished job moves again; reopened from its manifest");
         self.jobs.insert(job.clone(), t);
         if self.view.jobs().get(job).is_some() {
             self.view.jobs().reopen(job, m);

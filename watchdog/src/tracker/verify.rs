@@ -30,17 +30,13 @@ use crate::trust::judge::{self, Case, Ruling, RunResult};
 /// ruling (an error when the store failed: judged again later).
 pub type JudgeResult = (ShardEvent, Case, Result<Ruling, BackingError>);
 
-/// A shard's check: the rounds queued, the check runs' results and the
-/// verdicts folded. Open from the first round queued until a verdict
-/// closes it.
+/// A shard's check runs beside its machine ([`minions_schemas::progress::ShardFold`],
+/// which holds its rounds and verdicts): who ran it with what result, and
+/// when its highest round was queued.
 #[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct CheckTrack {
-    /// The highest round queued (0: none; only results seen).
-    pub(super) round: u8,
     /// Check runs' results.
     runs: Vec<CheckRun>,
-    /// Verdicts folded.
-    verdicts: Vec<RoundVerdict>,
     /// When the highest round was queued (ms since the epoch; 0: unknown).
     #[serde(default)]
     pub(super) queued_ms: u64,
@@ -59,38 +55,7 @@ pub(crate) struct CheckRun {
     maker: Option<u32>,
 }
 
-/// A verdict folded into a [`CheckTrack`].
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub(crate) struct RoundVerdict {
-    /// The round it closed or judged.
-    round: u8,
-    /// What it said.
-    outcome: VerdictOutcome,
-}
-
 impl CheckTrack {
-    /// Whether a round is queued and no verdict closed the check.
-    pub(super) fn open(&self) -> bool {
-        self.round > 0 && !self.verdicts.iter().any(|v| v.outcome.closes())
-    }
-
-    /// Whether the check closed without confirming the result (no other
-    /// machine ran it in time, or the machines all disagreed).
-    pub(super) fn unverified(&self) -> bool {
-        !self.verified()
-            && self
-                .verdicts
-                .iter()
-                .any(|v| v.outcome == VerdictOutcome::Undecided)
-    }
-
-    /// Whether a verdict confirmed the result (or a majority decided).
-    pub(super) fn verified(&self) -> bool {
-        self.verdicts
-            .iter()
-            .any(|v| matches!(v.outcome, VerdictOutcome::Agreed | VerdictOutcome::Decided))
-    }
-
     /// Records a check run's result (once).
     pub(super) fn record(
         &mut self,
@@ -113,27 +78,12 @@ impl CheckTrack {
         }
     }
 
-    /// Records a verdict on `round`; false when that round had one already
-    /// (a repeat changes nothing).
-    pub(super) fn judge(&mut self, round: u8, outcome: VerdictOutcome) -> bool {
-        if self.judged(round) {
-            return false;
-        }
-        self.verdicts.push(RoundVerdict { round, outcome });
-        true
-    }
-
     /// The maker of the check result `worker` made with `sha256`.
     pub(super) fn maker_of(&self, worker: &WorkerId, sha256: &str) -> Option<u32> {
         self.runs
             .iter()
             .find(|r| r.worker == *worker && r.sha256 == sha256)
             .and_then(|r| r.maker)
-    }
-
-    /// Whether `round` has its verdict.
-    pub(super) fn judged(&self, round: u8) -> bool {
-        self.verdicts.iter().any(|v| v.round == round)
     }
 
     fn first_result(&self, round: u8) -> Option<RunResult> {
@@ -333,7 +283,7 @@ impl Tracker {
     /// Folds an event this watchdog published, at once (its copy from the
     /// stream folds again as a repeat, changing nothing).
     async fn fold_local(&mut self, e: ShardEvent) {
-        Box::pin(self.fold_counted(e, None)).await;
+        Box::pin(self.count(e)).await;
     }
 
     /// After a check run's `checked` event folded: judges its round when
@@ -354,10 +304,14 @@ impl Tracker {
         let Some(t) = self.jobs.get(&e.job) else {
             return;
         };
-        let Some(c) = t.shards.get(&e.shard).and_then(|s| s.check.as_ref()) else {
+        let Some((f, c)) = t
+            .shards
+            .get(&e.shard)
+            .and_then(|s| Some((&s.fold, s.check.as_ref()?)))
+        else {
             return;
         };
-        if t.sealed == Some(true) || !c.open() || c.round != *round || c.judged(*round) {
+        if t.sealed == Some(true) || !f.check_open() || f.round() != *round || f.judged(*round) {
             return;
         }
         let Some(spec) = t.spec.as_ref() else {
@@ -466,18 +420,19 @@ impl Tracker {
         let due: Vec<(JobId, u32, u8)> = self
             .jobs
             .iter()
-            .filter(|(_, t)| t.open_checks > 0 && t.sealed != Some(true))
+            .filter(|(_, t)| t.tally.checking > 0 && t.sealed != Some(true))
             .flat_map(|(job, t)| {
                 t.shards.iter().filter_map(move |(&shard, s)| {
+                    let f = &s.fold;
                     s.check
                         .as_ref()
                         .filter(|c| {
-                            c.open()
+                            f.check_open()
                                 && c.queued_ms > 0
                                 && c.queued_ms.saturating_add(wait_ms) <= now
-                                && !c.judged(c.round)
+                                && !f.judged(f.round())
                         })
-                        .map(|c| (job.clone(), shard, c.round))
+                        .map(|_| (job.clone(), shard, f.round()))
                 })
             })
             .collect();
@@ -761,7 +716,7 @@ impl Tracker {
                             i,
                             d.worker.clone(),
                             d.sha256.clone(),
-                            s.attempts,
+                            s.fold.attempts(),
                         )
                     })
                 })

@@ -107,7 +107,7 @@ impl JobsView {
     pub fn add(&mut self, spec: JobSpec, model_mb: Option<u64>, cancelled: bool) {
         let job = spec.job.clone();
         self.jobs.entry(job).or_insert_with(|| JobEntry {
-            detail: Detail::Open(Box::new(JobFold::new(spec))),
+            detail: Detail::Open(Box::new(JobFold::new(spec).checking_outputs())),
             cancelled,
             model_mb,
             last_retry: None,
@@ -168,7 +168,7 @@ impl JobsView {
             return;
         };
         j.detail = match j.detail {
-            Detail::Closed(c) => Detail::Open(Box::new(c.reopen(m))),
+            Detail::Closed(c) => Detail::Open(Box::new(c.reopen(m).checking_outputs())),
             open => open,
         };
         self.jobs.insert(job.clone(), j);
@@ -209,6 +209,9 @@ impl JobsView {
         let was_done = fold.is_done(e.shard);
         let was_failed = fold.is_failed(e.shard);
         fold.apply(e);
+        let now_done = !was_done && fold.is_done(e.shard);
+        let rows = fold.spec().shard_rows(e.shard);
+        let now_failed = !was_failed && fold.is_failed(e.shard);
         if e.worker.as_str() != minions_schemas::messages::CLI_SENDER {
             self.recent
                 .entry(e.worker.clone())
@@ -225,30 +228,9 @@ impl JobsView {
             | EventKind::Requeued
             | EventKind::Progress { .. }
             | EventKind::Checked { .. } => {}
-            EventKind::Done {
-                duration_ms,
-                tokens,
-                ..
-            } => {
-                if !was_done && fold.is_done(e.shard) {
-                    let rows = fold.spec().shard_rows(e.shard);
-                    c.done += 1;
-                    c.records += rows;
-                    c.tokens += tokens;
-                    c.durations.observe(*duration_ms as f64 / 1000.0);
-                    record_minute(&mut self.minutes, e.at_ms, rows);
-                    if let Some(w) = self.recent.get_mut(&e.worker) {
-                        w.done.push_back((e.at_ms, rows));
-                        trim_recent(&mut w.done, e.at_ms);
-                    }
-                    self.since_purge += 1;
-                    if self.since_purge >= 1000 {
-                        // Forget workers with nothing done within the window.
-                        self.since_purge = 0;
-                        let since = e.at_ms.saturating_sub(WORKER_WINDOW_MS);
-                        self.recent
-                            .retain(|_, w| w.done.back().is_some_and(|(t, _)| *t >= since));
-                    }
+            EventKind::Done { .. } => {
+                if now_done {
+                    self.count_done(e, rows);
                 }
             }
             EventKind::Rejected { .. } => {
@@ -280,7 +262,7 @@ impl JobsView {
                 reason, permanent, ..
             } => {
                 if *permanent {
-                    if !was_failed && fold.is_failed(e.shard) {
+                    if now_failed {
                         c.failed += 1;
                     }
                 } else {
@@ -288,6 +270,55 @@ impl JobsView {
                     j.last_retry = Some((e.shard, reason.clone()));
                 }
             }
+        }
+    }
+
+    /// Counts the result of a known open job's done event once the
+    /// tracker found its output backing it (the job's fold holds a
+    /// worker's result until then).
+    pub fn backed(&mut self, e: &ShardEvent) {
+        let Some(j) = self.jobs.get_mut(&e.job) else {
+            return;
+        };
+        let Detail::Open(fold) = &mut j.detail else {
+            return;
+        };
+        let was_done = fold.is_done(e.shard);
+        fold.backed(e);
+        if !was_done && fold.is_done(e.shard) {
+            let rows = fold.spec().shard_rows(e.shard);
+            self.count_done(e, rows);
+        }
+    }
+
+    /// Counts a shard done by the done event `e` (`rows` records) in the
+    /// counters and histories.
+    fn count_done(&mut self, e: &ShardEvent, rows: u64) {
+        let EventKind::Done {
+            duration_ms,
+            tokens,
+            ..
+        } = &e.kind
+        else {
+            return;
+        };
+        let c = &mut self.counters;
+        c.done += 1;
+        c.records += rows;
+        c.tokens += tokens;
+        c.durations.observe(*duration_ms as f64 / 1000.0);
+        record_minute(&mut self.minutes, e.at_ms, rows);
+        if let Some(w) = self.recent.get_mut(&e.worker) {
+            w.done.push_back((e.at_ms, rows));
+            trim_recent(&mut w.done, e.at_ms);
+        }
+        self.since_purge += 1;
+        if self.since_purge >= 1000 {
+            // Forget workers with nothing done within the window.
+            self.since_purge = 0;
+            let since = e.at_ms.saturating_sub(WORKER_WINDOW_MS);
+            self.recent
+                .retain(|_, w| w.done.back().is_some_and(|(t, _)| *t >= since));
         }
     }
 
@@ -553,6 +584,10 @@ mod tests {
             )?,
         ] {
             v.apply(&e);
+            // A worker's result counts once the tracker finds its output.
+            if matches!(e.kind, EventKind::Done { .. }) {
+                v.backed(&e);
+            }
         }
         let c = &v.counters;
         assert_eq!(
