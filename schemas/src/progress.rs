@@ -243,7 +243,9 @@ struct Carried {
     unverified: u64,
 }
 
-/// A [`JobFold`] as it is saved (a watchdog checkpoint): the spec and each
+/// A [`JobFold`] as it is saved (a watchdog checkpoint, MessagePack maps:
+/// `rmp_serde::to_vec_named`; positional arrays cannot leave out fields at
+/// their default): the spec and each
 /// shard's state with named fields ([`SavedShard`]), so that a field added
 /// later (with a default) leaves saved folds readable; the running totals
 /// and the failed-shard list are derived again on loading, so a saved fold
@@ -300,21 +302,34 @@ struct SavedFold {
 }
 
 /// One shard as a saved fold holds it, borrowed (see [`SavedFoldRef`]);
-/// its layout is that of [`SavedShard`].
+/// its layout is that of [`SavedShard`], fields at their default left
+/// out.
 #[derive(Serialize)]
 struct SavedShardRef<'a> {
     done: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     running: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
     failed: &'a Option<String>,
+    #[serde(skip_serializing_if = "shard::is_zero")]
     attempts: u64,
+    #[serde(skip_serializing_if = "shard::is_zero")]
     tokens: u64,
+    #[serde(skip_serializing_if = "shard::is_zero")]
     done_tag: u64,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     checking: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     verified: bool,
+    #[serde(skip_serializing_if = "shard::is_zero")]
     round: u8,
+    #[serde(skip_serializing_if = "shard::is_zero")]
     judged: u32,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     closed: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     unverified: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
     reported: Option<u64>,
 }
 
@@ -898,7 +913,7 @@ mod tests {
         // The shard runs again and is done by its real result; a saved and
         // loaded fold keeps what it knows.
         fold.apply(&ev(0, 1, 40, done_sha("real0"))?);
-        let bytes = rmp_serde::to_vec(&fold)?;
+        let bytes = rmp_serde::to_vec_named(&fold)?;
         let back: JobFold = rmp_serde::from_slice(&bytes)?;
         assert_eq!(back.progress(50).done, 2);
         assert_eq!(back.progress(50).rejected, 2);
@@ -959,7 +974,7 @@ mod tests {
         assert!(fold.is_done(0));
         fold.apply(&watchdog(rejected("good")?)?);
         assert!(!fold.is_done(0));
-        let bytes = rmp_serde::to_vec(&fold)?;
+        let bytes = rmp_serde::to_vec_named(&fold)?;
         let back: JobFold = rmp_serde::from_slice(&bytes)?;
         let p = back.progress(60);
         assert_eq!((p.verified, p.disagreements, p.done), (1, 1, n - 1));

@@ -151,8 +151,8 @@ mod tests {
         let closed = fold.clone().close(100);
         // Closing keeps the progress and drops the shards.
         assert_eq!(closed.progress(), &open);
-        let small = rmp_serde::to_vec(&closed)?.len();
-        let big = rmp_serde::to_vec(&fold)?.len();
+        let small = rmp_serde::to_vec_named(&closed)?.len();
+        let big = rmp_serde::to_vec_named(&fold)?.len();
         assert!(small < big, "closed {small} bytes, open {big}");
         // Found finished: the manifest's counts.
         let found = ClosedFold::from_record(spec.clone(), &m);

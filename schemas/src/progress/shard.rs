@@ -70,29 +70,39 @@ pub enum Effect {
 }
 
 /// One shard's state. Its counts ([`ShardFold::counts`]) are what a job's
-/// [`Tally`] adds up. Saved as a map of named fields; a field missing
-/// takes its default.
+/// [`Tally`] adds up. Saved as a map of named fields, those at their
+/// default left out (most of an open shard's); a field missing takes its
+/// default.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ShardFold {
     /// The tag ([`tag`]) of the result counted as its output.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) counted: Option<u64>,
     /// The tag of a worker's result waiting for its output check.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) reported: Option<u64>,
     /// Why it failed for good (only while no result counts).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) failed: Option<String>,
     /// The most deliveries any event named.
+    #[serde(skip_serializing_if = "is_zero")]
     pub(crate) attempts: u64,
     /// The highest check round queued (0: none).
+    #[serde(skip_serializing_if = "is_zero")]
     pub(crate) round: u8,
     /// Rounds judged, as bits (round r is bit r; rounds past 31 are not
     /// told apart).
+    #[serde(skip_serializing_if = "is_zero")]
     pub(crate) judged: u32,
     /// Whether a verdict closed its check.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub(crate) closed: bool,
     /// Whether a check confirmed its result (or a majority decided it).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub(crate) verified: bool,
     /// Whether its check closed without confirming the result.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub(crate) unverified: bool,
 }
 
@@ -168,6 +178,11 @@ impl Tally {
             *t = (*t + a).saturating_sub(b);
         }
     }
+}
+
+/// Whether a saved number is zero (left out of a saved shard).
+pub(crate) fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
+    *n == T::default()
 }
 
 /// A 64-bit tag of a result's SHA-256 text (FNV-1a: stable across builds,
