@@ -32,6 +32,11 @@ pub struct Cli {
     /// Where to reach NATS and the store.
     #[command(flatten)]
     pub endpoints: Endpoints,
+    /// Say more: an error's causes one per line (and its backtrace, with
+    /// RUST_BACKTRACE=1 as well) and debug logs, libraries' included.
+    /// MINIONS_DEBUG=1 does the same.
+    #[arg(short, long, global = true)]
+    pub verbose: bool,
 }
 
 /// The two shared places every command talks to.
@@ -102,6 +107,23 @@ pub enum Command {
     Worker(WorkerCommand),
     /// Run a whole local fleet: nats-server, a watchdog and N workers. Ctrl-C stops it.
     Dev(DevArgs),
+    /// Print a shell completion script for `minions`.
+    ///
+    /// Install it where your shell looks, for example:
+    ///   minions completions bash > ~/.local/share/bash-completion/completions/minions
+    ///   minions completions zsh > ~/.zfunc/_minions    # with fpath+=~/.zfunc
+    ///   minions completions fish > ~/.config/fish/completions/minions.fish
+    ///   minions completions powershell >> $PROFILE
+    #[command(verbatim_doc_comment)]
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page of `minions` (roff), for example:
+    ///   minions man > ~/.local/share/man/man1/minions.1 && man minions
+    #[command(verbatim_doc_comment)]
+    Man,
     /// Share the fleet between teams: weights, quotas, and what each team
     /// has queued and running now.
     #[command(subcommand)]

@@ -18,12 +18,13 @@ fn out(text: &str) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    minions_endpoints::exit::report(run().await)
+    let cli = Cli::parse();
+    let verbose = cli.verbose || minions_endpoints::exit::debug_from_env();
+    minions_endpoints::logging::init_cli(verbose);
+    minions_endpoints::exit::report(run(cli).await, verbose)
 }
 
-async fn run() -> anyhow::Result<()> {
-    minions_endpoints::logging::init();
-    let mut cli = Cli::parse();
+async fn run(mut cli: Cli) -> anyhow::Result<()> {
     let e = &mut cli.endpoints;
     minions_endpoints::config_file::apply(&mut e.nats, &mut e.store, &mut e.security)?;
     let ep = &cli.endpoints;
@@ -113,6 +114,16 @@ async fn run() -> anyhow::Result<()> {
             out(&commands::add_worker::add_worker(&args)?.report)
         }
         Command::Usage(args) => out(&commands::usage::run(ep, &args).await?),
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "minions", &mut std::io::stdout().lock());
+            Ok(())
+        }
+        Command::Man => {
+            let cmd = <Cli as clap::CommandFactory>::command();
+            clap_mangen::Man::new(cmd).render(&mut std::io::stdout().lock())?;
+            Ok(())
+        }
         Command::Dev(args) => {
             let shutdown = CancellationToken::new();
             tokio::spawn(minions_endpoints::signals::cancel_on_signal(

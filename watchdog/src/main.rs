@@ -6,7 +6,7 @@ use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    minions_endpoints::exit::report(run().await)
+    minions_endpoints::exit::report(run().await, minions_endpoints::exit::debug_from_env())
 }
 
 async fn run() -> anyhow::Result<()> {

@@ -11,7 +11,7 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    minions_endpoints::exit::report(run().await)
+    minions_endpoints::exit::report(run().await, minions_endpoints::exit::debug_from_env())
 }
 
 async fn run() -> anyhow::Result<()> {
