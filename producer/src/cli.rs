@@ -88,6 +88,15 @@ pub enum Command {
     Submit(SubmitArgs),
     /// Show a job's progress once: pending / running / done / failed, rate, ETA.
     Status(StatusArgs),
+    /// List the fleet's jobs, newest first: id, team, submitter, model,
+    /// state, progress, when submitted and how long it ran.
+    ///
+    /// Examples:
+    ///   minions jobs                          # the newest 20
+    ///   minions jobs --state running --team search
+    ///   minions jobs --since 2d --limit 100 --json
+    #[command(verbatim_doc_comment)]
+    Jobs(JobsArgs),
     /// Follow a job live until it ends: a progress bar with rate and ETA.
     /// Exits 0 when every shard is done, 1 when some failed or it was cancelled.
     Watch(WatchArgs),
@@ -528,6 +537,57 @@ pub struct StatusArgs {
     /// Print JSON for scripts.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Flags of `minions jobs`.
+#[derive(Debug, Args)]
+pub struct JobsArgs {
+    /// Only this team's jobs.
+    #[arg(long)]
+    pub team: Option<String>,
+    /// Only jobs in this state.
+    #[arg(long, value_enum)]
+    pub state: Option<StateFilter>,
+    /// Only jobs submitted since: a duration back from now (30d, 12h, 90m,
+    /// 45s, 2w; `m` is minutes), a date (2025-01-31, midnight UTC) or an
+    /// RFC 3339 time.
+    #[arg(long, value_name = "WHEN", value_parser = crate::commands::usage::parse_when)]
+    pub since: Option<crate::commands::usage::When>,
+    /// Show at most this many jobs.
+    #[arg(long, default_value_t = 20)]
+    pub limit: usize,
+    /// Print JSON for scripts: an array of {job, team, submitter, model,
+    /// state, done, failed, shards, submitted_ms, duration_secs}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A job state `minions jobs --state` picks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StateFilter {
+    /// No shard started yet.
+    Pending,
+    /// Some shards started or finished, some not.
+    Running,
+    /// Every shard done.
+    Done,
+    /// Finished with some shards failed for good.
+    Failed,
+    /// Cancelled.
+    Cancelled,
+}
+
+impl StateFilter {
+    /// The state's word, as `status` and `jobs` print it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Running => "running",
+            Self::Done => "done",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
 }
 
 /// Flags of `minions watch`.

@@ -31,6 +31,7 @@ async fn run(mut cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Submit(args) => out(commands::submit::run(ep, args).await?.job.as_str()),
         Command::Status(args) => out(&commands::status::run(ep, &args).await?.1),
+        Command::Jobs(args) => out(&commands::jobs::run(ep, &args).await?.1),
         Command::Watch(args) => {
             let shutdown = CancellationToken::new();
             tokio::spawn(minions_endpoints::signals::cancel_on_signal(

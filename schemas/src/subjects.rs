@@ -91,6 +91,10 @@ pub fn event(job: &JobId, shard: u32, sender: &WorkerId) -> String {
     format!("minions.events.{job}.{shard}.{}", machine(sender))
 }
 
+/// The subjects of every job's `submitted` event (shard 0, sent by the
+/// command line): one per job, what `minions jobs` lists.
+pub const SUBMITTED_EVENTS: &str = "minions.events.*.0.cli";
+
 /// The machine part of a worker id: what precedes its last `-` (workers add
 /// `-` and a random suffix to their `--name` or host name), or the whole id.
 /// Heartbeat, control and event subjects carry it as a token of its own, and

@@ -267,6 +267,32 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
         "dashboard, status and manifest: {want:?} done/failed; the forgotten job's page reads its manifest"
     );
 
+    // `minions jobs` lists both, newest first, with the same counts; its
+    // filters narrow the list.
+    let listed: serde_json::Value = serde_json::from_str(&fleet.cli(&["jobs", "--json"])?)?;
+    let ids: Vec<&str> = listed
+        .as_array()
+        .map(|a| a.iter().filter_map(|r| r["job"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(ids, [second.as_str(), job.as_str()], "{listed}");
+    assert_eq!(listed[1]["state"], "done");
+    assert_eq!(
+        (listed[1]["done"].as_u64(), listed[1]["failed"].as_u64()),
+        want
+    );
+    assert_eq!(listed[1]["model"], "slow");
+    let one: serde_json::Value =
+        serde_json::from_str(&fleet.cli(&["jobs", "--json", "--limit", "1"])?)?;
+    assert_eq!(one.as_array().map(Vec::len), Some(1));
+    assert_eq!(one[0]["job"], second.as_str());
+    let table = fleet.cli(&["jobs", "--state", "done", "--since", "1h"])?;
+    eprintln!("minions jobs:\n{table}");
+    assert!(table.starts_with("JOB ") && table.contains(&job), "{table}");
+    assert_eq!(
+        fleet.cli(&["jobs", "--state", "running"])?.trim(),
+        "no jobs match (state running)"
+    );
+
     // The queue empties once the last ack is read (polled every second).
     wait_until("queue depth 0 in /metrics", Duration::from_secs(10), || {
         let (_, t) = get(&format!("{base}/metrics"))?;

@@ -151,6 +151,14 @@ fn dev_runs_a_fleet_and_stops_cleanly() -> Result<()> {
     let (code, page) = minions_tests::web::get(&format!("http://{addr}/"))?;
     assert_eq!(code, 200, "{page}");
     assert!(page.contains(&job), "the dashboard does not show job {job}");
+    // `dev` told where it is, and what to try next.
+    let told = dev.log_tail(usize::MAX);
+    assert!(
+        told.contains(&format!("dashboard  http://{addr}/")),
+        "dev did not print the dashboard's address {addr}:\n{}",
+        tail(&told, 60)
+    );
+    assert!(told.contains("minions jobs"), "{}", tail(&told, 60));
 
     let log = stop_dev(&mut dev)?;
     assert!(

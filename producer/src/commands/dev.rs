@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::{DevArgs, Endpoints};
 
 mod nats;
+mod next_steps;
 
 /// Finds nats-server: `$NATS_SERVER_BIN`, then `PATH`.
 pub fn find_nats_server() -> anyhow::Result<PathBuf> {
@@ -210,12 +211,14 @@ pub async fn run(
     // consumer, the registry) gets one copy per server: a user's own
     // MINIONS_REPLICAS would not fit this fleet.
     let replicas = ("MINIONS_REPLICAS", servers.to_string());
+    let listen = next_steps::dashboard_listen(&args.dashboard)
+        .with_context(|| format!("picking a port for the dashboard ({})", args.dashboard))?;
     let mut wd_args = common.clone();
     wd_args.extend([
         "--store".to_owned(),
         store.clone(),
         "--listen".to_owned(),
-        args.dashboard.clone(),
+        listen.clone().unwrap_or_else(|| "off".to_owned()),
     ]);
     if let Some(url) = &ledger_url {
         wd_args.extend(["--ledger".to_owned(), url.clone()]);
@@ -247,14 +250,9 @@ pub async fn run(
         ]);
         workers.push(spawn(&format!("worker-{i}"), &worker_bin, &a, &worker_env)?);
     }
-    let dashboard = if args.dashboard == "off" {
-        "off".to_owned()
-    } else if args.dashboard.ends_with(":0") {
-        // The watchdog binds a port of its choosing and logs it.
-        "the watchdog picks a port and logs it".to_owned()
-    } else {
-        format!("http://{}/", args.dashboard)
-    };
+    let dashboard = listen
+        .as_ref()
+        .map_or_else(|| "off".to_owned(), |l| format!("http://{l}/"));
     tracing::info!(nats = %nats_url, servers, store = %store, workers = args.workers,
         threads_per_worker = ?threads, data = %data_dir.display(),
         dashboard = %dashboard, ledger = ledger_url.as_deref().unwrap_or("off"),
@@ -275,6 +273,8 @@ pub async fn run(
             .write_all(exports.as_bytes())
             .and_then(|()| stdout.flush())
             .context("cannot write to stdout")?;
+        let next = next_steps::text(&nats_url, listen.as_deref(), args.workers);
+        let _ = std::io::stderr().lock().write_all(next.as_bytes());
     }
 
     // Wait for Ctrl-C or for any process to die.

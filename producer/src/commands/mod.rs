@@ -5,6 +5,7 @@ pub mod admin;
 pub mod collect;
 pub mod dev;
 pub mod job_control;
+pub mod jobs;
 pub mod model;
 pub mod status;
 pub mod submit;
