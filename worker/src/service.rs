@@ -235,4 +235,97 @@ mod tests {
             plist.matches("</dict>").count()
         );
     }
+
+    /// `systemd-analyze verify` of a unit file `text` (named
+    /// minions-worker.service in a scratch folder): its warnings (empty
+    /// when clean). None when systemd-analyze is not installed.
+    fn systemd_verify(text: &str) -> Result<Option<String>, Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let unit = dir.path().join("minions-worker.service");
+        std::fs::write(&unit, text)?;
+        let out = match std::process::Command::new("systemd-analyze")
+            .arg("verify")
+            .arg(&unit)
+            .output()
+        {
+            Ok(out) => out,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let mut said = String::from_utf8_lossy(&out.stderr).into_owned();
+        if !out.status.success() {
+            said.push_str(&format!("\nexit: {}", out.status));
+        }
+        Ok(Some(said.trim().to_owned()))
+    }
+
+    /// The unit passes systemd's own check without a warning (its program
+    /// must exist: this test's binary stands in), and the check does catch
+    /// a key systemd does not know.
+    #[test]
+    fn systemd_verifies_the_unit() -> Result<(), Box<dyn std::error::Error>> {
+        let program = std::env::current_exe()?;
+        let args = vec!["--nats".to_owned(), "nats://h:4222".to_owned()];
+        let unit = systemd_unit(&program, &args);
+        let Some(said) = systemd_verify(&unit)? else {
+            eprintln!("systemd-analyze is not installed: the unit is not verified here");
+            return Ok(());
+        };
+        assert_eq!(said, "", "systemd-analyze verify:\n{unit}");
+        let typo = unit.replace("Nice=19", "Nicee=19");
+        let said = systemd_verify(&typo)?.unwrap_or_default();
+        assert!(said.contains("Nicee"), "a wrong key passes: {said:?}");
+        Ok(())
+    }
+
+    /// The plist is a property list (read by Python's plistlib, which
+    /// refuses malformed ones) with the keys launchd needs.
+    #[test]
+    fn the_plist_is_a_property_list_with_launchds_keys() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("agent.plist");
+        let args = vec!["--name".to_owned(), "a <b> & \"c\"".to_owned()];
+        std::fs::write(
+            &path,
+            launchd_plist(
+                Path::new("/opt/minions-worker"),
+                &args,
+                Path::new("/tmp/l.log"),
+            ),
+        )?;
+        let script =
+            "import json, plistlib, sys\nprint(json.dumps(plistlib.load(open(sys.argv[1], 'rb'))))";
+        let out = match std::process::Command::new("python3")
+            .args(["-c", script])
+            .arg(&path)
+            .output()
+        {
+            Ok(out) => out,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                eprintln!("python3 is not installed: the plist is not parsed here");
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        assert!(
+            out.status.success(),
+            "plistlib: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let d: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        assert_eq!(d["Label"], LAUNCHD_LABEL);
+        assert_eq!(
+            d["ProgramArguments"],
+            serde_json::json!(["/opt/minions-worker", "--name", "a <b> & \"c\""])
+        );
+        assert_eq!(d["RunAtLoad"], true);
+        assert_eq!(d["KeepAlive"]["SuccessfulExit"], false);
+        assert_eq!(d["ProcessType"], "Background");
+        assert_eq!(
+            (d["Nice"].as_i64(), d["ExitTimeOut"].as_i64()),
+            (Some(19), Some(45))
+        );
+        assert_eq!(d["StandardErrorPath"], "/tmp/l.log");
+        Ok(())
+    }
 }
