@@ -134,23 +134,37 @@ pub enum WorkerCommand {
     Doctor,
     /// Run this worker as a background service of the logged-in user (a
     /// systemd user unit on Linux, a launchd LaunchAgent on macOS) with the
-    /// flags given here.
+    /// flags given here; with --system, one of the whole machine (a system
+    /// unit, a LaunchDaemon: for machines lent by IT; run it as root).
     Install {
-        /// Folder for the service file (default: the platform's user folder).
+        /// Folder for the service file (default: the platform's user
+        /// folder, or its system folder with --system).
         #[arg(long)]
         unit_dir: Option<PathBuf>,
         /// Write the file only; do not load or start it.
         #[arg(long)]
         no_start: bool,
+        /// A service of the whole machine, started at boot without anyone
+        /// logged in (/etc/systemd/system, /Library/LaunchDaemons).
+        #[arg(long)]
+        system: bool,
+        /// With --system: the account the worker runs as (default: root;
+        /// a dedicated account is better).
+        #[arg(long, requires = "system")]
+        run_as: Option<String>,
     },
     /// Stop and remove the background service.
     Uninstall {
-        /// Folder of the service file (default: the platform's user folder).
+        /// Folder of the service file (default: the platform's user
+        /// folder, or its system folder with --system).
         #[arg(long)]
         unit_dir: Option<PathBuf>,
         /// Remove the file only; do not stop the service.
         #[arg(long)]
         no_stop: bool,
+        /// The service of the whole machine (see `install --system`).
+        #[arg(long)]
+        system: bool,
     },
 }
 
@@ -166,9 +180,9 @@ impl WorkerArgs {
                 continue;
             }
             match a.as_str() {
-                "install" | "uninstall" | "--no-start" | "--no-stop" => {}
-                "--unit-dir" => skip_value = true,
-                _ if a.starts_with("--unit-dir=") => {}
+                "install" | "uninstall" | "--no-start" | "--no-stop" | "--system" => {}
+                "--unit-dir" | "--run-as" => skip_value = true,
+                _ if a.starts_with("--unit-dir=") || a.starts_with("--run-as=") => {}
                 _ => out.push(a),
             }
         }

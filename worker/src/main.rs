@@ -20,27 +20,46 @@ async fn run() -> anyhow::Result<()> {
     let mut args = WorkerArgs::parse();
     minions_endpoints::config_file::apply(&mut args.nats, &mut args.store, &mut args.security)?;
     match &args.command {
-        Some(WorkerCommand::Install { unit_dir, no_start }) => {
+        Some(WorkerCommand::Install {
+            unit_dir,
+            no_start,
+            system,
+            run_as,
+        }) => {
+            use minions_worker::service::{self, Scope};
+            let scope = if *system {
+                Scope::System {
+                    run_as: run_as.clone(),
+                }
+            } else {
+                Scope::User
+            };
             let dir = match unit_dir {
                 Some(d) => d.clone(),
-                None => minions_worker::service::default_dir()?,
+                None => service::default_dir(&scope)?,
             };
             let me = std::env::current_exe()?;
-            let path = minions_worker::service::install(
-                &dir,
-                &me,
-                &WorkerArgs::service_args(),
-                *no_start,
-            )?;
-            tracing::info!(file = %path.display(), started = !no_start, "worker service installed");
+            let path = service::install(&dir, &me, &WorkerArgs::service_args(), *no_start, &scope)?;
+            tracing::info!(file = %path.display(), started = !no_start, system = *system,
+                logs = %service::logs_hint(&scope), "worker service installed");
             return Ok(());
         }
-        Some(WorkerCommand::Uninstall { unit_dir, no_stop }) => {
+        Some(WorkerCommand::Uninstall {
+            unit_dir,
+            no_stop,
+            system,
+        }) => {
+            use minions_worker::service::{self, Scope};
+            let scope = if *system {
+                Scope::System { run_as: None }
+            } else {
+                Scope::User
+            };
             let dir = match unit_dir {
                 Some(d) => d.clone(),
-                None => minions_worker::service::default_dir()?,
+                None => service::default_dir(&scope)?,
             };
-            match minions_worker::service::uninstall(&dir, *no_stop)? {
+            match service::uninstall(&dir, *no_stop, &scope)? {
                 Some(p) => tracing::info!(file = %p.display(), "worker service removed"),
                 None => tracing::info!(dir = %dir.display(), "no worker service installed there"),
             }

@@ -1,7 +1,8 @@
 //! Running the worker as a background service of the logged-in user:
 //! `minions-worker install` writes and starts a systemd user unit on Linux or
 //! a launchd LaunchAgent on macOS (background QoS, low I/O priority);
-//! `uninstall` stops and removes it.
+//! `uninstall` stops and removes it. With [`Scope::System`], a service of
+//! the whole machine instead (a system unit, a LaunchDaemon).
 
 use std::path::{Path, PathBuf};
 
@@ -9,6 +10,30 @@ use std::path::{Path, PathBuf};
 pub const SYSTEMD_UNIT: &str = "minions-worker.service";
 /// The launchd label (and plist file stem).
 pub const LAUNCHD_LABEL: &str = "io.minions.worker";
+
+/// Whose service it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// The logged-in user's: runs while they are logged in.
+    User,
+    /// The machine's, started at boot; run as the named account (None:
+    /// root).
+    System {
+        /// The account the worker runs as.
+        run_as: Option<String>,
+    },
+}
+
+impl Scope {
+    fn is_system(&self) -> bool {
+        matches!(self, Self::System { .. })
+    }
+
+    /// `systemctl`'s arguments before the verb.
+    fn systemctl(&self) -> &'static [&'static str] {
+        if self.is_system() { &[] } else { &["--user"] }
+    }
+}
 
 /// Why installing or removing the service failed.
 #[derive(Debug, thiserror::Error)]
@@ -53,19 +78,30 @@ fn shell_quote(s: &str) -> String {
     }
 }
 
-/// The systemd user unit that runs `program args`.
-pub fn systemd_unit(program: &Path, args: &[String]) -> String {
+/// The systemd unit (of the user, or of the machine) that runs
+/// `program args`.
+pub fn systemd_unit(program: &Path, args: &[String], scope: &Scope) -> String {
     let mut exec = shell_quote(&program.display().to_string());
     for a in args {
         exec.push(' ');
         exec.push_str(&shell_quote(a));
     }
+    let (user, wanted_by) = match scope {
+        Scope::User => (String::new(), "default.target"),
+        Scope::System { run_as } => (
+            run_as
+                .as_ref()
+                .map_or_else(String::new, |u| format!("User={u}\n")),
+            "multi-user.target",
+        ),
+    };
     format!(
         "[Unit]\n\
          Description=Minions worker: lends this machine's GPU to the fleet while its owner is away\n\
-         After=network-online.target\n\n\
+         After=network-online.target\n\
+         Wants=network-online.target\n\n\
          [Service]\n\
-         ExecStart={exec}\n\
+         {user}ExecStart={exec}\n\
          Restart=on-failure\n\
          RestartSec=5\n\
          # Owner first: the lowest CPU and I/O priority.\n\
@@ -76,13 +112,20 @@ pub fn systemd_unit(program: &Path, args: &[String]) -> String {
          TimeoutStopSec=45\n\
          Environment=RUST_LOG=info\n\n\
          [Install]\n\
-         WantedBy=default.target\n"
+         WantedBy={wanted_by}\n"
     )
 }
 
-/// The launchd LaunchAgent plist that runs `program args` in the background
-/// QoS class with low I/O priority.
-pub fn launchd_plist(program: &Path, args: &[String], log: &Path) -> String {
+/// The launchd plist (a LaunchAgent, or with [`Scope::System`] a
+/// LaunchDaemon) that runs `program args` in the background QoS class with
+/// low I/O priority.
+pub fn launchd_plist(program: &Path, args: &[String], log: &Path, scope: &Scope) -> String {
+    let user = match scope {
+        Scope::System { run_as: Some(u) } => {
+            format!("<key>UserName</key><string>{}</string>\n", xml_escape(u))
+        }
+        _ => String::new(),
+    };
     let mut argv = format!(
         "    <string>{}</string>\n",
         xml_escape(&program.display().to_string())
@@ -105,12 +148,19 @@ pub fn launchd_plist(program: &Path, args: &[String], log: &Path) -> String {
          <key>ExitTimeOut</key><integer>45</integer>\n\
          <key>StandardErrorPath</key><string>{log}</string>\n\
          <key>StandardOutPath</key><string>{log}</string>\n\
-         </dict>\n</plist>\n"
+         {user}</dict>\n</plist>\n"
     )
 }
 
 /// Where the service file goes by default on this platform.
-pub fn default_dir() -> Result<PathBuf, ServiceError> {
+pub fn default_dir(scope: &Scope) -> Result<PathBuf, ServiceError> {
+    if scope.is_system() {
+        return Ok(PathBuf::from(if cfg!(target_os = "macos") {
+            "/Library/LaunchDaemons"
+        } else {
+            "/etc/systemd/system"
+        }));
+    }
     let home = dirs::home_dir().ok_or(ServiceError::NoHome)?;
     Ok(if cfg!(target_os = "macos") {
         home.join("Library/LaunchAgents")
@@ -138,6 +188,28 @@ fn manager(program: &str, args: &[&str]) -> Result<(), ServiceError> {
     }
 }
 
+/// Where the service's logs go, as a command or a file to read.
+pub fn logs_hint(scope: &Scope) -> String {
+    if cfg!(target_os = "macos") {
+        log_file(scope).display().to_string()
+    } else if scope.is_system() {
+        format!("journalctl -u {SYSTEMD_UNIT} -f")
+    } else {
+        format!("journalctl --user -u {SYSTEMD_UNIT} -f")
+    }
+}
+
+/// The launchd service's log file.
+fn log_file(scope: &Scope) -> PathBuf {
+    if scope.is_system() {
+        PathBuf::from("/Library/Logs/minions-worker.log")
+    } else {
+        dirs::home_dir()
+            .unwrap_or_else(std::env::temp_dir)
+            .join("Library/Logs/minions-worker.log")
+    }
+}
+
 /// Writes the service file into `dir` and, unless `no_start`, loads and
 /// starts it. Returns the file written.
 pub fn install(
@@ -145,21 +217,19 @@ pub fn install(
     program: &Path,
     args: &[String],
     no_start: bool,
+    scope: &Scope,
 ) -> Result<PathBuf, ServiceError> {
     std::fs::create_dir_all(dir).map_err(|source| ServiceError::Io {
         path: dir.display().to_string(),
         source,
     })?;
     let (path, text) = if cfg!(target_os = "macos") {
-        let log = dirs::home_dir()
-            .unwrap_or_else(std::env::temp_dir)
-            .join("Library/Logs/minions-worker.log");
         (
             dir.join(format!("{LAUNCHD_LABEL}.plist")),
-            launchd_plist(program, args, &log),
+            launchd_plist(program, args, &log_file(scope), scope),
         )
     } else {
-        (dir.join(SYSTEMD_UNIT), systemd_unit(program, args))
+        (dir.join(SYSTEMD_UNIT), systemd_unit(program, args, scope))
     };
     std::fs::write(&path, text).map_err(|source| ServiceError::Io {
         path: path.display().to_string(),
@@ -170,8 +240,12 @@ pub fn install(
         if cfg!(target_os = "macos") {
             manager("launchctl", &["load", "-w", &p])?;
         } else {
-            manager("systemctl", &["--user", "daemon-reload"])?;
-            manager("systemctl", &["--user", "enable", "--now", SYSTEMD_UNIT])?;
+            let ctl = scope.systemctl();
+            manager("systemctl", &[ctl, &["daemon-reload"]].concat())?;
+            manager(
+                "systemctl",
+                &[ctl, &["enable", "--now", SYSTEMD_UNIT]].concat(),
+            )?;
         }
     }
     Ok(path)
@@ -179,7 +253,11 @@ pub fn install(
 
 /// Stops (unless `no_stop`) and removes the service file from `dir`.
 /// Returns the file removed, if there was one.
-pub fn uninstall(dir: &Path, no_stop: bool) -> Result<Option<PathBuf>, ServiceError> {
+pub fn uninstall(
+    dir: &Path,
+    no_stop: bool,
+    scope: &Scope,
+) -> Result<Option<PathBuf>, ServiceError> {
     let path = if cfg!(target_os = "macos") {
         dir.join(format!("{LAUNCHD_LABEL}.plist"))
     } else {
@@ -193,7 +271,10 @@ pub fn uninstall(dir: &Path, no_stop: bool) -> Result<Option<PathBuf>, ServiceEr
         if cfg!(target_os = "macos") {
             manager("launchctl", &["unload", "-w", &p])?;
         } else {
-            manager("systemctl", &["--user", "disable", "--now", SYSTEMD_UNIT])?;
+            manager(
+                "systemctl",
+                &[scope.systemctl(), &["disable", "--now", SYSTEMD_UNIT]].concat(),
+            )?;
         }
     }
     std::fs::remove_file(&path).map_err(|source| ServiceError::Io {
@@ -215,7 +296,7 @@ mod tests {
             "--name".to_owned(),
             "a b".to_owned(),
         ];
-        let unit = systemd_unit(Path::new("/opt/minions-worker"), &args);
+        let unit = systemd_unit(Path::new("/opt/minions-worker"), &args, &Scope::User);
         assert!(
             unit.contains("ExecStart=/opt/minions-worker --nats nats://h:4222 --name \"a b\"\n"),
             "{unit}"
@@ -225,6 +306,7 @@ mod tests {
             Path::new("/opt/minions-worker"),
             &args,
             Path::new("/tmp/l.log"),
+            &Scope::User,
         );
         assert!(
             plist.contains("<string>a b</string>") && plist.contains("<string>Background</string>"),
@@ -266,12 +348,23 @@ mod tests {
     fn systemd_verifies_the_unit() -> Result<(), Box<dyn std::error::Error>> {
         let program = std::env::current_exe()?;
         let args = vec!["--nats".to_owned(), "nats://h:4222".to_owned()];
-        let unit = systemd_unit(&program, &args);
+        let unit = systemd_unit(&program, &args, &Scope::User);
         let Some(said) = systemd_verify(&unit)? else {
             eprintln!("systemd-analyze is not installed: the unit is not verified here");
             return Ok(());
         };
         assert_eq!(said, "", "systemd-analyze verify:\n{unit}");
+        // The machine's unit, run as an account Debian has (systemd warns of "nobody").
+        let system = systemd_unit(
+            &program,
+            &args,
+            &Scope::System {
+                run_as: Some("daemon".into()),
+            },
+        );
+        assert!(system.contains("User=daemon\n") && system.contains("WantedBy=multi-user.target"));
+        let said = systemd_verify(&system)?.unwrap_or_default();
+        assert_eq!(said, "", "systemd-analyze verify:\n{system}");
         let typo = unit.replace("Nice=19", "Nicee=19");
         let said = systemd_verify(&typo)?.unwrap_or_default();
         assert!(said.contains("Nicee"), "a wrong key passes: {said:?}");
@@ -291,6 +384,9 @@ mod tests {
                 Path::new("/opt/minions-worker"),
                 &args,
                 Path::new("/tmp/l.log"),
+                &Scope::System {
+                    run_as: Some("_minions".into()),
+                },
             ),
         )?;
         let script =
@@ -326,6 +422,7 @@ mod tests {
             (Some(19), Some(45))
         );
         assert_eq!(d["StandardErrorPath"], "/tmp/l.log");
+        assert_eq!(d["UserName"], "_minions");
         Ok(())
     }
 }
