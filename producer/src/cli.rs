@@ -578,14 +578,15 @@ pub enum StateFilter {
 }
 
 impl StateFilter {
-    /// The state's word, as `status` and `jobs` print it.
-    pub fn as_str(self) -> &'static str {
+    /// The state it picks.
+    pub fn state(self) -> minions_schemas::progress::JobState {
+        use minions_schemas::progress::JobState as S;
         match self {
-            Self::Pending => "pending",
-            Self::Running => "running",
-            Self::Done => "done",
-            Self::Failed => "failed",
-            Self::Cancelled => "cancelled",
+            Self::Pending => S::Pending,
+            Self::Running => S::Running,
+            Self::Done => S::Done,
+            Self::Failed => S::Failed,
+            Self::Cancelled => S::Cancelled,
         }
     }
 }

@@ -58,7 +58,7 @@ pub async fn run(endpoints: &Endpoints, args: &JobsArgs) -> anyhow::Result<(Vec<
         .into_iter()
         .filter(|(_, at)| since_ms.is_none_or(|s| *at >= s))
         .collect();
-    let want_state = args.state.map(|s| s.as_str());
+    let want_state = args.state.map(|s| s.state().as_str());
     let mut rows = Vec::new();
     for chunk in ids.chunks(AT_ONCE) {
         let got: Vec<anyhow::Result<JobRow>> = futures::stream::iter(chunk.iter().cloned())
