@@ -274,7 +274,6 @@ impl Serialize for SavedShardsRef<'_> {
             attempts: s.fold.attempts,
             tokens: s.tokens,
             done_tag: s.fold.counted.unwrap_or(0),
-            checking: s.fold.check_open(),
             verified: s.fold.verified,
             round: s.fold.round,
             judged: s.fold.judged,
@@ -318,8 +317,6 @@ struct SavedShardRef<'a> {
     #[serde(skip_serializing_if = "shard::is_zero")]
     done_tag: u64,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
-    checking: bool,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
     verified: bool,
     #[serde(skip_serializing_if = "shard::is_zero")]
     round: u8,
@@ -349,8 +346,6 @@ struct SavedShard {
     #[serde(default)]
     done_tag: u64,
     #[serde(default)]
-    checking: bool,
-    #[serde(default)]
     verified: bool,
     #[serde(default)]
     round: u8,
@@ -365,8 +360,8 @@ struct SavedShard {
 }
 
 impl SavedShard {
-    /// The shard's state; a fold saved before check rounds were kept
-    /// (`checking` alone) has its check open in round 1.
+    /// The shard's state (whether its check is open follows from its
+    /// rounds and verdicts, so it is not saved).
     fn state(self) -> ShardState {
         ShardState {
             fold: ShardFold {
@@ -374,11 +369,7 @@ impl SavedShard {
                 reported: self.reported,
                 failed: self.failed,
                 attempts: self.attempts,
-                round: if self.checking {
-                    self.round.max(1)
-                } else {
-                    self.round
-                },
+                round: self.round,
                 judged: self.judged,
                 closed: self.closed,
                 verified: self.verified,
@@ -576,7 +567,7 @@ impl JobFold {
             s.running = false;
             s.tokens = 0;
         }
-        self.after(e, was, &step)
+        self.after(e, was, step)
     }
 
     /// Counts the result of the done event `e` once a check found its
@@ -588,7 +579,7 @@ impl JobFold {
         };
         let was = (s.class(), s.fold.attempts, s.tokens);
         let step = s.fold.backed(e);
-        self.after(e, was, &step)
+        self.after(e, was, step)
     }
 
     /// The shard `e` is about (None for another job's event or a shard
@@ -608,7 +599,7 @@ impl JobFold {
 
     /// Brings the totals up to date after shard `e.shard` stepped from
     /// `was` (class, attempts, tokens); returns the step's effects.
-    fn after(&mut self, e: &ShardEvent, was: (Class, u64, u64), step: &Step) -> Vec<Effect> {
+    fn after(&mut self, e: &ShardEvent, was: (Class, u64, u64), step: Step) -> Vec<Effect> {
         let Some(s) = Self::shard_of(&self.spec, &mut self.shards, e) else {
             return Vec::new();
         };
@@ -625,7 +616,7 @@ impl JobFold {
         if step.after.done == 1 {
             s.running = false;
         }
-        self.tally.add(step);
+        self.tally.add(&step);
         let after = s.class();
         let t = &mut self.totals;
         t.tokens = t.tokens - was.2 + s.tokens;
@@ -649,7 +640,7 @@ impl JobFold {
                 Class::Failed | Class::Pending => {}
             }
         }
-        step.effects.clone()
+        step.effects
     }
 
     /// Whether `shard` is done.
