@@ -27,6 +27,7 @@ mod processes;
 mod s3;
 mod scenarios;
 mod scratch;
+mod systemd;
 mod vectors;
 pub mod web;
 
@@ -46,4 +47,5 @@ pub use processes::{Proc, log_count};
 pub use s3::S3Server;
 pub use scenarios::{SlowShard, core_job_scenario};
 pub use scratch::scratch;
+pub use systemd::PrivateSystemd;
 pub use vectors::{max_abs_diff, read_npy_f32};

@@ -148,7 +148,7 @@ fn install_writes_a_user_service_and_uninstall_removes_it() -> Result<()> {
         .ok_or("no command line in the service file")?;
     if exec.starts_with("ExecStart=") {
         assert!(
-            exec.ends_with(" --slots 3 --nats nats://fleet:4222 --store s3://bucket"),
+            exec.contains(" --slots 3 --nats nats://fleet:4222 --store s3://bucket --cache-dir /"),
             "{exec}"
         );
     }

@@ -1,10 +1,13 @@
-//! What a new user meets first, without a fleet: an error exit prints one
-//! message (no backtrace frames, no library log lines) unless `-v` asks for
-//! more; the shell completion scripts parse; the man page renders.
+//! What a new user meets first: an error exit prints one message (no
+//! backtrace frames, no library log lines) unless `-v` asks for more; the
+//! shell completion scripts parse; the man page renders; the worker
+//! service installs, starts under systemd and reports its canary.
 
+use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Output};
+use std::time::Duration;
 
-use minions_tests::{Result, bin};
+use minions_tests::{Fleet, PrivateSystemd, Result, bin};
 
 /// `minions ARGS` with `env` set, against a NATS URL nothing listens on.
 fn minions(args: &[&str], env: &[(&str, &str)]) -> Result<Output> {
@@ -92,5 +95,111 @@ fn completion_scripts_parse_and_the_man_page_renders() -> Result<()> {
     for sub in ["submit", "status", "collect", "completions"] {
         assert!(page.contains(sub), "the man page names {sub}");
     }
+    Ok(())
+}
+
+/// `text` of `out`'s stdout and stderr, for messages.
+fn said(out: &Output) -> String {
+    format!(
+        "stdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// `minions-worker install --system` under a real systemd (a private one,
+/// see [`PrivateSystemd`]): a worker that cannot reach NATS is reported as
+/// stopped, with why; one that can runs its canary, judged by the fleet's
+/// watchdog, as the account asked for, with its logs where install said;
+/// `uninstall` stops and removes it.
+#[test]
+fn the_installed_service_starts_under_systemd_and_reports_its_canary() -> Result<()> {
+    if let Some(why) = PrivateSystemd::unavailable() {
+        eprintln!("the service is not started under systemd here: {why}");
+        return Ok(());
+    }
+    let mut fleet = Fleet::local()?;
+    fleet.add_watchdog(&[])?;
+    // The service runs as `daemon`: let it reach the store.
+    let store = fleet.dir.path().join("store");
+    std::fs::create_dir_all(&store)?;
+    for dir in [fleet.dir.path(), store.as_path()] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))?;
+    }
+    let systemd = PrivateSystemd::boot(
+        &fleet.dir.path().join("systemd-console.log"),
+        Duration::from_secs(30),
+    )?;
+    let worker = bin("minions-worker")?.display().to_string();
+    let install = |nats: &str| {
+        systemd.run(&[
+            &worker,
+            "--nats",
+            nats,
+            "--store",
+            &fleet.store_url,
+            "--name",
+            "svc",
+            "install",
+            "--system",
+            "--run-as",
+            "daemon",
+            "--wait",
+            "60",
+        ])
+    };
+    let unit = "minions-worker.service";
+
+    // Nothing listens there: the worker stops, and install says why.
+    let nowhere = format!(
+        "nats://127.0.0.1:{}",
+        std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port()
+    );
+    let out = install(&nowhere)?;
+    let text = said(&out);
+    eprintln!("no NATS:\n{text}");
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("the service started, but the worker stopped: NATS at"),
+        "{text}"
+    );
+    assert!(text.contains("refused the connection"), "{text}");
+    assert!(text.contains(&format!("journalctl -u {unit} -f")), "{text}");
+
+    // Installed again with the fleet's NATS: restarted with the new flags,
+    // its canary passes, judged by the watchdog.
+    let out = install(&fleet.nats_url())?;
+    let text = said(&out);
+    eprintln!("with NATS:\n{text}");
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("(a service of this machine, run as daemon) and started it"),
+        "{text}"
+    );
+    assert!(text.contains("canary passed, judged by watchdog"), "{text}");
+    let active = systemd.run(&["systemctl", "is-active", unit])?;
+    assert_eq!(String::from_utf8_lossy(&active.stdout).trim(), "active");
+    let owner = systemd.run(&[
+        "stat",
+        "-c",
+        "%U",
+        "/var/cache/minions-worker/last-start.json",
+    ])?;
+    assert_eq!(String::from_utf8_lossy(&owner.stdout).trim(), "daemon");
+    let journal = systemd.run(&["journalctl", "-u", unit, "--no-pager"])?;
+    let log = String::from_utf8_lossy(&journal.stdout);
+    assert!(log.contains("canary passed"), "journal:\n{log}");
+
+    let out = systemd.run(&[&worker, "uninstall", "--system"])?;
+    let text = said(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("removed /etc/systemd/system/minions-worker.service"),
+        "{text}"
+    );
+    let active = systemd.run(&["systemctl", "is-active", unit])?;
+    assert_ne!(String::from_utf8_lossy(&active.stdout).trim(), "active");
     Ok(())
 }

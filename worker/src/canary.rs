@@ -24,9 +24,9 @@ const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Requests for a verdict before the worker judges itself.
 const ASKS: u32 = 3;
 
-/// Runs the canary and returns once this worker may pull work, or the
-/// reason it may not.
-pub(crate) async fn gate(ctx: &Ctx, cache_dir: &Path) -> Result<(), WorkerError> {
+/// Runs the canary and returns once this worker may pull work (with the
+/// verdict in words: who judged, and what), or the reason it may not.
+pub(crate) async fn gate(ctx: &Ctx, cache_dir: &Path) -> Result<String, WorkerError> {
     let worker = ctx.identity.worker_id();
     let started = std::time::Instant::now();
     let dir = cache_dir.join(format!("canary-{worker}"));
@@ -63,7 +63,7 @@ pub(crate) async fn gate(ctx: &Ctx, cache_dir: &Path) -> Result<(), WorkerError>
         tracing::info!(by = %verdict.by, detail = %verdict.detail, ran_ms,
             build = %ctx.identity.made_by.build, device = %ctx.identity.made_by.device, kernel = %ctx.identity.made_by.kernel,
             "canary passed");
-        Ok(())
+        Ok(format!("judged by {}: {}", verdict.by, verdict.detail))
     } else {
         tracing::error!(by = %verdict.by, detail = %verdict.detail,
             build = %ctx.identity.made_by.build, device = %ctx.identity.made_by.device, kernel = %ctx.identity.made_by.kernel,

@@ -136,6 +136,8 @@ pub enum WorkerCommand {
     /// systemd user unit on Linux, a launchd LaunchAgent on macOS) with the
     /// flags given here; with --system, one of the whole machine (a system
     /// unit, a LaunchDaemon: for machines lent by IT; run it as root).
+    /// Then waits for the worker's canary and prints its verdict and where
+    /// the logs are; exits non-zero if the worker stopped instead.
     Install {
         /// Folder for the service file (default: the platform's user
         /// folder, or its system folder with --system).
@@ -152,6 +154,10 @@ pub enum WorkerCommand {
         /// a dedicated account is better).
         #[arg(long, requires = "system")]
         run_as: Option<String>,
+        /// Seconds to wait, once the service started, for the worker's
+        /// canary verdict (0: do not wait).
+        #[arg(long, default_value_t = 120, value_name = "SECS")]
+        wait: u64,
     },
     /// Stop and remove the background service.
     Uninstall {
@@ -181,8 +187,10 @@ impl WorkerArgs {
             }
             match a.as_str() {
                 "install" | "uninstall" | "--no-start" | "--no-stop" | "--system" => {}
-                "--unit-dir" | "--run-as" => skip_value = true,
-                _ if a.starts_with("--unit-dir=") || a.starts_with("--run-as=") => {}
+                "--unit-dir" | "--run-as" | "--wait" => skip_value = true,
+                _ if ["--unit-dir=", "--run-as=", "--wait="]
+                    .iter()
+                    .any(|f| a.starts_with(f)) => {}
                 _ => out.push(a),
             }
         }

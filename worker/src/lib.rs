@@ -11,7 +11,9 @@
 //! - [`run`] — connect, pull loop with bounded slots, drain on shutdown.
 //! - `canary`: the known shard run before any work, and its verdict.
 //! - [`doctor`] — what this machine brings and what stands in the way.
-//! - [`service`] — install as a systemd user unit or launchd LaunchAgent.
+//! - [`service`] — the service files (systemd unit, launchd plist);
+//!   [`install`] — install and start one, and report the worker's canary;
+//!   [`start_record`] — how the last start came out.
 //! - `context`: what the slots share, in parts with one owner each:
 //!   `identity` (who this worker is), `settings` (how it runs shards),
 //!   `holds` (what keeps it from pulling), `running` (the shards it runs),
@@ -47,6 +49,7 @@ pub mod generation;
 mod heartbeat;
 mod holds;
 mod identity;
+pub mod install;
 #[cfg(test)]
 mod layout;
 mod lock;
@@ -61,6 +64,7 @@ mod schedule;
 pub mod service;
 mod settings;
 mod shard;
+pub mod start_record;
 mod worker_error;
 
 pub use config::WorkerConfig;

@@ -2,6 +2,8 @@
 
 use clap::Parser;
 use minions_worker::cli::{WorkerArgs, WorkerCommand};
+use minions_worker::install;
+use minions_worker::service::Scope;
 use tokio_util::sync::CancellationToken;
 
 /// See `minions_worker::process_env` for why, and how long freed memory
@@ -19,62 +21,50 @@ async fn run() -> anyhow::Result<()> {
     minions_endpoints::logging::init();
     let mut args = WorkerArgs::parse();
     minions_endpoints::config_file::apply(&mut args.nats, &mut args.store, &mut args.security)?;
-    match &args.command {
+    match args.command.take() {
         Some(WorkerCommand::Install {
             unit_dir,
             no_start,
             system,
             run_as,
+            wait,
         }) => {
-            use minions_worker::service::{self, Scope};
-            let scope = if *system {
-                Scope::System {
-                    run_as: run_as.clone(),
-                }
-            } else {
-                Scope::User
+            let request = install::InstallRequest {
+                unit_dir,
+                no_start,
+                scope: if system {
+                    Scope::System { run_as }
+                } else {
+                    Scope::User
+                },
+                wait: std::time::Duration::from_secs(wait),
+                args: WorkerArgs::service_args(),
+                cache_dir: args.cache_dir.clone(),
             };
-            let dir = match unit_dir {
-                Some(d) => d.clone(),
-                None => service::default_dir(&scope)?,
-            };
-            let me = std::env::current_exe()?;
-            let path = service::install(&dir, &me, &WorkerArgs::service_args(), *no_start, &scope)?;
-            tracing::info!(file = %path.display(), started = !no_start, system = *system,
-                logs = %service::logs_hint(&scope), "worker service installed");
-            return Ok(());
+            return say(&install::install(&request).await?);
         }
         Some(WorkerCommand::Uninstall {
             unit_dir,
             no_stop,
             system,
         }) => {
-            use minions_worker::service::{self, Scope};
-            let scope = if *system {
+            let scope = if system {
                 Scope::System { run_as: None }
             } else {
                 Scope::User
             };
-            let dir = match unit_dir {
-                Some(d) => d.clone(),
-                None => service::default_dir(&scope)?,
-            };
-            match service::uninstall(&dir, *no_stop, &scope)? {
-                Some(p) => tracing::info!(file = %p.display(), "worker service removed"),
-                None => tracing::info!(dir = %dir.display(), "no worker service installed there"),
-            }
-            return Ok(());
+            return say(&install::uninstall(unit_dir.as_deref(), no_stop, &scope)?);
         }
-        _ => {}
+        Some(WorkerCommand::Doctor) => {
+            let config = args.into_config()?;
+            return say(&format!(
+                "{}\n",
+                minions_worker::doctor::report(&config).await
+            ));
+        }
+        None => {}
     }
-    let doctor = matches!(args.command, Some(WorkerCommand::Doctor));
     let config = args.into_config()?;
-    if doctor {
-        let report = minions_worker::doctor::report(&config).await;
-        let mut stdout = std::io::stdout().lock();
-        std::io::Write::write_all(&mut stdout, format!("{report}\n").as_bytes())?;
-        return Ok(());
-    }
     let shutdown = CancellationToken::new();
     tokio::spawn(minions_endpoints::signals::cancel_on_signal(
         shutdown.clone(),
@@ -83,5 +73,11 @@ async fn run() -> anyhow::Result<()> {
     if !summary.handed_back.is_empty() {
         tracing::warn!(shards = ?summary.handed_back, "handed back unfinished shards");
     }
+    Ok(())
+}
+
+/// Writes a command's answer to stdout.
+fn say(text: &str) -> anyhow::Result<()> {
+    std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes())?;
     Ok(())
 }

@@ -119,8 +119,25 @@ async fn device_memory(device: &str) -> Option<u64> {
 
 /// Runs a worker until `shutdown` is cancelled, then drains: pulls nothing new,
 /// lets running shards finish for up to `drain_timeout`, hands back the rest,
-/// and returns what happened.
+/// and returns what happened. How its start came out (the canary's
+/// verdict, or the error that stopped it first) is recorded in its cache
+/// folder ([`crate::start_record`]).
 pub async fn run(
+    config: WorkerConfig,
+    shutdown: CancellationToken,
+) -> Result<RunSummary, WorkerError> {
+    let cache_dir = config.cache_dir.clone();
+    let ran = serve(config, shutdown).await;
+    if let Err(e) = &ran
+        && !crate::start_record::recorded_by_me(&cache_dir)
+    {
+        crate::start_record::write(&cache_dir, false, &e.to_string());
+    }
+    ran
+}
+
+/// [`run`], less the record of a start that failed before the canary.
+async fn serve(
     config: WorkerConfig,
     shutdown: CancellationToken,
 ) -> Result<RunSummary, WorkerError> {
@@ -217,6 +234,14 @@ pub async fn run(
             .map_err(|e| (e, true)),
         Err(e) => Err((e, false)),
     };
+    match &admitted {
+        Ok(verdict) => crate::start_record::write(
+            &config.cache_dir,
+            true,
+            &format!("canary passed, {verdict}"),
+        ),
+        Err((e, _)) => crate::start_record::write(&config.cache_dir, false, &e.to_string()),
+    }
     if let Err((e, leave)) = admitted {
         if leave {
             heartbeat::send_leaving(&ctx, config.heartbeat_interval, started_ms).await;

@@ -11,6 +11,20 @@ pub const SYSTEMD_UNIT: &str = "minions-worker.service";
 /// The launchd label (and plist file stem).
 pub const LAUNCHD_LABEL: &str = "io.minions.worker";
 
+/// The system service's cache folder name, under `/var/cache` (systemd
+/// makes it, see [`system_cache_dir`]).
+const SYSTEM_CACHE_NAME: &str = "minions-worker";
+
+/// The model cache of a service of the whole machine: a folder the
+/// platform keeps for caches, not a home directory.
+pub fn system_cache_dir() -> PathBuf {
+    if cfg!(target_os = "macos") {
+        PathBuf::from("/Library/Caches").join(LAUNCHD_LABEL)
+    } else {
+        PathBuf::from("/var/cache").join(SYSTEM_CACHE_NAME)
+    }
+}
+
 /// Whose service it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Scope {
@@ -58,6 +72,30 @@ pub enum ServiceError {
     /// No home directory to install into.
     #[error("cannot find the home directory; pass --unit-dir")]
     NoHome,
+    /// `--cache-dir` was relative: a service starts elsewhere.
+    #[error("--cache-dir {0:?} is relative; a service needs an absolute folder")]
+    RelativeCacheDir(String),
+    /// The service started and its worker stopped: the canary failed, or
+    /// the worker could not start.
+    #[error("the service started, but the worker stopped: {detail}. Logs: {logs}")]
+    Stopped {
+        /// The worker's own words.
+        detail: String,
+        /// Where its logs are.
+        logs: String,
+    },
+    /// The service started and its worker recorded no start in time.
+    #[error(
+        "the service started, but its worker gave no canary verdict within {waited_s} s (still connecting to NATS, or it cannot write {record}); it is left running. Logs: {logs}"
+    )]
+    NoVerdict {
+        /// How long was waited.
+        waited_s: u64,
+        /// The record file looked for.
+        record: String,
+        /// Where the logs are.
+        logs: String,
+    },
 }
 
 fn xml_escape(s: &str) -> String {
@@ -89,9 +127,13 @@ pub fn systemd_unit(program: &Path, args: &[String], scope: &Scope) -> String {
     let (user, wanted_by) = match scope {
         Scope::User => (String::new(), "default.target"),
         Scope::System { run_as } => (
-            run_as
-                .as_ref()
-                .map_or_else(String::new, |u| format!("User={u}\n")),
+            // The cache folder is made by systemd, owned by the account.
+            format!(
+                "{}CacheDirectory={SYSTEM_CACHE_NAME}\n",
+                run_as
+                    .as_ref()
+                    .map_or_else(String::new, |u| format!("User={u}\n"))
+            ),
             "multi-user.target",
         ),
     };
@@ -236,19 +278,34 @@ pub fn install(
         source,
     })?;
     if !no_start {
-        let p = path.display().to_string();
-        if cfg!(target_os = "macos") {
-            manager("launchctl", &["load", "-w", &p])?;
-        } else {
-            let ctl = scope.systemctl();
-            manager("systemctl", &[ctl, &["daemon-reload"]].concat())?;
-            manager(
-                "systemctl",
-                &[ctl, &["enable", "--now", SYSTEMD_UNIT]].concat(),
-            )?;
-        }
+        start(&path, scope)?;
     }
     Ok(path)
+}
+
+/// Loads the service file at `path` and (re)starts the service, so that a
+/// second install with other flags runs with them.
+fn start(path: &Path, scope: &Scope) -> Result<(), ServiceError> {
+    let p = path.display().to_string();
+    if cfg!(target_os = "macos") {
+        if let Scope::System { run_as: Some(user) } = scope {
+            // launchd makes no cache folder: make it the account's.
+            let dir = system_cache_dir();
+            std::fs::create_dir_all(&dir).map_err(|source| ServiceError::Io {
+                path: dir.display().to_string(),
+                source,
+            })?;
+            manager("chown", &[user.as_str(), &dir.display().to_string()])?;
+        }
+        // Not loaded yet is fine; loaded, it must be unloaded to reload.
+        let _ = manager("launchctl", &["unload", &p]);
+        manager("launchctl", &["load", "-w", &p])
+    } else {
+        let ctl = scope.systemctl();
+        manager("systemctl", &[ctl, &["daemon-reload"]].concat())?;
+        manager("systemctl", &[ctl, &["enable", SYSTEMD_UNIT]].concat())?;
+        manager("systemctl", &[ctl, &["restart", SYSTEMD_UNIT]].concat())
+    }
 }
 
 /// Stops (unless `no_stop`) and removes the service file from `dir`.
@@ -363,6 +420,7 @@ mod tests {
             },
         );
         assert!(system.contains("User=daemon\n") && system.contains("WantedBy=multi-user.target"));
+        assert!(system.contains("CacheDirectory=minions-worker\n"));
         let said = systemd_verify(&system)?.unwrap_or_default();
         assert_eq!(said, "", "systemd-analyze verify:\n{system}");
         let typo = unit.replace("Nice=19", "Nicee=19");
