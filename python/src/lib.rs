@@ -46,15 +46,19 @@ fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
 }
 
 /// Runs `f` on the runtime with the GIL released; an error becomes a
-/// `MinionsError` carrying the CLI's message (with its causes).
+/// `MinionsError` carrying the CLI's message (with its causes), and with
+/// `MINIONS_DEBUG=1` the causes one per line and the backtrace, as the
+/// CLI's `-v` prints them.
 fn block<T, F>(py: Python<'_>, f: F) -> PyResult<T>
 where
     T: Send,
     F: std::future::Future<Output = anyhow::Result<T>> + Send,
 {
     let rt = runtime()?;
-    py.detach(|| rt.block_on(f))
-        .map_err(|e| MinionsError::new_err(format!("{e:#}")))
+    py.detach(|| rt.block_on(f)).map_err(|e| {
+        let text = minions_endpoints::exit::describe(&e, minions_endpoints::exit::debug_from_env());
+        MinionsError::new_err(text.strip_prefix("error: ").unwrap_or(&text).to_owned())
+    })
 }
 
 /// A clap error as one line (the CLI's message, without usage text).

@@ -157,6 +157,22 @@ def test_bad_input_is_a_clear_error_and_publishes_nothing(client, fleet, tmp_pat
         client.job("job-that-is-not").status()
 
 
+def test_an_error_is_its_message_unless_debug_asks(fleet, monkeypatch):
+    # Nothing listens on port 9 of loopback.
+    monkeypatch.setenv("RUST_BACKTRACE", "1")
+    monkeypatch.delenv("MINIONS_DEBUG", raising=False)
+    with pytest.raises(minions.MinionsError) as e:
+        minions.connect(nats="nats://127.0.0.1:9", store=fleet.store_url).workers()
+    plain = str(e.value)
+    assert plain.startswith("NATS at nats://127.0.0.1:9 refused the connection"), plain
+    assert "\n" not in plain and "backtrace" not in plain, plain
+    monkeypatch.setenv("MINIONS_DEBUG", "1")
+    with pytest.raises(minions.MinionsError) as e:
+        minions.connect(nats="nats://127.0.0.1:9", store=fleet.store_url).workers()
+    detail = str(e.value)
+    assert detail.startswith("NATS at nats://127.0.0.1:9") and "backtrace" in detail, detail
+
+
 def test_generation_jobs_give_texts(client, fleet, tmp_path):
     gguf = os.environ.get("MINIONS_TEST_GGUF")
     if not gguf:
