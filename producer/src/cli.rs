@@ -272,6 +272,36 @@ pub enum AdminCommand {
     /// and publish heartbeats and events under its own name only. Offline;
     /// reload the server afterwards.
     AddWorker(AddWorkerArgs),
+    /// Make a NATS identity for a team's program or a person (an nkey seed
+    /// written to NAME.nk) that may submit only for its teams, at most at
+    /// its highest priority, and make no job consumer: the server refuses
+    /// anything else, and a watchdog admits its jobs. Adds the entry above
+    /// the marker line of a server config shaped like
+    /// deploy/nats/least-privilege.conf. Offline; reload the server
+    /// afterwards.
+    AddProducer(AddProducerArgs),
+}
+
+/// Flags of `minions admin add-producer`.
+#[derive(Debug, Args)]
+pub struct AddProducerArgs {
+    /// The identity's name: the submitter its jobs are recorded under.
+    /// Letters, digits and `-`.
+    pub name: String,
+    /// A team it may submit for (repeat for several).
+    #[arg(long, value_name = "TEAM", required = true)]
+    pub team: Vec<String>,
+    /// The highest priority it may submit at.
+    #[arg(long, value_enum, default_value_t = PriorityArg::Normal)]
+    pub max_priority: PriorityArg,
+    /// The nats-server config to add the identity to (it must hold the
+    /// marker line of deploy/nats/least-privilege.conf).
+    #[arg(long, value_name = "FILE")]
+    pub server_config: std::path::PathBuf,
+    /// Where to write its seed (default: NAME.nk here; the file's stem must
+    /// be NAME). Never overwritten; readable by its owner only.
+    #[arg(long, value_name = "FILE")]
+    pub seed_out: Option<std::path::PathBuf>,
 }
 
 /// Flags of `minions admin add-worker`.
@@ -480,6 +510,17 @@ impl From<PriorityArg> for minions_schemas::messages::Priority {
             PriorityArg::Low => Self::Low,
             PriorityArg::Normal => Self::Normal,
             PriorityArg::High => Self::High,
+        }
+    }
+}
+
+impl From<minions_schemas::messages::Priority> for PriorityArg {
+    fn from(p: minions_schemas::messages::Priority) -> Self {
+        use minions_schemas::messages::Priority;
+        match p {
+            Priority::Low => Self::Low,
+            Priority::Normal => Self::Normal,
+            Priority::High => Self::High,
         }
     }
 }

@@ -114,6 +114,9 @@ async fn run(mut cli: Cli) -> anyhow::Result<()> {
         Command::Admin(AdminCommand::AddWorker(args)) => {
             out(&commands::add_worker::add_worker(&args)?.report)
         }
+        Command::Admin(AdminCommand::AddProducer(args)) => {
+            out(&commands::add_producer::add_producer(&args)?.report)
+        }
         Command::Usage(args) => out(&commands::usage::run(ep, &args).await?),
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();

@@ -27,6 +27,7 @@
 //! `minions-endpoints` (`schemas/endpoints/`), so that the inference engine
 //! depends on the contract alone.
 
+pub mod access;
 pub mod canary;
 pub mod codec;
 pub mod ids;

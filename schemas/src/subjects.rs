@@ -4,6 +4,7 @@
 //! or `>` into a subject.
 
 use crate::ids::{JobId, WorkerId};
+use crate::messages::Priority;
 
 /// Prefix of every Minions subject.
 pub const PREFIX: &str = "minions";
@@ -163,6 +164,55 @@ pub fn canary(worker: &WorkerId) -> String {
     format!("minions.canary.{}", machine(worker))
 }
 
+/// Where a producer asks the watchdogs to admit a job:
+/// `minions.submit.<team>.<priority>.<submitter>` (the submitter as
+/// [`submitter_token`] writes it). The server config entry of a producer
+/// identity allows exactly its teams, priorities and name here, so a
+/// watchdog takes them from the subject (see
+/// [`crate::messages::SubmitClaim`]). `team` must be a valid id (no `.`).
+pub fn submit(team: &str, priority: Priority, submitter: &str) -> String {
+    format!(
+        "minions.submit.{team}.{}.{}",
+        priority.as_str(),
+        submitter_token(submitter)
+    )
+}
+
+/// Every submit subject, for the watchdogs' queue group.
+pub const SUBMIT_ALL: &str = "minions.submit.>";
+
+/// A submitter's name as one subject token: characters other than ASCII
+/// letters, digits, `-`, `_` and `@` become `_`; at most 64 of them.
+pub fn submitter_token(name: &str) -> String {
+    let token: String = name
+        .chars()
+        .take(64)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_@".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if token.is_empty() { "_".into() } else { token }
+}
+
+/// The team, priority and submitter token a submit subject names, if it
+/// is one.
+pub fn parse_submit(subject: &str) -> Option<(&str, Priority, &str)> {
+    let mut it = subject.split('.');
+    if it.next() != Some("minions") || it.next() != Some("submit") {
+        return None;
+    }
+    let team = it
+        .next()
+        .filter(|t| crate::ids::validate("team", t).is_ok())?;
+    let priority = Priority::parse(it.next()?)?;
+    let submitter = it.next().filter(|s| !s.is_empty())?;
+    it.next().is_none().then_some((team, priority, submitter))
+}
+
 /// Every machine's canary subject, for the watchdogs' queue group.
 pub const CANARY_ALL: &str = "minions.canary.*";
 
@@ -182,6 +232,27 @@ pub fn msg_id(job: &JobId, shard: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_submit_subject_names_team_priority_and_submitter() {
+        let s = submit("alpha", Priority::High, "ana@laptop.local");
+        assert_eq!(s, "minions.submit.alpha.high.ana@laptop_local");
+        assert_eq!(
+            parse_submit(&s),
+            Some(("alpha", Priority::High, "ana@laptop_local"))
+        );
+        for bad in [
+            "minions.submit.alpha.urgent.ana",
+            "minions.submit.alpha.high",
+            "minions.submit.alpha.high.ana.x",
+            "minions.submit..high.ana",
+            "minions.canary.alpha.high.ana",
+        ] {
+            assert_eq!(parse_submit(bad), None, "{bad}");
+        }
+        assert_eq!(submitter_token(""), "_");
+        assert_eq!(submitter_token("a.b*c>d e"), "a_b_c_d_e");
+    }
 
     #[test]
     fn subjects_are_built_from_ids() -> Result<(), crate::IdError> {

@@ -21,12 +21,12 @@ use std::collections::BTreeSet;
 use std::fmt;
 
 use minions_schemas::messages::{
-    ChatTurn, Control, ControlCommand, ControlReply, DeadLetter, EventKind, FinishReason,
-    Generation, GenerationRecord, Heartbeat, InFlight, InputDescription, JobManifest, JobSpec,
-    ManifestShard, ModelFamily, ModelFile, ModelManifest, ModelRecord, OutputPayload, Precision,
-    Priority, Prompt, Provenance, Quarantine, QueuedJob, Requirements, SamplingParams, Schedule,
-    ShardCheckpoint, ShardEvent, ShardInput, ShardOutput, ShardTask, TeamPolicy, TeamShare,
-    VerdictOutcome, WorkerRecord, WorkerState,
+    Admission, ChatTurn, Control, ControlCommand, ControlReply, DeadLetter, EventKind,
+    FinishReason, Generation, GenerationRecord, Heartbeat, InFlight, InputDescription, JobManifest,
+    JobSpec, ManifestShard, ModelFamily, ModelFile, ModelManifest, ModelRecord, OutputPayload,
+    Precision, Priority, Prompt, Provenance, Quarantine, QueuedJob, Requirements, SamplingParams,
+    Schedule, ShardCheckpoint, ShardEvent, ShardInput, ShardOutput, ShardTask, SubmitClaim,
+    TeamPolicy, TeamShare, VerdictOutcome, WorkerRecord, WorkerState,
 };
 use minions_schemas::{JobId, ModelHash, ModelName, SCHEMA_VERSION, WorkerId, codec};
 use serde::Serialize;
@@ -916,6 +916,18 @@ fn check_all(c: &mut Checker) -> Res {
             reason: "2 of its results outvoted by check runs on other machines".into(),
             by: "watchdog-ops".into(),
             at_ms: 1_767_225_612_345,
+        })?;
+    }
+    c.check(&SubmitClaim {
+        v,
+        job: ids.job.clone(),
+    })?;
+    for admitted in [true, false] {
+        c.check(&Admission {
+            v,
+            admitted,
+            detail: String::new(),
+            by: "watchdog-ops".into(),
         })?;
     }
     Ok(())

@@ -98,7 +98,9 @@ impl NatsServer {
     /// store, TLS from a test authority, the passwords of
     /// [`role_passwords`]), with a worker identity for each of `workers`
     /// added by `minions admin add-worker` (seeds at
-    /// [`NatsServer::worker_seed`]); it is not restarted.
+    /// [`NatsServer::worker_seed`]) and the team identity `ana` by
+    /// `minions admin add-producer` ([`NatsServer::producer_seed`]); it is
+    /// not restarted.
     pub fn start_least_privilege(workers: &[&str]) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("minions-nats-").tempdir()?;
         let (ca, cert, key) = write_test_certs(dir.path())?;
@@ -122,6 +124,24 @@ impl NatsServer {
                 &[],
             )?;
         }
+        // A team's identity (`minions admin add-producer`): `ana` may
+        // submit for team alpha, at most at normal priority.
+        minions_ok(
+            &[
+                "admin",
+                "add-producer",
+                "ana",
+                "--team",
+                "alpha",
+                "--max-priority",
+                "normal",
+                "--server-config",
+                &conf.display().to_string(),
+                "--seed-out",
+                &dir.path().join("ana.nk").display().to_string(),
+            ],
+            &[],
+        )?;
         let name = unique_server_name();
         // Flags override the config: the port it picks, no monitoring, and
         // a name to know it by.
@@ -175,6 +195,12 @@ impl NatsServer {
             anchor: None,
             dir,
         }
+    }
+
+    /// The nkey seed file of producer identity `name` (`ana`, of team
+    /// alpha up to normal priority; see [`NatsServer::start_least_privilege`]).
+    pub fn producer_seed(&self, name: &str) -> PathBuf {
+        self.dir.path().join(format!("{name}.nk"))
     }
 
     /// The nkey seed file of worker machine `name` (see

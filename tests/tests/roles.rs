@@ -77,6 +77,114 @@ async fn the_core_path_job_runs_with_one_identity_per_role() -> Result<()> {
         refused.join("\n")
     );
     eprintln!("no permission violation in the server's log during the job");
+    team_identity_submits_for_its_team_only(&fleet).await
+}
+
+/// `ana` (`minions admin add-producer ana --team alpha --max-priority
+/// normal`) submits for alpha and the job runs, recorded under her name;
+/// for team beta, or at high priority, the server refuses the claim and the
+/// CLI says why; she may neither make a job consumer nor drain a worker.
+async fn team_identity_submits_for_its_team_only(fleet: &Fleet) -> Result<()> {
+    let seed = fleet.nats.producer_seed("ana");
+    let mut env = fleet.cli_env();
+    env.retain(|(k, _)| k != "MINIONS_NATS_USER" && k != "MINIONS_NATS_PASSWORD");
+    env.push(("MINIONS_NATS_NKEY".into(), seed.display().to_string()));
+    let input = fleet.dir.path().join("ana.jsonl");
+    minions_tests::write_corpus(&input, 20)?;
+    let input = input.display().to_string();
+    let submit = |job: &str, extra: &[&str]| {
+        let mut args = vec![
+            "submit",
+            "--model",
+            "tiny",
+            "--input",
+            &input,
+            "--job",
+            job,
+            "--shard-size",
+            "5",
+        ];
+        args.extend_from_slice(extra);
+        minions_tests::minions(&args, &env)
+    };
+    let out = submit("ana1", &["--team", "alpha"])?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = fleet.wait_job("ana1", Duration::from_secs(300))?;
+    assert_eq!(status["done"], 4, "{status}");
+    let listed = minions_tests::minions_ok(&["jobs", "--team", "alpha", "--json"], &env)?;
+    let jobs: serde_json::Value = serde_json::from_str(&listed)?;
+    let ana1 = jobs
+        .as_array()
+        .and_then(|a| a.iter().find(|j| j["job"] == "ana1"))
+        .ok_or_else(|| format!("ana1 not listed: {listed}"))?;
+    assert_eq!(
+        (&ana1["submitter"], &ana1["team"]),
+        (&"ana".into(), &"alpha".into()),
+        "{ana1}"
+    );
+    eprintln!("ana submitted for alpha: done, recorded as submitted by ana");
+
+    for (job, extra, subject) in [
+        (
+            "ana2",
+            vec!["--team", "beta"],
+            "minions.submit.beta.normal.ana",
+        ),
+        (
+            "ana3",
+            vec!["--team", "alpha", "--priority", "high"],
+            "minions.submit.alpha.high.ana",
+        ),
+    ] {
+        let out = submit(job, &extra)?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        eprintln!("ana {extra:?}: {}", err.trim());
+        assert!(!out.status.success(), "{err}");
+        assert!(
+            err.contains("the NATS server refused identity \"ana\" to submit for team"),
+            "{err}"
+        );
+        assert!(err.contains("nothing was queued"), "{err}");
+        // The server's own record of the refusal (its log is written a
+        // moment after it answers).
+        let mut logged = false;
+        for _ in 0..40 {
+            let log = std::fs::read_to_string(&fleet.nats.proc.log)?;
+            logged = log
+                .lines()
+                .any(|l| l.contains("Violation") && l.contains(subject));
+            if logged {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(logged, "no refusal of {subject} in the server's log");
+    }
+    let listed = minions_tests::minions_ok(&["jobs", "--json"], &env)?;
+    assert!(
+        !listed.contains("\"ana2\"") && !listed.contains("\"ana3\""),
+        "a refused job is listed: {listed}"
+    );
+
+    let ana = Conn::machine(&fleet.nats, &seed).await?;
+    assert!(
+        ana.publish_refused("$JS.API.CONSUMER.CREATE.MINIONS_WORK.job-x.minions.work.x.*")
+            .await?,
+        "ana made a job consumer"
+    );
+    assert!(
+        ana.publish_refused("minions.ctl.w1.w1-x").await?,
+        "ana drained a worker"
+    );
+    assert!(
+        ana.publish_refused("minions.submit.alpha.normal.bob")
+            .await?,
+        "ana claimed a job as bob"
+    );
     Ok(())
 }
 

@@ -22,6 +22,7 @@
 //! - [`ledger`] — jobs, deliveries and usage in PostgreSQL (`--ledger`).
 //! - [`run`] — the loop.
 
+pub mod admission;
 pub mod checkpoint;
 pub mod cli;
 pub mod dead_letters;

@@ -179,6 +179,20 @@ async fn start(
     let canaries = crate::trust::canary::listen(&client)
         .await
         .map_err(follow_err("canaries"))?;
+    let claims = crate::admission::listen(&client)
+        .await
+        .map_err(follow_err("submit claims"))?;
+    let admissions = crate::admission::serve(
+        crate::admission::Admitter {
+            client: client.clone(),
+            js: js.clone(),
+            store: store.clone(),
+            work: work_settings.clone(),
+            me: config.name.clone(),
+        },
+        claims,
+        stop_side.clone(),
+    );
     let poller = tokio::spawn({
         let (js, view, stop) = (js.clone(), view.clone(), stop_side.clone());
         let nats = client.clone();
@@ -197,6 +211,7 @@ async fn start(
                 crate::unheld::watch(js.clone(), nats, view.clone(), every, stop.clone()),
                 crate::trust::quarantined::poll(js, view, every * 3, stop),
                 canaries,
+                admissions,
             );
         }
     });

@@ -2,7 +2,7 @@
 //! verdict, or the error that stopped the worker before it. A service
 //! manager starts the worker out of sight; `minions-worker install` reads
 //! this record to tell whoever installed it whether the machine now lends
-//! (see [`crate::install`]).
+//! (see the `install` module).
 //!
 //! One small JSON file per cache folder, replaced whole (written beside
 //! and renamed), so a reader never sees half of one.

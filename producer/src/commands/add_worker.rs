@@ -9,50 +9,15 @@
 //! the operator reloads the server afterwards.
 
 use std::fmt::Write as _;
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use minions_endpoints::host;
 use minions_schemas::streams;
 
 use crate::cli::AddWorkerArgs;
 
-/// The line of the server config above which entries are inserted.
-pub const MARKER: &str = "# minions: new worker identities go above this line";
-
-/// Why an identity could not be added.
-#[derive(Debug, thiserror::Error)]
-pub enum AddWorkerError {
-    /// The name cannot be a worker's machine name.
-    #[error(
-        "{0:?} cannot name a worker machine: use letters, digits and `-`, start with a letter or digit, at most 40 characters (the worker is then run with `--name {1}`)"
-    )]
-    BadName(String, String),
-    /// The config could not be read or written.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// The config lacks the marker line.
-    #[error(
-        "{0}: no line `{MARKER}` to insert the identity above (start from deploy/nats/least-privilege.conf)"
-    )]
-    NoMarker(PathBuf),
-    /// The machine already has an identity.
-    #[error(
-        "{0}: worker machine {1} already has an identity; delete its entry (the lines from `# worker machine {1}` to the next entry) to issue a new one"
-    )]
-    Exists(PathBuf, String),
-    /// The seed file exists (never overwritten: it may be in use).
-    #[error("{0} exists; choose another --seed-out or remove it first")]
-    SeedExists(PathBuf),
-    /// The key pair could not be made.
-    #[error("making an nkey: {0}")]
-    Key(String),
-}
+pub use super::identity_file::{IdentityError as AddWorkerError, MARKER};
+use super::identity_file::{file_name, new_seed, read_with_entry, replace};
 
 /// What was added.
 #[derive(Debug)]
@@ -102,13 +67,6 @@ pub fn entry(name: &str, public_key: &str) -> String {
     )
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> AddWorkerError + '_ {
-    move |source| AddWorkerError::Io {
-        path: path.to_owned(),
-        source,
-    }
-}
-
 /// Adds machine `args.name` to `args.server_config` and writes its seed.
 /// The config is rewritten through a temporary file and a rename, so it is
 /// never left half-written; the seed is written first, readable by its owner
@@ -117,35 +75,23 @@ pub fn add_worker(args: &AddWorkerArgs) -> Result<Added, AddWorkerError> {
     let name = args.name.clone();
     let fixed = host::id_prefix(&name, "worker");
     if fixed != name || minions_schemas::WorkerId::new(format!("{name}-x")).is_err() {
-        return Err(AddWorkerError::BadName(name, fixed));
+        return Err(AddWorkerError::BadName(
+            name,
+            "a worker machine",
+            format!(" (the worker is then run with `--name {fixed}`)"),
+        ));
     }
     let conf = &args.server_config;
-    let text = std::fs::read_to_string(conf).map_err(io(conf))?;
-    let Some(at) = text.find(MARKER) else {
-        return Err(AddWorkerError::NoMarker(conf.clone()));
-    };
-    if text.contains(&format!("# worker machine {name} (")) {
-        return Err(AddWorkerError::Exists(conf.clone(), name));
-    }
-    // Insert at the start of the marker's line, keeping its indentation after.
-    let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
     let seed_file = args
         .seed_out
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("{name}.nk")));
-    let pair = nkeys::KeyPair::new_user();
-    let seed = pair
-        .seed()
-        .map_err(|e| AddWorkerError::Key(e.to_string()))?;
-    let public_key = pair.public_key();
-    write_secret(&seed_file, &format!("{seed}\n"))?;
-    let mut updated = String::with_capacity(text.len() + 1024);
-    updated.push_str(&text[..line_start]);
-    updated.push_str(&entry(&name, &public_key));
-    updated.push_str(&text[line_start..]);
-    let tmp = conf.with_extension("conf.tmp");
-    std::fs::write(&tmp, updated).map_err(io(&tmp))?;
-    std::fs::rename(&tmp, conf).map_err(io(conf))?;
+    let label = format!("worker machine {name}");
+    // Refusals first: nothing is written for a config that would not take it.
+    read_with_entry(conf, &label, String::new)?;
+    let public_key = new_seed(&seed_file)?;
+    let (updated, _) = read_with_entry(conf, &label, || entry(&name, &public_key))?;
+    replace(conf, &updated)?;
     let mut report = String::new();
     let _ = writeln!(
         report,
@@ -164,10 +110,7 @@ pub fn add_worker(args: &AddWorkerArgs) -> Result<Added, AddWorkerError> {
     let _ = write!(
         report,
         "  minions-worker --name {name} --nats-nkey {} --nats-ca CA.pem --nats tls://SERVER:4222",
-        seed_file.file_name().map_or_else(
-            || seed_file.display().to_string(),
-            |f| f.to_string_lossy().into_owned()
-        )
+        file_name(&seed_file)
     );
     Ok(Added {
         name,
@@ -177,28 +120,10 @@ pub fn add_worker(args: &AddWorkerArgs) -> Result<Added, AddWorkerError> {
     })
 }
 
-fn write_secret(path: &Path, text: &str) -> Result<(), AddWorkerError> {
-    let mut o = std::fs::OpenOptions::new();
-    o.write(true).create_new(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        o.mode(0o600);
-    }
-    let mut f = match o.open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            return Err(AddWorkerError::SeedExists(path.to_owned()));
-        }
-        Err(e) => return Err(io(path)(e)),
-    };
-    f.write_all(text.as_bytes()).map_err(io(path))?;
-    f.sync_all().map_err(io(path))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn args(dir: &Path, name: &str) -> AddWorkerArgs {
         AddWorkerArgs {

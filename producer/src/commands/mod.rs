@@ -1,9 +1,11 @@
 //! One file per subcommand.
 
+pub mod add_producer;
 pub mod add_worker;
 pub mod admin;
 pub mod collect;
 pub mod dev;
+pub mod identity_file;
 pub mod job_control;
 pub mod jobs;
 pub mod model;

@@ -271,8 +271,9 @@ pub async fn submit(
         }
         None => (spec, false),
     };
-    // The job's own consumer, before any of its shards is queued.
-    minions_endpoints::queue::ensure_job_consumer(&js, &settings, &spec).await?;
+    // The job's own consumer, before any of its shards is queued: made by
+    // the watchdog that admits the job, else (none running) here.
+    admit(&client, &js, &settings, &spec).await?;
     if !missing.is_empty() {
         tracing::info!(job = %job, shards = missing.len(), "putting back shard inputs missing from the store");
         for input in missing {
@@ -386,6 +387,34 @@ pub async fn submit(
         model = %model_name, model_hash = record.hash.short(), secs = started.elapsed().as_secs_f64(),
         "job submitted");
     Ok(report)
+}
+
+/// Has `spec`'s job admitted by a watchdog (which makes its consumer), or
+/// where none answers makes the consumer here. An identity that may not
+/// make consumers (one made by `minions admin add-producer`) needs a
+/// watchdog, and is told so.
+async fn admit(
+    client: &async_nats::Client,
+    js: &async_nats::jetstream::Context,
+    settings: &minions_schemas::streams::WorkSettings,
+    spec: &JobSpec,
+) -> anyhow::Result<()> {
+    use minions_endpoints::admission::{self, Admitted};
+    match admission::ask(client, spec).await? {
+        Admitted::ByWatchdog { by } => {
+            tracing::debug!(job = %spec.job, by = %by, "job admitted");
+            Ok(())
+        }
+        Admitted::NoWatchdog => minions_endpoints::queue::ensure_job_consumer(js, settings, spec)
+            .await
+            .map(drop)
+            .with_context(|| {
+                format!(
+                    "no watchdog admitted job {} (none answered), so its consumer was made here, which failed; an identity made by `minions admin add-producer` may not make consumers itself: start a watchdog",
+                    spec.job
+                )
+            }),
+    }
 }
 
 /// The subjects of `job`'s shards that the work stream holds now (queued

@@ -309,7 +309,7 @@ pub async fn connect(
                     let text = e.to_string();
                     if text.to_lowercase().contains("permissions violation") {
                         let _ = refusal_feed().send(text.clone());
-                        tracing::error!(error = %text, "the NATS server refused an action to this identity: see its permissions in the server's config (a worker machine's identity works only with the --name it was issued for)");
+                        tracing::warn!(error = %text, "the NATS server refused an action to this identity: see its permissions in the server's config (a worker machine's identity works only with the --name it was issued for; a producer's only for its teams and priorities)");
                     }
                     let _ = tx.try_send(text);
                 }

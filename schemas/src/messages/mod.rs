@@ -2,6 +2,7 @@
 //! and is encoded with [`crate::encode`] and decoded with [`crate::decode`]
 //! under the limit named beside it.
 
+mod admission;
 mod canary;
 mod control;
 mod dead_letter;
@@ -22,6 +23,7 @@ mod shard_io;
 mod shard_task;
 mod worker_record;
 
+pub use admission::{Admission, SubmitClaim};
 pub use canary::{CanaryAnswer, CanaryReport, CanaryVerdict};
 pub use control::{Control, ControlCommand, ControlReply};
 pub use dead_letter::DeadLetter;
