@@ -97,6 +97,17 @@ pub enum Command {
     ///   minions jobs --since 2d --limit 100 --json
     #[command(verbatim_doc_comment)]
     Jobs(JobsArgs),
+    /// List the operator actions on record, oldest first: who drained,
+    /// evicted, resumed or released which worker, cancelled or retried
+    /// which job, set which team, and which machines a watchdog
+    /// quarantined. Every such command puts itself on record before it
+    /// acts, under its NATS identity.
+    ///
+    /// Examples:
+    ///   minions audit                         # the last 7 days
+    ///   minions audit --since 30d --by ana --json
+    #[command(verbatim_doc_comment)]
+    Audit(AuditArgs),
     /// Follow a job live until it ends: a progress bar with rate and ETA.
     /// Exits 0 when every shard is done, 1 when some failed or it was cancelled.
     Watch(WatchArgs),
@@ -280,6 +291,27 @@ pub enum AdminCommand {
     /// deploy/nats/least-privilege.conf. Offline; reload the server
     /// afterwards.
     AddProducer(AddProducerArgs),
+    /// Make a bearer token that reads the watchdog's dashboard, its JSON
+    /// and /metrics (--metrics-only: /metrics alone, for Prometheus). The
+    /// token is printed once; FILE keeps its SHA-256 (the watchdog's
+    /// --http-access FILE; restart the watchdog to read it).
+    AddViewer(AddTokenArgs),
+    /// Make a bearer token that reads everything and may act from the
+    /// dashboard; as add-viewer otherwise.
+    AddOperator(AddTokenArgs),
+}
+
+/// Flags of `minions admin add-viewer` and `add-operator`.
+#[derive(Debug, Args)]
+pub struct AddTokenArgs {
+    /// Who the token is for (letters, digits, '-', '_', '.', '@').
+    pub name: String,
+    /// The watchdog's access file (made when missing, owner-only).
+    #[arg(long, value_name = "FILE")]
+    pub access_file: std::path::PathBuf,
+    /// (add-viewer) A token for /metrics only.
+    #[arg(long)]
+    pub metrics_only: bool,
 }
 
 /// Flags of `minions admin add-producer`.
@@ -576,6 +608,25 @@ pub struct StatusArgs {
     /// The job id.
     pub job: String,
     /// Print JSON for scripts.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Flags of `minions audit`.
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    /// Actions since: a duration back from now (7d, 12h, 90m) or a date
+    /// (2026-12-01, or RFC 3339).
+    #[arg(long, default_value = "7d", value_name = "WHEN",
+          value_parser = crate::commands::usage::parse_when)]
+    pub since: crate::commands::usage::When,
+    /// Only the actions of this identity.
+    #[arg(long, value_name = "NAME")]
+    pub by: Option<String>,
+    /// At most this many (the newest).
+    #[arg(long, default_value_t = 200)]
+    pub limit: usize,
+    /// JSON instead of a table.
     #[arg(long)]
     pub json: bool,
 }

@@ -32,6 +32,7 @@ async fn run(mut cli: Cli) -> anyhow::Result<()> {
         Command::Submit(args) => out(commands::submit::run(ep, args).await?.job.as_str()),
         Command::Status(args) => out(&commands::status::run(ep, &args).await?.1),
         Command::Jobs(args) => out(&commands::jobs::run(ep, &args).await?.1),
+        Command::Audit(args) => out(&commands::audit::run(ep, &args).await?),
         Command::Watch(args) => {
             let shutdown = CancellationToken::new();
             tokio::spawn(minions_endpoints::signals::cancel_on_signal(
@@ -114,6 +115,24 @@ async fn run(mut cli: Cli) -> anyhow::Result<()> {
         Command::Admin(AdminCommand::AddWorker(args)) => {
             out(&commands::add_worker::add_worker(&args)?.report)
         }
+        Command::Admin(AdminCommand::AddViewer(args)) => {
+            use minions_schemas::access::Role;
+            let role = if args.metrics_only {
+                Role::Metrics
+            } else {
+                Role::Viewer
+            };
+            out(&commands::add_access::add(
+                &args.access_file,
+                &args.name,
+                role,
+            )?)
+        }
+        Command::Admin(AdminCommand::AddOperator(args)) => out(&commands::add_access::add(
+            &args.access_file,
+            &args.name,
+            minions_schemas::access::Role::Operator,
+        )?),
         Command::Admin(AdminCommand::AddProducer(args)) => {
             out(&commands::add_producer::add_producer(&args)?.report)
         }

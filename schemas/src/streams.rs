@@ -21,6 +21,10 @@ pub const EVENTS_STREAM: &str = "MINIONS_EVENTS";
 pub const HEARTBEATS_STREAM: &str = "MINIONS_HEARTBEATS";
 /// The dead-letter stream.
 pub const DEAD_STREAM: &str = "MINIONS_DEAD";
+/// The stream that keeps operator actions on record (`minions audit`).
+pub const ACTIONS_STREAM: &str = "MINIONS_ACTIONS";
+/// How long actions are kept: a bit over a year, for audits.
+pub const ACTIONS_MAX_AGE: Duration = Duration::from_secs(400 * 24 * 3600);
 /// The worker registry (JetStream KV; key = worker id).
 pub const WORKERS_BUCKET: &str = "MINIONS_WORKERS";
 /// The team policies (JetStream KV; one key,

@@ -178,6 +178,18 @@ pub fn submit(team: &str, priority: Priority, submitter: &str) -> String {
     )
 }
 
+/// Where an operator action is put on record, under its actor's name
+/// ([`submitter_token`]): `minions.actions.<actor>`. A server config grants
+/// each identity its own name only (the watchdog every name: it records
+/// what the dashboard's users do under theirs). Readers drop a record whose
+/// `by` is not its subject's actor.
+pub fn action(actor: &str) -> String {
+    format!("minions.actions.{}", submitter_token(actor))
+}
+
+/// Every action subject (the actions stream's).
+pub const ACTION_SUBJECTS: &str = "minions.actions.>";
+
 /// Every submit subject, for the watchdogs' queue group.
 pub const SUBMIT_ALL: &str = "minions.submit.>";
 
@@ -209,7 +221,8 @@ pub fn parse_submit(subject: &str) -> Option<(&str, Priority, &str)> {
         .next()
         .filter(|t| crate::ids::validate("team", t).is_ok())?;
     let priority = Priority::parse(it.next()?)?;
-    let submitter = it.next().filter(|s| !s.is_empty())?;
+    // Only what [`submitter_token`] writes.
+    let submitter = it.next().filter(|s| submitter_token(s) == *s)?;
     it.next().is_none().then_some((team, priority, submitter))
 }
 
@@ -247,6 +260,7 @@ mod tests {
             "minions.submit.alpha.high.ana.x",
             "minions.submit..high.ana",
             "minions.canary.alpha.high.ana",
+            "minions.submit.alpha.high.a\u{13}b",
         ] {
             assert_eq!(parse_submit(bad), None, "{bad}");
         }

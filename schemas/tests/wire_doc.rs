@@ -21,12 +21,12 @@ use std::collections::BTreeSet;
 use std::fmt;
 
 use minions_schemas::messages::{
-    Admission, ChatTurn, Control, ControlCommand, ControlReply, DeadLetter, EventKind,
+    ActionKind, Admission, ChatTurn, Control, ControlCommand, ControlReply, DeadLetter, EventKind,
     FinishReason, Generation, GenerationRecord, Heartbeat, InFlight, InputDescription, JobManifest,
-    JobSpec, ManifestShard, ModelFamily, ModelFile, ModelManifest, ModelRecord, OutputPayload,
-    Precision, Priority, Prompt, Provenance, Quarantine, QueuedJob, Requirements, SamplingParams,
-    Schedule, ShardCheckpoint, ShardEvent, ShardInput, ShardOutput, ShardTask, SubmitClaim,
-    TeamPolicy, TeamShare, VerdictOutcome, WorkerRecord, WorkerState,
+    JobSpec, ManifestShard, ModelFamily, ModelFile, ModelManifest, ModelRecord, OperatorAction,
+    OutputPayload, Precision, Priority, Prompt, Provenance, Quarantine, QueuedJob, Requirements,
+    SamplingParams, Schedule, ShardCheckpoint, ShardEvent, ShardInput, ShardOutput, ShardTask,
+    SubmitClaim, TeamPolicy, TeamShare, VerdictOutcome, WorkerRecord, WorkerState,
 };
 use minions_schemas::{JobId, ModelHash, ModelName, SCHEMA_VERSION, WorkerId, codec};
 use serde::Serialize;
@@ -614,6 +614,33 @@ fn generation_record(prompt: Prompt) -> GenerationRecord {
 }
 
 /// Checks a sample of every type that crosses a process boundary.
+fn every_action_kind() -> Vec<ActionKind> {
+    use ActionKind as A;
+    let all = vec![
+        A::Drain,
+        A::Evict,
+        A::Resume,
+        A::Release,
+        A::Cancel,
+        A::Retry,
+        A::TeamSet,
+        A::Quarantine,
+    ];
+    for a in &all {
+        match a {
+            A::Drain
+            | A::Evict
+            | A::Resume
+            | A::Release
+            | A::Cancel
+            | A::Retry
+            | A::TeamSet
+            | A::Quarantine => {}
+        }
+    }
+    all
+}
+
 fn check_all(c: &mut Checker) -> Res {
     let ids = ids()?;
     let v = SCHEMA_VERSION;
@@ -916,6 +943,17 @@ fn check_all(c: &mut Checker) -> Res {
             reason: "2 of its results outvoted by check runs on other machines".into(),
             by: "watchdog-ops".into(),
             at_ms: 1_767_225_612_345,
+        })?;
+    }
+    for action in every_action_kind() {
+        c.check(&OperatorAction {
+            v,
+            at_ms: 1_767_225_612_345,
+            by: "ana".into(),
+            via: "cli".into(),
+            action,
+            target: "mac-07".into(),
+            detail: "weight 3".into(),
         })?;
     }
     c.check(&SubmitClaim {

@@ -125,7 +125,7 @@ for _ in $(seq 1 100); do
   (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
   sleep 0.1
 done
-"$BIN/minions-watchdog" --name gpu-watchdog --listen 127.0.0.1:0 > "$OUT/watchdog.log" 2>&1 &
+"$BIN/minions-watchdog" --name gpu-watchdog --listen 127.0.0.1:0 --http-open > "$OUT/watchdog.log" 2>&1 &
 pids+=($!)
 
 WORKER=""

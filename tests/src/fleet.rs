@@ -195,6 +195,11 @@ impl Fleet {
             "--listen".into(),
             "127.0.0.1:0".into(),
         ];
+        // Open, as `minions dev` serves it on loopback, unless a test asks
+        // for a credential (`--http-access`, `--http-trust-header`).
+        if !extra.iter().any(|a| a.starts_with("--http-")) {
+            args.push("--http-open".into());
+        }
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         let mut env = self.env.clone();
         env.extend(self.watchdog_env.iter().cloned());

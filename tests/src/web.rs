@@ -39,6 +39,44 @@ pub fn get(url: &str) -> Result<(u16, String)> {
     Ok((status, body))
 }
 
+/// One HTTP/1.1 request to `addr` from the local address `from` (any of
+/// 127.0.0.0/8 on loopback: how a test stands in for a proxy at another
+/// address), with `headers` and `body`; returns the status and the whole
+/// response (headers and body) as text.
+pub fn request_from(
+    from: std::net::IpAddr,
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    socket.bind(&std::net::SocketAddr::new(from, 0).into())?;
+    socket.connect_timeout(&addr.into(), Duration::from_secs(5))?;
+    let mut stream: std::net::TcpStream = socket.into();
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    stream.write_all(req.as_bytes())?;
+    let mut out = String::new();
+    stream.read_to_string(&mut out)?;
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("not an HTTP response: {out:.200}"))?;
+    Ok((status, out))
+}
+
 /// A headless Chromium session. The browser and its driver stop on drop.
 pub struct Browser {
     driver: Proc,

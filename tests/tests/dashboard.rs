@@ -330,3 +330,152 @@ async fn scenario(fleet: &mut Fleet) -> Result<()> {
     );
     Ok(())
 }
+
+/// The first line `minions admin add-viewer|add-operator` prints: the token.
+fn token_of(fleet: &Fleet, args: &[&str]) -> Result<String> {
+    let said = fleet.cli(args)?;
+    Ok(said.lines().next().ok_or("no token printed")?.to_owned())
+}
+
+/// A watchdog started with an access file and a trusted proxy: without a
+/// credential a page answers 401 with a sign-in form (the API: 401 and
+/// `WWW-Authenticate`), `/healthz` answers anyone; a viewer's token reads
+/// pages and `/metrics`, a metrics token `/metrics` only; signing in with a
+/// token in a real browser sets a cookie that the live page keeps using; a
+/// proxy's user header is believed from the proxy's address only.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_dashboard_asks_for_a_credential() -> Result<()> {
+    let mut fleet = Fleet::local()?;
+    let access = fleet.dir.path().join("access");
+    let file = access.display().to_string();
+    let ana = token_of(
+        &fleet,
+        &["admin", "add-viewer", "ana", "--access-file", &file],
+    )?;
+    let prom = token_of(
+        &fleet,
+        &[
+            "admin",
+            "add-viewer",
+            "prom",
+            "--metrics-only",
+            "--access-file",
+            &file,
+        ],
+    )?;
+    let kept = std::fs::read_to_string(&access)?;
+    assert!(
+        !kept.contains(&ana[4..]) && !kept.contains(&prom[4..]),
+        "{kept}"
+    );
+    fleet.add_watchdog(&[
+        "--http-access",
+        &file,
+        "--http-trust-header",
+        "X-Forwarded-User",
+        "--http-trust-proxy",
+        "127.0.0.2",
+    ])?;
+    let base = fleet.dashboards[0].clone();
+    let addr: std::net::SocketAddr = base.trim_start_matches("http://").parse()?;
+    let me: std::net::IpAddr = "127.0.0.1".parse()?;
+    let proxy: std::net::IpAddr = "127.0.0.2".parse()?;
+    let ask = |from, path: &str, headers: &[(&str, &str)]| {
+        minions_tests::web::request_from(from, addr, "GET", path, headers, "")
+    };
+
+    let (code, page) = ask(me, "/", &[])?;
+    assert_eq!(code, 401, "{page}");
+    assert!(page.contains("action=\"/signin\""), "{page}");
+    let (code, api) = ask(me, "/api/fleet", &[])?;
+    assert_eq!(code, 401);
+    assert!(
+        api.to_lowercase().contains("www-authenticate: bearer"),
+        "{api}"
+    );
+    assert_eq!(ask(me, "/healthz", &[])?.0, 200);
+    let bearer = format!("Bearer {ana}");
+    for path in ["/", "/api/fleet", "/metrics"] {
+        let (code, body) = ask(me, path, &[("Authorization", &bearer)])?;
+        assert_eq!(code, 200, "viewer {path}: {body:.300}");
+    }
+    let scraper = format!("Bearer {prom}");
+    assert_eq!(ask(me, "/metrics", &[("Authorization", &scraper)])?.0, 200);
+    assert_eq!(ask(me, "/", &[("Authorization", &scraper)])?.0, 403);
+    let stranger = format!("Bearer mnt_{}", "0".repeat(64));
+    assert_eq!(ask(me, "/", &[("Authorization", &stranger)])?.0, 401);
+    // The proxy's word, from the proxy only.
+    let user = [("X-Forwarded-User", "carol@corp")];
+    assert_eq!(ask(proxy, "/api/fleet", &user)?.0, 200);
+    assert_eq!(ask(me, "/api/fleet", &user)?.0, 401);
+    // A wrong token at the form: 401 and the form again.
+    let (code, again) = minions_tests::web::request_from(
+        me,
+        addr,
+        "POST",
+        "/signin",
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+        "token=mnt_nope",
+    )?;
+    assert_eq!(code, 401);
+    assert!(again.contains("not known here"), "{again}");
+    eprintln!(
+        "no credential: 401 and a sign-in page; viewer, metrics and proxy credentials as granted"
+    );
+
+    // A person signs in from a real browser, and the live page goes on.
+    let browser = Browser::start(fleet.dir.path())?;
+    browser.open(&format!("{base}/"))?;
+    let form = browser.eval("return !!document.querySelector('form[action=\"/signin\"]');")?;
+    assert_eq!(form, serde_json::Value::Bool(true));
+    browser.eval(&format!(
+        "document.querySelector('input[name=token]').value = '{ana}'; document.querySelector('form').submit(); return 1;"
+    ))?;
+    let workers =
+        wait_until(
+            "the fleet page after signing in",
+            Duration::from_secs(15),
+            || {
+                Ok(browser
+            .eval("return document.querySelector('#live') ? document.location.pathname : null;")?
+            .as_str()
+            .map(str::to_owned))
+            },
+        )?;
+    assert_eq!(workers, "/");
+    // The live refresh fetches with the cookie: the fragment keeps coming.
+    let fetched = browser.eval("return fetch('/?fragment=1').then(r => r.status);")?;
+    assert_eq!(fetched, serde_json::Value::from(200));
+    eprintln!("signed in from the browser; the live page refreshes with the cookie");
+
+    // HTTPS from a certificate and key: curl trusts the test authority.
+    let (ca, cert, key) = minions_tests::write_test_certs(fleet.dir.path())?;
+    fleet.add_watchdog(&[
+        "--http-access",
+        &file,
+        "--http-cert",
+        &cert.display().to_string(),
+        "--http-key",
+        &key.display().to_string(),
+    ])?;
+    let https = fleet.dashboards[1].replacen("http://", "https://", 1);
+    let curl = |path: &str, token: &str| -> Result<String> {
+        let out = std::process::Command::new("curl")
+            .args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "--cacert"])
+            .arg(&ca)
+            .args(["-H", &format!("Authorization: Bearer {token}")])
+            .arg(format!("{https}{path}"))
+            .output()?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr))
+    };
+    assert_eq!(curl("/api/fleet", &ana)?, "200");
+    assert_eq!(curl("/api/fleet", &prom)?, "403");
+    let plain = get(&format!("{}/api/fleet", fleet.dashboards[1]));
+    assert!(
+        plain.is_err() || plain.as_ref().is_ok_and(|(code, _)| *code >= 400),
+        "plain HTTP answered on the HTTPS port: {plain:?}"
+    );
+    eprintln!("HTTPS: the viewer reads /api/fleet through a verified certificate");
+    Ok(())
+}

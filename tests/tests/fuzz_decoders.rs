@@ -4,17 +4,19 @@
 //! splices, repeats, and wholly random bytes) go through [`decode`]. None may
 //! panic; every input that decodes must hold only valid ids and re-encode to
 //! bytes that decode to the same encoding; every refusal must be a typed
-//! error. The mutator is [`minions_tests::fuzz`].
+//! error. The mutator is [`minions_tests::fuzz`]. The text decoders of
+//! credentials and claims (the dashboard's access file, `Authorization`,
+//! `Cookie` and proxy user headers, submit subjects) get a million each too.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
 
 use minions_schemas::messages::{
-    ChatTurn, Control, ControlCommand, ControlReply, DeadLetter, EventKind, FinishReason,
-    Generation, GenerationRecord, Heartbeat, InFlight, InputDescription, JobManifest, JobSpec,
-    ManifestShard, ModelFamily, ModelFile, ModelManifest, ModelRecord, OutputPayload, Prompt,
-    SamplingParams, ShardCheckpoint, ShardEvent, ShardInput, ShardOutput, ShardTask, WorkerRecord,
-    WorkerState,
+    Admission, ChatTurn, Control, ControlCommand, ControlReply, DeadLetter, EventKind,
+    FinishReason, Generation, GenerationRecord, Heartbeat, InFlight, InputDescription, JobManifest,
+    JobSpec, ManifestShard, ModelFamily, ModelFile, ModelManifest, ModelRecord, OutputPayload,
+    Prompt, SamplingParams, ShardCheckpoint, ShardEvent, ShardInput, ShardOutput, ShardTask,
+    SubmitClaim, WorkerRecord, WorkerState,
 };
 use minions_schemas::{
     CodecError, JobId, ModelHash, ModelName, SCHEMA_VERSION, WorkerId, decode, encode, limits,
@@ -536,6 +538,37 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
         ],
         completed_ms: 1_764_000_000_000,
     };
+    let s = seeds(
+        "submit claim",
+        &[SubmitClaim {
+            v: SCHEMA_VERSION,
+            job: job()?,
+        }],
+    )?;
+    v.push((
+        "submit claim",
+        Box::new(move |n| {
+            fuzz::<SubmitClaim>("submit claim", limits::MAX_ADMISSION_BYTES, s, n, 14, |x| {
+                ok_job(&x.job)
+            })
+        }),
+    ));
+    let s = seeds(
+        "admission",
+        &[Admission {
+            v: SCHEMA_VERSION,
+            admitted: false,
+            detail: "its spec does not match the identity's claim".into(),
+            by: "watchdog-1".into(),
+        }],
+    )?;
+    v.push((
+        "admission",
+        Box::new(move |n| {
+            fuzz::<Admission>("admission", limits::MAX_ADMISSION_BYTES, s, n, 15, |_| true)
+        }),
+    ));
+    v.push(("credentials", Box::new(|n| fuzz_credentials(n, 16))));
     let s = seeds("job manifest", &[jm])?;
     v.push((
         "job manifest",
@@ -550,6 +583,66 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
         }),
     ));
     Ok(v)
+}
+
+/// The text decoders of credentials and claims: the dashboard's access
+/// file, `Authorization` and `Cookie` headers, a proxy's user header, a
+/// posted token and a submit subject. None may panic; an accepted
+/// credential has a token's shape, an accepted subject parses back.
+fn fuzz_credentials(inputs: u64, seed: u64) -> R<Tally> {
+    use minions_schemas::access::{self, AccessList, Role};
+    let token = access::token_from(&[0x5a; 32]);
+    let seeds: Vec<Vec<u8>> = [
+        format!("Bearer {token}"),
+        format!("theme=dark; {}={token}", access::COOKIE),
+        "ana@corp.example".to_owned(),
+        format!(
+            "# access\n{}user operator bob\n",
+            access::token_line(Role::Viewer, "ana", &token)
+        ),
+        "minions.submit.alpha.normal.ana".to_owned(),
+    ]
+    .into_iter()
+    .map(String::into_bytes)
+    .collect();
+    let mut rng = Rng(seed);
+    let mut buf = Vec::new();
+    let mut t = Tally::default();
+    for n in 0..inputs {
+        mutate(&mut rng, &seeds, &mut buf);
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            let text = String::from_utf8_lossy(&buf);
+            let list = AccessList::parse(&text).is_ok();
+            let tokens = [access::bearer(&buf), access::cookie_token(&buf)];
+            let shaped = tokens
+                .iter()
+                .flatten()
+                .all(|t| access::well_formed(t).is_some());
+            let user = access::proxy_user(&buf).is_some();
+            let subject = minions_schemas::subjects::parse_submit(&text).is_none_or(|(t, p, s)| {
+                minions_schemas::subjects::submit(t, p, s) == text.as_ref()
+            });
+            (
+                list || user || tokens.iter().any(Option::is_some),
+                shaped && subject,
+            )
+        }));
+        let (accepted, sound) = r.map_err(|_| {
+            format!("credentials: a decoder panicked on input {n} (seed {seed:#x}): {buf:02x?}")
+        })?;
+        if !sound {
+            return Err(
+                format!("credentials: input {n} accepted in a wrong shape: {buf:02x?}").into(),
+            );
+        }
+        t.inputs += 1;
+        if accepted {
+            t.decoded += 1;
+        } else {
+            t.refused_shape += 1;
+        }
+    }
+    Ok(t)
 }
 
 #[test]
@@ -587,7 +680,7 @@ fn a_million_mutated_inputs_per_decoder_never_panic() -> R<()> {
         }
     }
     assert!(failed.is_empty(), "{failed:#?}");
-    assert_eq!(results.len(), 14, "every decoder was fuzzed");
+    assert_eq!(results.len(), 17, "every decoder was fuzzed");
     for (_, _, r) in &results {
         if let Ok(t) = r {
             assert_eq!(t.inputs, inputs);

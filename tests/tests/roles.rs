@@ -185,6 +185,43 @@ async fn team_identity_submits_for_its_team_only(fleet: &Fleet) -> Result<()> {
             .await?,
         "ana claimed a job as bob"
     );
+
+    // Actions on record: the shared role's cancel of core1 (above; its
+    // retry found nothing to do and did nothing) and ana's cancel of her
+    // own job, each under the identity that asked; she cannot put one on
+    // record as someone else.
+    minions_tests::minions_ok(&["cancel", "ana1"], &env)?;
+    let audit = minions_tests::minions_ok(&["audit", "--json"], &env)?;
+    let actions: serde_json::Value = serde_json::from_str(&audit)?;
+    let said: Vec<(String, String, String)> = actions
+        .as_array()
+        .ok_or("audit is not a list")?
+        .iter()
+        .map(|a| {
+            (
+                a["by"].as_str().unwrap_or_default().to_owned(),
+                a["action"].as_str().unwrap_or_default().to_owned(),
+                a["target"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    for want in [("producer", "cancel", "core1"), ("ana", "cancel", "ana1")] {
+        assert!(
+            said.iter()
+                .any(|(b, a, t)| (b.as_str(), a.as_str(), t.as_str()) == want),
+            "{want:?} not on record: {said:?}"
+        );
+    }
+    assert!(
+        ana.publish_refused("minions.actions.producer").await?,
+        "ana put an action on record as producer"
+    );
+    let table = minions_tests::minions_ok(&["audit", "--by", "ana"], &env)?;
+    eprintln!("minions audit --by ana:\n{table}");
+    assert!(
+        table.contains("cancel") && !table.contains("producer"),
+        "{table}"
+    );
     Ok(())
 }
 

@@ -47,6 +47,30 @@ pub struct WatchdogArgs {
     /// behind an authenticating proxy.
     #[arg(long, env = "MINIONS_WATCHDOG_LISTEN", default_value = DEFAULT_LISTEN)]
     pub listen: String,
+    /// Serve the dashboard and /metrics to anyone who can reach them, as
+    /// an operator (`minions dev` does, on loopback). Without it every
+    /// request but /healthz needs a credential.
+    #[arg(long)]
+    pub http_open: bool,
+    /// The access file: bearer tokens (kept as SHA-256) with their roles,
+    /// written by `minions admin add-viewer` / `add-operator`; also the
+    /// roles of users a trusted proxy names.
+    #[arg(long, value_name = "FILE", env = "MINIONS_HTTP_ACCESS")]
+    pub http_access: Option<std::path::PathBuf>,
+    /// A header in which a trusted reverse proxy (single sign-on in front
+    /// of the dashboard) names the signed-in user, e.g. X-Forwarded-User.
+    /// Believed only from --http-trust-proxy addresses.
+    #[arg(long, value_name = "HEADER", requires = "http_trust_proxy")]
+    pub http_trust_header: Option<String>,
+    /// The address the trusted proxy connects from (repeat for several).
+    #[arg(long, value_name = "IP")]
+    pub http_trust_proxy: Vec<std::net::IpAddr>,
+    /// Serve HTTPS with this certificate chain (PEM; with --http-key).
+    #[arg(long, value_name = "FILE", requires = "http_key")]
+    pub http_cert: Option<std::path::PathBuf>,
+    /// The certificate's private key (PEM; with --http-cert).
+    #[arg(long, value_name = "FILE", requires = "http_cert")]
+    pub http_key: Option<std::path::PathBuf>,
     /// Checkpoint the folded events (job progress, counters) to the store
     /// after this many events (at most every 30 s), after every
     /// --checkpoint-secs while events flow, once caught up and on a clean
@@ -127,6 +151,9 @@ pub enum ArgsError {
     /// `--verify` outside 0..=1.
     #[error("--verify {0}: a share of shards, from 0 to 1 (0.02 checks 2 %)")]
     Verify(f64),
+    /// The dashboard's access settings.
+    #[error(transparent)]
+    Access(#[from] crate::http::access::AccessSetupError),
 }
 
 /// The key used when the fleet gives none (see `--verify-key`).
@@ -170,6 +197,15 @@ impl WatchdogArgs {
             missed_beats: self.missed_beats,
             sweep_every: Duration::from_millis(100),
             listen: (self.listen != "off").then_some(self.listen),
+            http_access: std::sync::Arc::new(crate::http::HttpAccess {
+                tls: self.http_cert.zip(self.http_key),
+                ..crate::http::HttpAccess::new(
+                    self.http_open,
+                    self.http_access.as_deref(),
+                    self.http_trust_header.as_deref(),
+                    self.http_trust_proxy,
+                )?
+            }),
             queue_poll: Duration::from_secs(1),
             schedule: crate::schedule::ScheduleSettings {
                 usage_half_life: Duration::from_secs_f64(

@@ -64,6 +64,8 @@ pub struct WatchdogConfig {
     pub name: String,
     /// Where to serve the dashboard and `/metrics` (None: not at all).
     pub listen: Option<String>,
+    /// Who may read the dashboard and act from it.
+    pub http_access: Arc<crate::http::HttpAccess>,
     /// How often the work queue's figures are read.
     pub queue_poll: Duration,
     /// When to checkpoint the folded events (see [`crate::checkpoint`]).
@@ -240,10 +242,16 @@ async fn start(
                 },
                 ledger_status.clone(),
                 config.ledger.as_ref().map(|l| l.url.clone()),
+                config.http_access.clone(),
                 stop_side.clone(),
             )
             .await?;
-            tracing::info!(url = %format!("http://{local}/"), "dashboard listening");
+            let scheme = if config.http_access.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            tracing::info!(url = %format!("{scheme}://{local}/"), "dashboard listening");
             Some(task)
         }
         None => None,

@@ -24,7 +24,8 @@ use crate::cli::AddProducerArgs;
 
 /// What the shared `producer` role may publish that a team's identity may
 /// too: everything but making job consumers (a watchdog does, on
-/// admission) and claims for any team.
+/// admission), claims for any team and actions on record as `producer`
+/// (its own go under its own name).
 const PUBLISH: &[&str] = &[
     "minions.work.>",
     "minions.events.*.*.cli",
@@ -63,6 +64,10 @@ const PUBLISH: &[&str] = &[
     "$JS.API.CONSUMER.CREATE.KV_MINIONS_QUARANTINE",
     "$JS.API.CONSUMER.CREATE.KV_MINIONS_QUARANTINE.>",
     "$JS.API.CONSUMER.DELETE.KV_MINIONS_QUARANTINE.>",
+    "$JS.API.CONSUMER.CREATE.MINIONS_ACTIONS",
+    "$JS.API.CONSUMER.CREATE.MINIONS_ACTIONS.>",
+    "$JS.API.CONSUMER.MSG.NEXT.MINIONS_ACTIONS.>",
+    "$JS.API.CONSUMER.DELETE.MINIONS_ACTIONS.>",
 ];
 
 /// What was added.
@@ -93,6 +98,8 @@ pub fn entry(name: &str, public_key: &str, teams: &[String], max: Priority) -> S
             claims.push(format!("\"{}\"", subjects::submit(team, p, name)));
         }
     }
+    // Its actions go on record under its own name only.
+    claims.push(format!("\"{}\"", subjects::action(name)));
     let rest: Vec<String> = PUBLISH.iter().map(|s| format!("\"{s}\"")).collect();
     format!(
         "      # producer {name} (minions admin add-producer: teams {teams}; priority up to {max})\n      \
@@ -212,6 +219,7 @@ mod tests {
             assert!(conf.contains(&format!("\"{ok}\"")), "{ok}");
         }
         assert!(!conf.contains("minions.submit.alpha.high.ana"));
+        assert!(conf.contains("\"minions.actions.ana\""));
         assert!(conf.contains(&format!("nkey: {}", a.public_key)));
         let seed = std::fs::read_to_string(&a.seed_file)?;
         assert_eq!(
@@ -258,6 +266,7 @@ mod tests {
             .collect();
         let withheld = [
             "minions.submit.>",
+            "minions.actions.producer",
             "$JS.API.CONSUMER.CREATE.MINIONS_WORK.*.minions.work.*.>",
         ];
         let mut expected: Vec<&str> = granted

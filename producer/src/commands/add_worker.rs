@@ -44,6 +44,7 @@ pub fn entry(name: &str, public_key: &str) -> String {
         streams::EVENTS_STREAM,
         streams::HEARTBEATS_STREAM,
         streams::DEAD_STREAM,
+        streams::ACTIONS_STREAM,
         registry.as_str(),
         teams.as_str(),
         quarantine.as_str(),

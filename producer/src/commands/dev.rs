@@ -220,6 +220,15 @@ pub async fn run(
         "--listen".to_owned(),
         listen.clone().unwrap_or_else(|| "off".to_owned()),
     ]);
+    // On loopback only this machine's users reach it: open, as one user's
+    // fleet should be. Anywhere else it asks for a credential.
+    if listen
+        .as_deref()
+        .and_then(|l| l.parse::<std::net::SocketAddr>().ok())
+        .is_some_and(|a| a.ip().is_loopback())
+    {
+        wd_args.push("--http-open".to_owned());
+    }
     if let Some(url) = &ledger_url {
         wd_args.extend(["--ledger".to_owned(), url.clone()]);
     }

@@ -3,7 +3,7 @@
 
 use anyhow::Context;
 use async_nats::jetstream;
-use minions_schemas::messages::{EventKind, JobSpec};
+use minions_schemas::messages::{ActionKind, EventKind, JobSpec};
 use minions_schemas::{JobId, keys, streams, subjects};
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions};
@@ -47,6 +47,14 @@ pub async fn retry(endpoints: &Endpoints, job: &str) -> anyhow::Result<String> {
     if p.failed_shards.is_empty() {
         return Ok(format!("job {}: no failed shards to retry", c.job));
     }
+    super::audit::record(
+        endpoints,
+        &c.js,
+        ActionKind::Retry,
+        c.job.as_str(),
+        &format!("{} failed shards", p.failed_shards.len()),
+    )
+    .await?;
     let nonce = ulid::Ulid::new().to_string().to_lowercase();
     let mut n = 0;
     for f in &p.failed_shards {
@@ -64,6 +72,7 @@ pub async fn retry(endpoints: &Endpoints, job: &str) -> anyhow::Result<String> {
 /// workers to stop the running ones.
 pub async fn cancel(endpoints: &Endpoints, job: &str) -> anyhow::Result<String> {
     let c = open(endpoints, job, "minions cancel").await?;
+    super::audit::record(endpoints, &c.js, ActionKind::Cancel, c.job.as_str(), "").await?;
     let opts = PutOptions {
         mode: PutMode::Create,
         ..Default::default()

@@ -1,8 +1,10 @@
 //! One file per subcommand.
 
+pub mod add_access;
 pub mod add_producer;
 pub mod add_worker;
 pub mod admin;
+pub mod audit;
 pub mod collect;
 pub mod dev;
 pub mod identity_file;

@@ -23,6 +23,21 @@ pub async fn set(endpoints: &Endpoints, args: &TeamSetArgs) -> anyhow::Result<St
     let settings =
         minions_endpoints::streams::ensure(&js, &endpoints.replication.work_settings()).await?;
     let kv = minions_endpoints::streams::teams_kv(&js, settings.replicas).await?;
+    let mut said = Vec::new();
+    if let Some(w) = args.weight {
+        said.push(format!("weight {w}"));
+    }
+    if let Some(q) = args.quota {
+        said.push(format!("quota {q}"));
+    }
+    super::audit::record(
+        endpoints,
+        &js,
+        minions_schemas::messages::ActionKind::TeamSet,
+        &args.team,
+        &said.join(", "),
+    )
+    .await?;
     for _ in 0..10 {
         let (mut teams, revision) = minions_endpoints::queue::read_teams(&js).await?;
         teams.v = SCHEMA_VERSION;

@@ -7,7 +7,9 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use async_nats::jetstream;
 use minions_endpoints::snapshot;
-use minions_schemas::messages::{Control, ControlCommand, ControlReply, Quarantine, WorkerRecord};
+use minions_schemas::messages::{
+    ActionKind, Control, ControlCommand, ControlReply, Quarantine, WorkerRecord,
+};
 use minions_schemas::time::now_ms;
 use minions_schemas::{SCHEMA_VERSION, WorkerId, decode, encode, limits, streams, subjects};
 use serde::Serialize;
@@ -201,6 +203,14 @@ pub async fn release(endpoints: &Endpoints, machine: &str) -> anyhow::Result<Str
         ));
     }
     let by = endpoints.security.identity_name();
+    super::audit::record(
+        endpoints,
+        &js,
+        ActionKind::Release,
+        &name,
+        &format!("was: {}", old.reason),
+    )
+    .await?;
     let new = Quarantine {
         v: SCHEMA_VERSION,
         machine: name.clone(),
@@ -226,11 +236,20 @@ pub async fn control(
     command: ControlCommand,
 ) -> anyhow::Result<String> {
     let id = WorkerId::new(worker).context("worker id")?;
-    let (client, _js) = connect(endpoints, "minions worker").await?;
+    let (client, js) = connect(endpoints, "minions worker").await?;
+    let action = match command {
+        ControlCommand::Drain => Some(ActionKind::Drain),
+        ControlCommand::Evict => Some(ActionKind::Evict),
+        ControlCommand::Resume => Some(ActionKind::Resume),
+        ControlCommand::Rejoin => None,
+    };
+    if let Some(action) = action {
+        super::audit::record(endpoints, &js, action, id.as_str(), "").await?;
+    }
     let c = Control {
         v: SCHEMA_VERSION,
         command,
-        by: "minions worker".to_owned(),
+        by: endpoints.security.identity_name(),
     };
     let answer = tokio::time::timeout(
         Duration::from_secs(5),

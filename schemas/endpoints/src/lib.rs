@@ -4,6 +4,7 @@
 //! config file, logging, and the signals that ask a program to stop. The
 //! inference engine does not depend on this crate.
 
+pub mod actions;
 pub mod admission;
 pub mod config_file;
 pub mod exit;

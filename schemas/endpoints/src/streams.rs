@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
 use minions_schemas::streams::{
-    DEAD_STREAM, EVENTS_DUPLICATE_WINDOW, EVENTS_MAX_AGE, EVENTS_STREAM, HEARTBEATS_STREAM,
-    LEGACY_WORK_CONSUMER, MAX_REPLICAS, QUARANTINE_BUCKET, TEAMS_BUCKET, WORK_STREAM,
-    WORKERS_BUCKET, WorkSettings,
+    ACTIONS_MAX_AGE, ACTIONS_STREAM, DEAD_STREAM, EVENTS_DUPLICATE_WINDOW, EVENTS_MAX_AGE,
+    EVENTS_STREAM, HEARTBEATS_STREAM, LEGACY_WORK_CONSUMER, MAX_REPLICAS, QUARANTINE_BUCKET,
+    TEAMS_BUCKET, WORK_STREAM, WORKERS_BUCKET, WorkSettings,
 };
 use minions_schemas::subjects;
 
@@ -105,6 +105,24 @@ pub fn dead_stream_config(replicas: usize) -> stream::Config {
         storage: stream::StorageType::File,
         max_age: EVENTS_MAX_AGE,
         duplicate_window: Duration::from_secs(3600),
+        num_replicas: replicas,
+        ..Default::default()
+    }
+}
+
+/// The actions stream's configuration: operator actions on record, kept
+/// [`ACTIONS_MAX_AGE`].
+pub fn actions_stream_config(replicas: usize) -> stream::Config {
+    stream::Config {
+        name: ACTIONS_STREAM.to_owned(),
+        description: Some("Minions operator actions on record".to_owned()),
+        subjects: vec![subjects::ACTION_SUBJECTS.to_owned()],
+        retention: stream::RetentionPolicy::Limits,
+        storage: stream::StorageType::File,
+        max_age: ACTIONS_MAX_AGE,
+        duplicate_window: Duration::from_secs(120),
+        max_message_size: i32::try_from(minions_schemas::limits::MAX_EVENT_BYTES)
+            .unwrap_or(i32::MAX),
         num_replicas: replicas,
         ..Default::default()
     }
@@ -215,6 +233,7 @@ async fn ensure_once(
         (EVENTS_STREAM, events_stream_config(actual.replicas)),
         (HEARTBEATS_STREAM, heartbeats_stream_config(actual.replicas)),
         (DEAD_STREAM, dead_stream_config(actual.replicas)),
+        (ACTIONS_STREAM, actions_stream_config(actual.replicas)),
     ] {
         let want_window = config.duplicate_window;
         let stream =

@@ -2,6 +2,7 @@
 //! and is encoded with [`crate::encode`] and decoded with [`crate::decode`]
 //! under the limit named beside it.
 
+mod action;
 mod admission;
 mod canary;
 mod control;
@@ -23,6 +24,7 @@ mod shard_io;
 mod shard_task;
 mod worker_record;
 
+pub use action::{ActionKind, OperatorAction};
 pub use admission::{Admission, SubmitClaim};
 pub use canary::{CanaryAnswer, CanaryReport, CanaryVerdict};
 pub use control::{Control, ControlCommand, ControlReply};

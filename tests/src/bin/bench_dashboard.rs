@@ -199,6 +199,7 @@ async fn main() -> Result<()> {
                 "--listen".into(),
                 // Port 0: it binds one itself and logs which.
                 "127.0.0.1:0".into(),
+                "--http-open".into(),
                 // Its events are synthetic: no outputs to check.
                 "--unchecked-results".into(),
             ],

@@ -62,6 +62,25 @@ impl<'a> Shell<'a> {
     }
 }
 
+/// The sign-in page: a form for a token (from `minions admin add-viewer`
+/// or `add-operator`), with `problem` above it when the last one failed.
+pub fn sign_in(problem: Option<&str>) -> String {
+    let problem = problem.map_or(String::new(), |p| {
+        format!("<p class=\"problem\">{}</p>", esc(p))
+    });
+    format!(
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">\
+<title>Sign in · Minions</title><style>{CSS}</style></head><body>\
+<header><h1>Minions</h1></header><main id=\"signin\"><h2>Sign in</h2>{problem}\
+<p>This dashboard needs a token: ask an operator for one \
+(<code>minions admin add-viewer NAME --access-file FILE</code>).</p>\
+<form method=\"post\" action=\"/signin\"><label>Token \
+<input name=\"token\" type=\"password\" autocomplete=\"off\" size=\"70\" required></label> \
+<button type=\"submit\">Sign in</button></form></main></body></html>\n"
+    )
+}
+
 /// A whole page around a fragment, live where `shell` has a fragment URL.
 pub fn page(shell: &Shell<'_>, fragment: &str) -> String {
     let refresh = match (shell.fragment_url, shell.every_secs) {

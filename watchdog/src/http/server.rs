@@ -1,6 +1,7 @@
 //! Routes and serving. Every handler copies a snapshot of the view and
 //! renders it; a finished job the view no longer holds is read from its
-//! manifest and spec in the store. Nothing here writes to NATS or the store. `/usage` reads
+//! manifest and spec in the store. Every route but `/healthz` and
+//! `/signin` is behind [`super::access::guard`]. Nothing here writes to NATS or the store. `/usage` reads
 //! the usage ledger (PostgreSQL) on request, through [`usage::LedgerReader`]:
 //! no other route waits on the database.
 
@@ -17,6 +18,7 @@ use minions_schemas::JobId;
 use object_store::{ObjectStore, ObjectStoreExt};
 use tokio_util::sync::CancellationToken;
 
+use super::access::HttpAccess;
 use super::pages::Shell;
 use super::usage::{self, LedgerReader};
 use super::{metrics, pages};
@@ -38,6 +40,9 @@ pub enum HttpError {
         /// Why.
         source: std::io::Error,
     },
+    /// The certificate or key does not make a TLS server.
+    #[error(transparent)]
+    Tls(#[from] super::tls::TlsSetupError),
 }
 
 #[derive(Clone)]
@@ -319,10 +324,53 @@ pub struct Backends {
     pub store: Arc<dyn ObjectStore>,
 }
 
-/// The routes over `b` (and the ledger, when there is one).
-fn router(b: Backends, ledger_status: Arc<LedgerStatus>, ledger_url: Option<String>) -> Router {
+/// The sign-in form: a known token sets the sign-in cookie and goes to
+/// the dashboard; anything else shows the form again, saying why.
+async fn sign_in_page() -> Response {
+    html(pages::sign_in(None))
+}
+
+async fn sign_in(State(access): State<Arc<HttpAccess>>, body: axum::body::Bytes) -> Response {
+    let token = super::access::posted_token(&body);
+    match token.filter(|t| access.list.by_token(t).is_some()) {
+        Some(t) => (
+            StatusCode::SEE_OTHER,
+            [
+                (header::LOCATION, "/".to_owned()),
+                (
+                    header::SET_COOKIE,
+                    format!(
+                        "{}={t}; HttpOnly; SameSite=Strict; Path=/{}",
+                        minions_schemas::access::COOKIE,
+                        if access.tls.is_some() { "; Secure" } else { "" }
+                    ),
+                ),
+            ],
+        )
+            .into_response(),
+        None => (
+            StatusCode::UNAUTHORIZED,
+            axum::response::Html(pages::sign_in(Some(
+                "That token is not known here. Tokens are made by `minions admin add-viewer` and read from the watchdog's --http-access file.",
+            ))),
+        )
+            .into_response(),
+    }
+}
+
+/// The routes over `b` (and the ledger, when there is one), behind
+/// `access`.
+fn router(
+    b: Backends,
+    ledger_status: Arc<LedgerStatus>,
+    ledger_url: Option<String>,
+    access: Arc<HttpAccess>,
+) -> Router {
     let ledger = ledger_url.map(|url| Arc::new(LedgerReader::new(url, ledger_status.clone())));
     let ledger_status = ledger.is_some().then_some(ledger_status);
+    let sign_in_routes = Router::new()
+        .route("/signin", get(sign_in_page).post(sign_in))
+        .with_state(access.clone());
     Router::new()
         .route("/", get(fleet))
         .route("/jobs/{job}", get(job_page))
@@ -340,6 +388,13 @@ fn router(b: Backends, ledger_status: Arc<LedgerStatus>, ledger_url: Option<Stri
             ledger_status,
             ledger,
         })
+        .merge(sign_in_routes)
+        .layer(axum::middleware::from_fn_with_state(
+            access,
+            super::access::guard,
+        ))
+        // Form posts and API bodies are small.
+        .layer(axum::extract::DefaultBodyLimit::max(16 * 1024))
 }
 
 /// Binds `addr` and serves until `stop`; returns the bound address and the
@@ -350,6 +405,7 @@ pub async fn serve(
     backends: Backends,
     ledger_status: Arc<LedgerStatus>,
     ledger_url: Option<String>,
+    access: Arc<HttpAccess>,
     stop: CancellationToken,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), HttpError> {
     let listener = tokio::net::TcpListener::bind(addr)
@@ -362,14 +418,41 @@ pub async fn serve(
         addr: addr.to_owned(),
         source,
     })?;
-    let app = router(backends, ledger_status, ledger_url);
-    let task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await
-        {
-            tracing::error!(error = %e, "dashboard server stopped");
+    if !access.can_admit_anyone() {
+        tracing::warn!(listen = %local,
+            "the dashboard and /metrics need a credential and none is set up: every request but /healthz is refused; give --http-access FILE (tokens from `minions admin add-viewer`), --http-trust-header, or --http-open to serve them to anyone who can reach them");
+    }
+    let tls = match &access.tls {
+        Some((cert, key)) => Some(super::tls::acceptor(cert, key)?),
+        None => None,
+    };
+    let app = router(backends, ledger_status, ledger_url, access)
+        .into_make_service_with_connect_info::<super::access::Peer>();
+    let task = match tls {
+        None => tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app)
+                .with_graceful_shutdown(stop.cancelled_owned())
+                .await
+            {
+                tracing::error!(error = %e, "dashboard server stopped");
+            }
+        }),
+        Some(acceptor) => {
+            let listener = super::tls::TlsListener::new(listener, acceptor).map_err(|source| {
+                HttpError::Bind {
+                    addr: addr.to_owned(),
+                    source,
+                }
+            })?;
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, app)
+                    .with_graceful_shutdown(stop.cancelled_owned())
+                    .await
+                {
+                    tracing::error!(error = %e, "dashboard server stopped");
+                }
+            })
         }
-    });
+    };
     Ok((local, task))
 }

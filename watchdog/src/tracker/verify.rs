@@ -682,7 +682,7 @@ impl Tracker {
             by: judge.name.to_string(),
             at_ms: now_ms(),
         };
-        if let Err(e) = crate::trust::quarantined::put(&kv, &record).await {
+        if let Err(e) = crate::trust::quarantined::put(&kv, &record, self.js.as_ref()).await {
             tracing::warn!(machine, error = %e, "the quarantine could not be written; will retry");
             self.retries.push(Retry::Quarantine(machine.to_owned()));
             return;

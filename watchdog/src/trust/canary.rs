@@ -56,7 +56,7 @@ pub async fn serve(
         let verdict = judge(machine, &msg.payload, &me);
         view.count_canary(verdict.passed);
         if !verdict.passed {
-            quarantine_machine(&quarantine, machine, &verdict, &me).await;
+            quarantine_machine(&client, &quarantine, machine, &verdict, &me).await;
         }
         match encode("canary verdict", &verdict) {
             Ok(bytes) => {
@@ -119,7 +119,13 @@ fn judge(machine: &str, payload: &[u8], me: &str) -> CanaryVerdict {
 
 /// Writes `machine`'s quarantine record for a failed canary, keeping the
 /// strikes an earlier record counted.
-async fn quarantine_machine(kv: &kv::Store, machine: &str, verdict: &CanaryVerdict, me: &str) {
+async fn quarantine_machine(
+    client: &async_nats::Client,
+    kv: &kv::Store,
+    machine: &str,
+    verdict: &CanaryVerdict,
+    me: &str,
+) {
     let strikes = match kv.get(machine).await {
         Ok(Some(b)) => decode::<Quarantine>("quarantine record", &b, limits::MAX_QUARANTINE_BYTES)
             .map_or(0, |q| q.strikes),
@@ -134,7 +140,8 @@ async fn quarantine_machine(kv: &kv::Store, machine: &str, verdict: &CanaryVerdi
         by: me.to_owned(),
         at_ms: now_ms(),
     };
-    match super::quarantined::put(kv, &record).await {
+    let js = async_nats::jetstream::new(client.clone());
+    match super::quarantined::put(kv, &record, Some(&js)).await {
         Ok(_) => tracing::error!(machine, reason = %record.reason,
             "machine quarantined: its workers pull nothing until `minions worker release`"),
         Err(e) => tracing::warn!(machine, error = %e,

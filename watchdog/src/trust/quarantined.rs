@@ -33,13 +33,34 @@ pub async fn read(js: &jetstream::Context) -> Option<BTreeMap<String, String>> {
     Some(out)
 }
 
-/// Writes `record` under its machine; the error in words.
-pub async fn put(kv: &jetstream::kv::Store, record: &Quarantine) -> Result<(), String> {
+/// Writes `record` under its machine; the error in words. A quarantine
+/// is also put on record as an action when `on_record` is given.
+pub async fn put(
+    kv: &jetstream::kv::Store,
+    record: &Quarantine,
+    on_record: Option<&jetstream::Context>,
+) -> Result<(), String> {
     let bytes = minions_schemas::encode("quarantine record", record).map_err(|e| e.to_string())?;
     kv.put(&record.machine, bytes.into())
         .await
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+    // A quarantine is an action on record too, under this watchdog's name
+    // (best effort: the verdict stands either way).
+    if record.quarantined
+        && let Some(js) = on_record
+        && let Err(e) = minions_endpoints::actions::record(
+            js,
+            &record.by,
+            "watchdog",
+            minions_schemas::messages::ActionKind::Quarantine,
+            &record.machine,
+            &record.reason,
+        )
+        .await
+    {
+        tracing::warn!(machine = %record.machine, error = %e, "the quarantine is not on record");
+    }
+    Ok(())
 }
 
 /// Keeps the view's quarantined machines current until `stop`.
