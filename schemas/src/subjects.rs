@@ -190,6 +190,10 @@ pub fn action(actor: &str) -> String {
 /// Every action subject (the actions stream's).
 pub const ACTION_SUBJECTS: &str = "minions.actions.>";
 
+/// The queue group the watchdogs share on the subjects one of them
+/// answers (canaries, submit claims).
+pub const WATCHDOG_GROUP: &str = "minions-watchdogs";
+
 /// Every submit subject, for the watchdogs' queue group.
 pub const SUBMIT_ALL: &str = "minions.submit.>";
 

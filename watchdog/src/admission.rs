@@ -17,16 +17,13 @@ use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt};
 use tokio_util::sync::CancellationToken;
 
-/// The queue group the watchdogs share: one of them answers each claim.
-const GROUP: &str = "minions-watchdogs";
-
 /// Listens for submit claims in the watchdogs' queue group; [`serve`]
 /// answers them. Called before the watchdog says it is up.
 pub async fn listen(
     client: &async_nats::Client,
 ) -> Result<async_nats::Subscriber, async_nats::SubscribeError> {
     client
-        .queue_subscribe(subjects::SUBMIT_ALL, GROUP.to_owned())
+        .queue_subscribe(subjects::SUBMIT_ALL, subjects::WATCHDOG_GROUP.to_owned())
         .await
 }
 

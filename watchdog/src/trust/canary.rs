@@ -19,9 +19,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::view::View;
 
-/// The queue group the watchdogs share: one of them answers each canary.
-const GROUP: &str = "minions-watchdogs";
-
 /// Listens for canaries in the watchdogs' queue group; [`serve`] answers
 /// them. Called before the watchdog says it is up, so that a worker
 /// started after it finds it listening.
@@ -29,7 +26,7 @@ pub async fn listen(
     client: &async_nats::Client,
 ) -> Result<async_nats::Subscriber, async_nats::SubscribeError> {
     client
-        .queue_subscribe(subjects::CANARY_ALL, GROUP.to_owned())
+        .queue_subscribe(subjects::CANARY_ALL, subjects::WATCHDOG_GROUP.to_owned())
         .await
 }
 
