@@ -342,7 +342,11 @@ fn token_of(fleet: &Fleet, args: &[&str]) -> Result<String> {
 /// `WWW-Authenticate`), `/healthz` answers anyone; a viewer's token reads
 /// pages and `/metrics`, a metrics token `/metrics` only; signing in with a
 /// token in a real browser sets a cookie that the live page keeps using; a
-/// proxy's user header is believed from the proxy's address only.
+/// proxy's user header is believed from the proxy's address only. A viewer
+/// sees no action buttons and an action it posts is refused (403), as is
+/// an operator's posted from another site; an operator signed in in the
+/// browser drains the worker with its button, and `minions audit` and the
+/// page's last actions show it under the operator's name.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_dashboard_asks_for_a_credential() -> Result<()> {
     let mut fleet = Fleet::local()?;
@@ -363,9 +367,13 @@ async fn the_dashboard_asks_for_a_credential() -> Result<()> {
             &file,
         ],
     )?;
+    let ops = token_of(
+        &fleet,
+        &["admin", "add-operator", "ops", "--access-file", &file],
+    )?;
     let kept = std::fs::read_to_string(&access)?;
     assert!(
-        !kept.contains(&ana[4..]) && !kept.contains(&prom[4..]),
+        !kept.contains(&ana[4..]) && !kept.contains(&prom[4..]) && !kept.contains(&ops[4..]),
         "{kept}"
     );
     fleet.add_watchdog(&[
@@ -376,6 +384,7 @@ async fn the_dashboard_asks_for_a_credential() -> Result<()> {
         "--http-trust-proxy",
         "127.0.0.2",
     ])?;
+    fleet.add_worker(&["--slots", "1"])?;
     let base = fleet.dashboards[0].clone();
     let addr: std::net::SocketAddr = base.trim_start_matches("http://").parse()?;
     let me: std::net::IpAddr = "127.0.0.1".parse()?;
@@ -447,6 +456,74 @@ async fn the_dashboard_asks_for_a_credential() -> Result<()> {
     let fetched = browser.eval("return fetch('/?fragment=1').then(r => r.status);")?;
     assert_eq!(fetched, serde_json::Value::from(200));
     eprintln!("signed in from the browser; the live page refreshes with the cookie");
+
+    // Viewers see no action; operators act, and the action is on record.
+    let worker = wait_until("the worker on the page", Duration::from_secs(30), || {
+        Ok(browser
+            .eval("const c = document.querySelector('#workers tr.worker .muted'); return c ? c.textContent : null;")?
+            .as_str()
+            .map(str::to_owned))
+    })?;
+    let buttons = "return document.querySelectorAll('form.act').length;";
+    assert_eq!(browser.eval(buttons)?, serde_json::Value::from(0));
+    let drain = format!("/act/worker/{worker}/drain");
+    let post = |path: &str, headers: &[(&str, &str)]| {
+        minions_tests::web::request_from(me, addr, "POST", path, headers, "")
+    };
+    let (code, said) = post(&drain, &[("Authorization", &bearer)])?;
+    assert_eq!(code, 403, "{said}");
+    let operator = format!("Bearer {ops}");
+    let (code, said) = post(
+        &drain,
+        &[
+            ("Authorization", &operator),
+            ("Origin", "http://elsewhere.example"),
+        ],
+    )?;
+    assert_eq!(code, 403, "{said}");
+    assert!(said.contains("another site"), "{said}");
+    browser.open(&format!("{base}/signin"))?;
+    browser.eval(&format!(
+        "document.querySelector('input[name=token]').value = '{ops}'; document.querySelector('form').submit(); return 1;"
+    ))?;
+    wait_until("the operator's buttons", Duration::from_secs(15), || {
+        Ok((browser.eval(buttons)?.as_u64().unwrap_or(0) >= 2).then_some(()))
+    })?;
+    browser.eval(&format!(
+        "document.querySelector('form.act[action=\"{drain}\"] button').click(); return 1;"
+    ))?;
+    let acted = wait_until("the action's outcome", Duration::from_secs(15), || {
+        Ok(browser
+            .eval("const a = document.querySelector('#acted'); return a ? a.textContent : null;")?
+            .as_str()
+            .map(str::to_owned))
+    })?;
+    assert!(
+        acted.contains("draining") && acted.contains("asked by ops"),
+        "{acted}"
+    );
+    let audit = fleet.cli(&["audit", "--by", "ops"])?;
+    let line = audit
+        .lines()
+        .find(|l| l.contains(&worker))
+        .ok_or_else(|| format!("no action on {worker} in `minions audit`:\n{audit}"))?;
+    assert!(
+        line.contains("dashboard") && line.contains("drain"),
+        "{line}"
+    );
+    browser.open(&format!("{base}/"))?;
+    wait_until(
+        "the action among the last ones",
+        Duration::from_secs(15),
+        || {
+            Ok(browser
+            .eval("const t = document.querySelector('#actions'); return t && t.textContent.includes('ops') ? 1 : null;")?
+            .as_u64())
+        },
+    )?;
+    eprintln!(
+        "viewer: no buttons, a posted action 403; operator drained {worker} from the browser:\n{acted}\n{line}"
+    );
 
     // HTTPS from a certificate and key: curl trusts the test authority.
     let (ca, cert, key) = minions_tests::write_test_certs(fleet.dir.path())?;

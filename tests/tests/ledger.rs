@@ -81,6 +81,8 @@ async fn scenario(fleet: &mut Fleet, pg: &mut PgServer) -> Result<()> {
     fleet.add_worker(&["--slots", "1"])?;
     fleet.add_worker(&["--slots", "1"])?;
     let job = fleet.submit("tiny", &input, 1, "ledger")?;
+    // An operator action, on record, reaches the ledger's actions table.
+    fleet.cli(&["team", "set", "ledger", "--weight", "2"])?;
 
     // A worker is killed mid-shard and replaced.
     wait_done_at_least(fleet, &job, 300).await?;
@@ -296,6 +298,18 @@ async fn scenario(fleet: &mut Fleet, pg: &mut PgServer) -> Result<()> {
     assert!(
         !live.is_empty() && live.iter().all(|c| !c.1.is_empty() && c.2 > 0),
         "{chips:?}"
+    );
+
+    let actions: Vec<(String, String, String)> = client
+        .query("SELECT via, action, target FROM actions ORDER BY seq", &[])
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    eprintln!("actions in the ledger (via, action, target): {actions:?}");
+    assert_eq!(
+        actions,
+        [("cli".to_owned(), "team_set".to_owned(), "ledger".to_owned())]
     );
 
     // A live watchdog's dashboard shows the usage by team and worker, and

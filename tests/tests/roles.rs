@@ -222,6 +222,40 @@ async fn team_identity_submits_for_its_team_only(fleet: &Fleet) -> Result<()> {
         table.contains("cancel") && !table.contains("producer"),
         "{table}"
     );
+
+    // An operator drains a worker from the dashboard: the watchdog's
+    // identity may ask it and put it on record under the operator's name.
+    let base = fleet.dashboards.last().ok_or("no dashboard")?;
+    let (_, fleet_json) = minions_tests::web::get(&format!("{base}/api/fleet"))?;
+    let view: serde_json::Value = serde_json::from_str(&fleet_json)?;
+    let worker = view["workers"][0]["id"]
+        .as_str()
+        .ok_or_else(|| format!("no worker in {fleet_json:.300}"))?
+        .to_owned();
+    let addr: std::net::SocketAddr = base.trim_start_matches("http://").parse()?;
+    let (code, page) = minions_tests::web::request_from(
+        "127.0.0.1".parse()?,
+        addr,
+        "POST",
+        &format!("/act/worker/{worker}/drain"),
+        &[],
+        "",
+    )?;
+    assert_eq!(code, 200, "{page}");
+    assert!(page.contains("draining"), "{page}");
+    let table = minions_tests::minions_ok(&["audit", "--by", "anyone"], &env)?;
+    assert!(
+        table.contains("dashboard") && table.contains(&worker),
+        "{table}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let log = std::fs::read_to_string(&fleet.nats.proc.log)?;
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("Violation") && l.contains("user:watchdog")),
+        "the watchdog was refused:\n{log}"
+    );
+    eprintln!("drained {worker} from the (open) dashboard as the watchdog's identity");
     Ok(())
 }
 

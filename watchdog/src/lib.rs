@@ -18,6 +18,7 @@
 //! - [`view`] — what the watchdog knows, shared with its web pages.
 //! - [`queue`] — the work queue as JetStream reports it.
 //! - [`explain`] — why a job's shards wait.
+//! - [`recent_actions`] — the last operator actions on record, for the dashboard.
 //! - [`http`] — dashboard, JSON, `/metrics`, `/healthz`.
 //! - [`ledger`] — jobs, deliveries and usage in PostgreSQL (`--ledger`).
 //! - [`run`] — the loop.
@@ -33,6 +34,7 @@ pub mod http;
 pub mod ledger;
 pub mod orphans;
 pub mod queue;
+pub mod recent_actions;
 pub mod registry;
 pub mod run;
 pub mod schedule;

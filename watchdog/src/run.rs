@@ -211,7 +211,8 @@ async fn start(
             tokio::join!(
                 queue::poll(js.clone(), view.clone(), every, stop.clone()),
                 crate::unheld::watch(js.clone(), nats, view.clone(), every, stop.clone()),
-                crate::trust::quarantined::poll(js, view, every * 3, stop),
+                crate::trust::quarantined::poll(js.clone(), view.clone(), every * 3, stop.clone()),
+                crate::recent_actions::poll(js, view, every * 3, stop),
                 canaries,
                 admissions,
             );

@@ -2,16 +2,13 @@
 //! the heartbeat stream show it, and control of one worker.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use async_nats::jetstream;
-use minions_endpoints::snapshot;
-use minions_schemas::messages::{
-    ActionKind, Control, ControlCommand, ControlReply, Quarantine, WorkerRecord,
-};
+use minions_endpoints::{control, snapshot};
+use minions_schemas::messages::{ControlCommand, Quarantine, WorkerRecord};
 use minions_schemas::time::now_ms;
-use minions_schemas::{SCHEMA_VERSION, WorkerId, decode, encode, limits, streams, subjects};
+use minions_schemas::{WorkerId, decode, limits, streams, subjects};
 use serde::Serialize;
 
 use crate::cli::Endpoints;
@@ -179,54 +176,20 @@ async fn quarantined(js: &jetstream::Context) -> BTreeMap<String, String> {
 /// watchdog quarantines it again only after new strikes.
 pub async fn release(endpoints: &Endpoints, machine: &str) -> anyhow::Result<String> {
     let (_client, js) = connect(endpoints, "minions worker release").await?;
-    // Read as it is (made by the watchdog with the work stream's replica
-    // count); none yet: nothing was ever quarantined.
-    let Ok(kv) = js.get_key_value(streams::QUARANTINE_BUCKET).await else {
-        bail!("machine {machine} is not quarantined (no machine ever was on this fleet)");
-    };
-    let mut name = machine.to_owned();
-    let mut entry = kv.get(&name).await?;
-    if entry.is_none()
-        && let Ok(id) = WorkerId::new(machine)
-    {
-        name = subjects::machine(&id).to_owned();
-        entry = kv.get(&name).await?;
-    }
-    let Some(bytes) = entry else {
-        bail!("machine {machine} is not quarantined (no record; see `minions worker list`)");
-    };
-    let old: Quarantine = decode("quarantine record", &bytes, limits::MAX_QUARANTINE_BYTES)
-        .with_context(|| format!("the quarantine record of {name}"))?;
-    if !old.quarantined {
-        return Ok(format!(
-            "machine {name} is not quarantined (released before)"
-        ));
-    }
     let by = endpoints.security.identity_name();
-    super::audit::record(
-        endpoints,
-        &js,
-        ActionKind::Release,
-        &name,
-        &format!("was: {}", old.reason),
-    )
-    .await?;
-    let new = Quarantine {
-        v: SCHEMA_VERSION,
-        machine: name.clone(),
-        quarantined: false,
-        strikes: old.strikes,
-        reason: format!("released by {by} (was: {})", old.reason),
-        by,
-        at_ms: now_ms(),
+    let actor = control::Actor {
+        by: &by,
+        via: "cli",
     };
-    kv.put(&name, encode("quarantine record", &new)?.into())
-        .await
-        .with_context(|| format!("writing the release of {name}"))?;
-    Ok(format!(
-        "machine {name} released ({} strikes so far); its workers pull again within a few seconds",
-        old.strikes
-    ))
+    match control::release(&js, actor, machine).await {
+        Ok(r) => Ok(format!(
+            "machine {} released ({} strikes so far); its workers pull again within a few seconds",
+            r.machine, r.strikes
+        )),
+        // Nothing to do is not a failure.
+        Err(e @ control::ControlError::NotQuarantined(_, "released before")) => Ok(e.to_string()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Sends a control request to one worker and waits for its answer.
@@ -237,33 +200,12 @@ pub async fn control(
 ) -> anyhow::Result<String> {
     let id = WorkerId::new(worker).context("worker id")?;
     let (client, js) = connect(endpoints, "minions worker").await?;
-    let action = match command {
-        ControlCommand::Drain => Some(ActionKind::Drain),
-        ControlCommand::Evict => Some(ActionKind::Evict),
-        ControlCommand::Resume => Some(ActionKind::Resume),
-        ControlCommand::Rejoin => None,
+    let by = endpoints.security.identity_name();
+    let actor = control::Actor {
+        by: &by,
+        via: "cli",
     };
-    if let Some(action) = action {
-        super::audit::record(endpoints, &js, action, id.as_str(), "").await?;
-    }
-    let c = Control {
-        v: SCHEMA_VERSION,
-        command,
-        by: endpoints.security.identity_name(),
-    };
-    let answer = tokio::time::timeout(
-        Duration::from_secs(5),
-        client.request(subjects::control(&id), encode("control", &c)?.into()),
-    )
-    .await;
-    let reply = match answer {
-        Ok(Ok(m)) => m,
-        Ok(Err(e)) => {
-            bail!("worker {id} did not answer: {e} (is it running? see `minions worker list`)")
-        }
-        Err(_) => bail!("worker {id} did not answer within 5 s (see `minions worker list`)"),
-    };
-    let r: ControlReply = decode("control reply", &reply.payload, limits::MAX_CONTROL_BYTES)?;
+    let r = control::ask(&client, &js, actor, &id, command).await?;
     Ok(format!(
         "worker {}: {} ({} shards handed back)",
         r.worker, r.status, r.handed_back

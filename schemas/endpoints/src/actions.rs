@@ -91,3 +91,42 @@ pub async fn since(
         .filter(|a| a.at_ms >= since_ms)
         .collect())
 }
+
+/// What [`after`] read: the valid actions with their stream sequences, and
+/// the last sequence read (past records that did not decode too), 0 when
+/// nothing was read.
+#[derive(Debug, Default)]
+pub struct ReadAfter {
+    /// The actions, oldest first.
+    pub actions: Vec<(u64, OperatorAction)>,
+    /// The last stream sequence read.
+    pub last: u64,
+}
+
+/// At most `max` actions on record after stream sequence `after`, oldest
+/// first, for readers that keep their place (the ledger, the dashboard).
+pub async fn after(
+    js: &jetstream::Context,
+    after: u64,
+    max: usize,
+) -> Result<ReadAfter, ActionsError> {
+    let messages = crate::snapshot::read_after(
+        js,
+        streams::ACTIONS_STREAM,
+        subjects::ACTION_SUBJECTS,
+        after,
+        max,
+    )
+    .await
+    .map_err(|e| ActionsError::Read(e.to_string()))?;
+    let last = messages.last().map_or(0, |(seq, _)| *seq);
+    let actions = messages
+        .iter()
+        .filter_map(|(seq, m)| {
+            let a: OperatorAction =
+                decode("operator action", &m.payload, limits::MAX_EVENT_BYTES).ok()?;
+            (m.subject.as_str() == subjects::action(&a.by)).then_some((*seq, a))
+        })
+        .collect();
+    Ok(ReadAfter { actions, last })
+}

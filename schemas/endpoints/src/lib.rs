@@ -7,6 +7,7 @@
 pub mod actions;
 pub mod admission;
 pub mod config_file;
+pub mod control;
 pub mod exit;
 pub mod follow;
 pub mod host;

@@ -23,6 +23,44 @@ pub async fn read(
     filter: &str,
     last_per_subject: bool,
 ) -> Result<Vec<async_nats::jetstream::Message>, SnapshotError> {
+    let policy = if last_per_subject {
+        DeliverPolicy::LastPerSubject
+    } else {
+        DeliverPolicy::All
+    };
+    read_with(js, stream, filter, policy, usize::MAX).await
+}
+
+/// At most `max` messages of `stream` matching `filter` after sequence
+/// `after`, in stream order, with their sequences. Stops at what the
+/// stream held when the read began.
+pub async fn read_after(
+    js: &jetstream::Context,
+    stream: &str,
+    filter: &str,
+    after: u64,
+    max: usize,
+) -> Result<Vec<(u64, async_nats::jetstream::Message)>, SnapshotError> {
+    let policy = DeliverPolicy::ByStartSequence {
+        start_sequence: after + 1,
+    };
+    let messages = read_with(js, stream, filter, policy, max).await?;
+    Ok(messages
+        .into_iter()
+        .filter_map(|m| {
+            let seq = m.info().ok()?.stream_sequence;
+            (seq > after).then_some((seq, m))
+        })
+        .collect())
+}
+
+async fn read_with(
+    js: &jetstream::Context,
+    stream: &str,
+    filter: &str,
+    deliver_policy: DeliverPolicy,
+    max: usize,
+) -> Result<Vec<async_nats::jetstream::Message>, SnapshotError> {
     let err = |e: &dyn std::fmt::Display| SnapshotError {
         stream: stream.to_owned(),
         reason: e.to_string(),
@@ -31,17 +69,13 @@ pub async fn read(
     let consumer = s
         .create_consumer(OrderedConfig {
             filter_subject: filter.to_owned(),
-            deliver_policy: if last_per_subject {
-                DeliverPolicy::LastPerSubject
-            } else {
-                DeliverPolicy::All
-            },
+            deliver_policy,
             ..Default::default()
         })
         .await
         .map_err(|e| err(&e))?;
     let mut out = Vec::new();
-    if consumer.cached_info().num_pending == 0 {
+    if consumer.cached_info().num_pending == 0 || max == 0 {
         return Ok(out);
     }
     let mut messages = consumer.messages().await.map_err(|e| err(&e))?;
@@ -49,7 +83,7 @@ pub async fn read(
         let m = m.map_err(|e| err(&e))?;
         let pending = m.info().map(|i| i.pending).unwrap_or(0);
         out.push(m);
-        if pending == 0 {
+        if pending == 0 || out.len() >= max {
             break;
         }
     }

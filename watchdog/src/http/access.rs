@@ -172,11 +172,33 @@ fn read_limited(path: &std::path::Path) -> std::io::Result<String> {
     Ok(text)
 }
 
+/// Where the dashboard's actions are posted; only operators may.
+pub const ACT_PREFIX: &str = "/act/";
+
+/// Whether a browser sent the request from this site's own pages: an
+/// `Origin` naming the `Host` asked, else a `Sec-Fetch-Site` of
+/// `same-origin` or `none`. A request with neither (a script, curl) passes:
+/// only browsers send credentials on another site's behalf. This keeps
+/// another site's page from making a signed-in operator's browser act
+/// (the cookie is `SameSite=Strict`, but a proxy's header is sent anyway).
+pub fn same_origin(headers: &HeaderMap) -> bool {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Some(origin) = text("origin") {
+        let authority = origin
+            .split_once("://")
+            .map_or(origin, |(_, rest)| rest)
+            .trim_end_matches('/');
+        return text("host").is_some_and(|host| host.eq_ignore_ascii_case(authority));
+    }
+    text("sec-fetch-site").is_none_or(|s| s == "same-origin" || s == "none")
+}
+
 /// The role a path needs (None: open to anyone).
 fn needs(path: &str) -> Option<Role> {
     match path {
         "/healthz" | "/signin" => None,
         "/metrics" => Some(Role::Metrics),
+        p if p.starts_with(ACT_PREFIX) => Some(Role::Operator),
         _ => Some(Role::Viewer),
     }
 }
@@ -197,6 +219,13 @@ pub async fn guard(
         }
         return next.run(request).await;
     };
+    if path.starts_with(ACT_PREFIX) && !same_origin(request.headers()) {
+        return (
+            StatusCode::FORBIDDEN,
+            "an action posted from another site's page is refused\n",
+        )
+            .into_response();
+    }
     match who {
         Some(who) if who.role >= need => {
             request.extensions_mut().insert(who);
@@ -205,9 +234,10 @@ pub async fn guard(
         Some(who) => (
             StatusCode::FORBIDDEN,
             format!(
-                "{} ({}) may not read {path}\n",
+                "{} ({}) may not {} {path}\n",
                 who.name,
-                who.role.as_str()
+                who.role.as_str(),
+                if need == Role::Operator { "act through" } else { "read" }
             ),
         )
             .into_response(),
@@ -247,6 +277,35 @@ mod tests {
             h.insert(HeaderName::try_from(*k)?, HeaderValue::from_str(v)?);
         }
         Ok(h)
+    }
+
+    #[test]
+    fn actions_from_another_site_are_refused() -> Result<(), Box<dyn std::error::Error>> {
+        let host = ("host", "fleet.corp:9464");
+        assert!(same_origin(&headers(&[host])?));
+        assert!(same_origin(&headers(&[
+            host,
+            ("origin", "https://fleet.corp:9464")
+        ])?));
+        assert!(!same_origin(&headers(&[
+            host,
+            ("origin", "https://evil.example")
+        ])?));
+        assert!(!same_origin(&headers(&[(
+            "origin",
+            "https://fleet.corp:9464"
+        )])?));
+        assert!(same_origin(&headers(&[
+            host,
+            ("sec-fetch-site", "same-origin")
+        ])?));
+        assert!(!same_origin(&headers(&[
+            host,
+            ("sec-fetch-site", "cross-site")
+        ])?));
+        assert_eq!(needs("/act/worker/w1/drain"), Some(Role::Operator));
+        assert_eq!(needs("/"), Some(Role::Viewer));
+        Ok(())
     }
 
     #[test]

@@ -10,6 +10,7 @@ use minions_schemas::progress::{Progress, human_secs};
 use super::usage::{LedgerState, Sums, UsageReport};
 use crate::explain::Reason;
 use crate::view::{Snapshot, WorkerRow};
+use minions_schemas::messages::OperatorAction;
 
 const CSS: &str = include_str!("dashboard.css");
 const JS: &str = include_str!("dashboard.js");
@@ -233,14 +234,51 @@ fn tokens_note(p: &Progress) -> String {
     )
 }
 
-fn workers_table(workers: &[WorkerRow]) -> String {
+/// A button that posts an action (operators only see them).
+fn act_button(action: &str, label: &str, confirm: Option<&str>) -> String {
+    let confirm = confirm.map_or(String::new(), |c| {
+        format!(" onsubmit=\"return confirm('{}')\"", esc(c))
+    });
+    format!(
+        "<form method=\"post\" action=\"{}\" class=\"act\"{confirm}><button type=\"submit\">{}</button></form>",
+        esc(action),
+        esc(label)
+    )
+}
+
+/// The actions an operator may take on worker `w`.
+fn worker_actions(w: &WorkerRow) -> String {
+    let state = w.state.as_str();
+    if matches!(state, "dead" | "left") {
+        return String::new();
+    }
+    let base = format!("{}worker/{}", super::access::ACT_PREFIX, w.id);
+    let mut s = String::new();
+    if state == "draining" {
+        s.push_str(&act_button(&format!("{base}/resume"), "resume", None));
+    } else {
+        s.push_str(&act_button(&format!("{base}/drain"), "drain", None));
+    }
+    s.push_str(&act_button(
+        &format!("{base}/evict"),
+        "evict",
+        Some("Evict this worker? Its shards go back to the queue and it leaves."),
+    ));
+    s
+}
+
+fn workers_table(workers: &[WorkerRow], can_act: bool) -> String {
     if workers.is_empty() {
         return "<p class=\"muted\">No workers have reported. Start <code>minions-worker</code> on a machine, or <code>minions dev</code> here.</p>".to_owned();
     }
     let mut s = String::from(
         "<table id=\"workers\"><tr><th>worker</th><th>device</th><th>state</th><th>owner</th><th>running</th>\
-<th class=\"num\">done</th><th class=\"num\">records/s</th><th class=\"num\">memory free / lent</th><th class=\"num\">last beat</th></tr>",
+<th class=\"num\">done</th><th class=\"num\">records/s</th><th class=\"num\">memory free / lent</th><th class=\"num\">last beat</th>",
     );
+    if can_act {
+        s.push_str("<th>act</th>");
+    }
+    s.push_str("</tr>");
     for w in workers {
         let owner_class = if w.lending() {
             ""
@@ -261,7 +299,7 @@ fn workers_table(workers: &[WorkerRow]) -> String {
             s,
             "<tr class=\"worker\" data-state=\"{st}\"><td>{host}<br><span class=\"muted\">{id}</span></td><td>{device}<br><span class=\"muted\">{made}</span></td><td>{state}</td>\
 <td{owner_class}>{owner}</td><td>{running}</td><td class=\"num\">{done}</td><td class=\"num\">{rate:.1}</td>\
-<td class=\"num\">{avail} / {budget}</td><td class=\"num\">{beat:.1} s ago</td></tr>",
+<td class=\"num\">{avail} / {budget}</td><td class=\"num\">{beat:.1} s ago</td>{act}</tr>",
             st = w.state.as_str(),
             host = esc(&w.host),
             id = esc(&w.id),
@@ -278,6 +316,11 @@ fn workers_table(workers: &[WorkerRow]) -> String {
                 mb(w.mem_budget_mb)
             },
             beat = w.last_beat_secs,
+            act = if can_act {
+                format!("<td>{}</td>", worker_actions(w))
+            } else {
+                String::new()
+            },
         );
     }
     s.push_str("</table>");
@@ -298,8 +341,47 @@ fn card(value: &str, label: &str) -> String {
     format!("<div class=\"card\"><b>{value}</b><span>{label}</span></div>")
 }
 
-/// The fleet page's live part: counts, queue, throughput, jobs, workers.
-pub fn fleet(s: &Snapshot) -> String {
+/// The last actions on record, newest first.
+fn actions_table(actions: &[OperatorAction]) -> String {
+    if actions.is_empty() {
+        return "<p class=\"muted\">None on record yet (drain, evict, resume, release, cancel, retry, team set, quarantine).</p>".to_owned();
+    }
+    let mut s = String::from(
+        "<table id=\"actions\"><tr><th>when (UTC)</th><th>who</th><th>from</th><th>action</th><th>on</th><th>detail</th></tr>",
+    );
+    for a in actions {
+        let when = chrono::DateTime::from_timestamp_millis(i64::try_from(a.at_ms).unwrap_or(0))
+            .map_or_else(
+                || a.at_ms.to_string(),
+                |t| t.format("%Y-%m-%d %H:%M:%S").to_string(),
+            );
+        let _ = write!(
+            s,
+            "<tr class=\"action\"><td>{when}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&a.by),
+            esc(&a.via),
+            a.action.as_str(),
+            esc(&a.target),
+            esc(&a.detail)
+        );
+    }
+    s.push_str("</table>");
+    s
+}
+
+/// The page that says how a dashboard action went.
+pub fn acted(text: &str, ok: bool) -> String {
+    format!(
+        "<section><h2>{}</h2><p class=\"{}\" id=\"acted\">{}</p><p><a href=\"/\">Back to the fleet</a> · <code>minions audit</code> lists it</p></section>",
+        if ok { "Done" } else { "Not done" },
+        if ok { "" } else { "owner-away" },
+        esc(text)
+    )
+}
+
+/// The fleet page's live part: counts, queue, throughput, jobs, workers and
+/// the last actions; with `can_act` (an operator) the action buttons too.
+pub fn fleet(s: &Snapshot, can_act: bool) -> String {
     let n = |k: &str| s.states.get(k).copied().unwrap_or(0);
     let alive = n("joining") + n("idle") + n("busy") + n("draining");
     let last_min = s.history.last().copied().unwrap_or(0);
@@ -322,9 +404,18 @@ pub fn fleet(s: &Snapshot) -> String {
     ));
     out.push_str("</div>");
     for (machine, why) in &s.quarantined {
+        let release = if can_act {
+            act_button(
+                &format!("{}machine/{machine}/release", super::access::ACT_PREFIX),
+                "release",
+                Some("Release this machine? Its workers pull again."),
+            )
+        } else {
+            String::new()
+        };
         let _ = write!(
             out,
-            "<p class=\"owner-away\">Machine <b>{}</b> is quarantined: {} (its workers pull nothing until <code>minions worker release {}</code>)</p>",
+            "<p class=\"owner-away\">Machine <b>{}</b> is quarantined: {} (its workers pull nothing until <code>minions worker release {}</code>) {release}</p>",
             esc(machine),
             esc(why),
             esc(machine)
@@ -359,9 +450,10 @@ pub fn fleet(s: &Snapshot) -> String {
 
     let _ = write!(
         out,
-        "<section><h2>Jobs</h2>{}</section><section><h2>Workers</h2>{}</section>",
+        "<section><h2>Jobs</h2>{}</section><section><h2>Workers</h2>{}</section><section><h2>Last actions</h2>{}</section>",
         jobs_table(&s.jobs),
-        workers_table(&s.workers)
+        workers_table(&s.workers, can_act),
+        actions_table(&s.actions)
     );
     out
 }

@@ -1,7 +1,9 @@
 //! Routes and serving. Every handler copies a snapshot of the view and
 //! renders it; a finished job the view no longer holds is read from its
 //! manifest and spec in the store. Every route but `/healthz` and
-//! `/signin` is behind [`super::access::guard`]. Nothing here writes to NATS or the store. `/usage` reads
+//! `/signin` is behind [`super::access::guard`]. Only the actions under
+//! `/act/` (operators only) write: each puts itself on record, then asks a
+//! worker or writes a quarantine record. `/usage` reads
 //! the usage ledger (PostgreSQL) on request, through [`usage::LedgerReader`]:
 //! no other route waits on the database.
 
@@ -9,12 +11,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use async_nats::jetstream;
+use axum::Extension;
 use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use minions_schemas::JobId;
+use axum::routing::{get, post};
+use minions_endpoints::control;
+use minions_schemas::access::{Role, Who};
+use minions_schemas::messages::ControlCommand;
+use minions_schemas::{JobId, WorkerId};
 use object_store::{ObjectStore, ObjectStoreExt};
 use tokio_util::sync::CancellationToken;
 
@@ -83,9 +89,14 @@ fn json<T: serde::Serialize>(v: &T) -> Response {
     }
 }
 
-async fn fleet(State(h): State<Http>, uri: Uri) -> Response {
+/// Whether the request's user may act (operators see the action buttons).
+fn can_act(who: Option<&Extension<Who>>) -> bool {
+    who.is_some_and(|w| w.role >= Role::Operator)
+}
+
+async fn fleet(State(h): State<Http>, who: Option<Extension<Who>>, uri: Uri) -> Response {
     let s = h.view.snapshot();
-    let body = pages::fleet(&s);
+    let body = pages::fleet(&s, can_act(who.as_ref()));
     if fragment_only(&uri) {
         html(body)
     } else {
@@ -324,6 +335,90 @@ pub struct Backends {
     pub store: Arc<dyn ObjectStore>,
 }
 
+/// The page that says how an action went, with the way back.
+fn acted(h: &Http, outcome: Result<String, String>) -> Response {
+    let (code, title, text, ok) = match outcome {
+        Ok(text) => (StatusCode::OK, "Done", text, true),
+        Err(text) => (StatusCode::BAD_GATEWAY, "Not done", text, false),
+    };
+    let shell = Shell {
+        title,
+        watchdog: &h.view.name,
+        fragment_url: None,
+        every_secs: 0,
+        json_url: "/api/fleet",
+        ledger: h.ledger.is_some(),
+    };
+    (code, html(pages::page(&shell, &pages::acted(&text, ok)))).into_response()
+}
+
+/// `POST /act/worker/{id}/{drain|evict|resume}`: asks the worker, on record
+/// under the signed-in operator's name.
+async fn act_worker(
+    State(h): State<Http>,
+    Extension(who): Extension<Who>,
+    Path((worker, command)): Path<(String, String)>,
+) -> Response {
+    let command = match command.as_str() {
+        "drain" => ControlCommand::Drain,
+        "evict" => ControlCommand::Evict,
+        "resume" => ControlCommand::Resume,
+        other => {
+            return (
+                StatusCode::NOT_FOUND,
+                format!("{other:?} is not an action on a worker (drain, evict, resume)\n"),
+            )
+                .into_response();
+        }
+    };
+    let Ok(id) = WorkerId::new(&worker) else {
+        return (
+            StatusCode::BAD_REQUEST,
+            format!("{worker:?} is not a worker id\n"),
+        )
+            .into_response();
+    };
+    let actor = control::Actor {
+        by: &who.name,
+        via: "dashboard",
+    };
+    let outcome = control::ask(&h.client, &h.js, actor, &id, command)
+        .await
+        .map(|r| {
+            format!(
+                "worker {}: {} ({} shards handed back), asked by {}",
+                r.worker, r.status, r.handed_back, who.name
+            )
+        })
+        .map_err(|e| e.to_string());
+    tracing::info!(by = %who.name, worker = %id, command = ?command, ok = outcome.is_ok(), "dashboard action");
+    acted(&h, outcome)
+}
+
+/// `POST /act/machine/{machine}/release`: lifts a quarantine, on record
+/// under the signed-in operator's name.
+async fn act_release(
+    State(h): State<Http>,
+    Extension(who): Extension<Who>,
+    Path(machine): Path<String>,
+) -> Response {
+    let actor = control::Actor {
+        by: &who.name,
+        via: "dashboard",
+    };
+    let outcome = control::release(&h.js, actor, &machine)
+        .await
+        .map(|r| {
+            format!(
+                "machine {} released by {} ({} strikes so far); its workers pull again within a few seconds",
+                r.machine, who.name, r.strikes
+            )
+        })
+        .map_err(|e| e.to_string());
+    tracing::info!(by = %who.name, machine, ok = outcome.is_ok(), "dashboard action");
+    acted(&h, outcome)
+}
+
 /// The sign-in form: a known token sets the sign-in cookie and goes to
 /// the dashboard; anything else shows the form again, saying why.
 async fn sign_in_page() -> Response {
@@ -380,6 +475,8 @@ fn router(
         .route("/api/usage", get(usage_json))
         .route("/metrics", get(prometheus))
         .route("/healthz", get(healthz))
+        .route("/act/worker/{worker}/{command}", post(act_worker))
+        .route("/act/machine/{machine}/release", post(act_release))
         .with_state(Http {
             view: b.view,
             js: b.js,

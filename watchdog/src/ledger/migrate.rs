@@ -23,6 +23,11 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
         "0002_forged",
         include_str!("../../migrations/0002_forged.sql"),
     ),
+    (
+        3,
+        "0003_actions",
+        include_str!("../../migrations/0003_actions.sql"),
+    ),
 ];
 
 /// The advisory lock's key: any constant the fleet's other users of the

@@ -13,8 +13,10 @@
 //!
 //! Layout: [`migrate`] (schema files in `watchdog/migrations/`), [`plan`]
 //! (events to row changes, pure), [`write`] (a batch, once), [`workers`]
-//! (what heartbeats say of each worker), [`cancelled`] (jobs cancelled).
+//! (what heartbeats say of each worker), [`cancelled`] (jobs cancelled),
+//! [`actions`] (operator actions, copied from the actions stream).
 
+mod actions;
 mod cancelled;
 mod migrate;
 mod plan;
@@ -221,6 +223,7 @@ impl Writer {
             .await
             .map_err(follow_err)?;
         workers::upsert(client, &self.view).await?;
+        actions::copy(client, &self.js).await?;
         let mut workers_tick = tokio::time::interval(self.settings.workers_every);
         workers_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut batch = Batch::default();
@@ -238,6 +241,7 @@ impl Writer {
                 _ = workers_tick.tick() => {
                     workers::upsert(client, &self.view).await?;
                     cancelled::mark(client, &self.view).await?;
+                    actions::copy(client, &self.js).await?;
                 }
                 m = follower.next() => {
                     let (seq, m) = match m {

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
-use minions_schemas::messages::WorkerState;
+use minions_schemas::messages::{OperatorAction, WorkerState};
 use minions_schemas::progress::Progress;
 use serde::Serialize;
 
@@ -42,6 +42,8 @@ pub struct View {
     /// Canaries judged by this watchdog: passed, failed.
     canaries: [AtomicU64; 2],
     quarantined: Mutex<BTreeMap<String, String>>,
+    /// The last operator actions on record, oldest first.
+    actions: Mutex<std::collections::VecDeque<OperatorAction>>,
 }
 
 /// One worker as the dashboard shows it.
@@ -122,6 +124,8 @@ pub struct Snapshot {
     pub teams: Vec<TeamRow>,
     /// Quarantined machines and why (their workers pull nothing).
     pub quarantined: BTreeMap<String, String>,
+    /// The last operator actions on record, newest first.
+    pub actions: Vec<OperatorAction>,
 }
 
 impl View {
@@ -137,6 +141,7 @@ impl View {
             heartbeats: AtomicU64::new(0),
             canaries: [AtomicU64::new(0), AtomicU64::new(0)],
             quarantined: Mutex::new(BTreeMap::new()),
+            actions: Mutex::new(std::collections::VecDeque::new()),
         }
     }
 
@@ -168,6 +173,16 @@ impl View {
     /// The schedule last published, if any.
     pub fn schedule(&self) -> Option<std::sync::Arc<minions_schemas::messages::Schedule>> {
         lock(&self.schedule).clone()
+    }
+
+    /// Adds actions read from the record (oldest first), keeping the last
+    /// [`crate::recent_actions::RECENT`].
+    pub fn push_actions(&self, new: impl IntoIterator<Item = OperatorAction>) {
+        let mut kept = lock(&self.actions);
+        kept.extend(new);
+        while kept.len() > crate::recent_actions::RECENT {
+            kept.pop_front();
+        }
     }
 
     /// Replaces the quarantined machines (machine → reason).
@@ -285,6 +300,7 @@ impl View {
             ],
             teams: self.teams(),
             quarantined: lock(&self.quarantined).clone(),
+            actions: lock(&self.actions).iter().rev().cloned().collect(),
         }
     }
 
