@@ -334,6 +334,15 @@ pub struct AddProducerArgs {
     /// be NAME). Never overwritten; readable by its owner only.
     #[arg(long, value_name = "FILE")]
     pub seed_out: Option<std::path::PathBuf>,
+    /// Also write its S3 policy for this bucket (BUCKET or BUCKET/PREFIX,
+    /// as in the store URL s3://BUCKET/PREFIX): its teams' jobs
+    /// (`jobs/<team>--*`) and reading models, nothing of other teams'.
+    /// Attach it to the S3 identity the program uses.
+    #[arg(long, value_name = "BUCKET[/PREFIX]")]
+    pub s3_bucket: Option<String>,
+    /// Where to write that policy (default: NAME-s3-policy.json here).
+    #[arg(long, value_name = "FILE", requires = "s3_bucket")]
+    pub s3_policy_out: Option<std::path::PathBuf>,
 }
 
 /// Flags of `minions admin add-worker`.
@@ -429,7 +438,8 @@ pub struct SubmitArgs {
     pub input: PathBuf,
     /// Job id (letters, digits, '-', '_'). Re-submitting the same id with the
     /// same input publishes only shards that are neither done nor queued.
-    /// Default: a new time-ordered id.
+    /// Default: a new time-ordered id headed by the team (`search--01jx…`;
+    /// a team's store policy covers `jobs/<team>--*` only).
     #[arg(long)]
     pub job: Option<String>,
     /// Records per shard: one shard is the unit of retry and of work handed

@@ -14,8 +14,51 @@
 //! watchdog/checkpoints/<seq:020>.msgpack   a watchdog's folded events up to stream sequence <seq>
 //! ```
 //! Keys are built only from validated ids and checked file names.
+//!
+//! A job id made by `minions submit` begins with its team and `--`
+//! ([`team_job_prefix`]), so `jobs/<team>--*` holds one team's jobs and a
+//! store policy can grant a team's identity its own jobs only
+//! (`deploy/s3/team-producer-policy.json`).
 
-use crate::ids::{JobId, ModelHash, ModelName};
+use crate::ids::{JobId, MAX_ID_LEN, ModelHash, ModelName};
+
+/// What follows a team's name at the head of its job ids.
+pub const TEAM_JOB_SEPARATOR: &str = "--";
+
+/// Characters a made job id keeps after its team's prefix (a ULID).
+const MADE_ID_TAIL: usize = 26;
+
+/// The longest team name that heads its job ids.
+pub const MAX_PREFIXED_TEAM_LEN: usize = MAX_ID_LEN - TEAM_JOB_SEPARATOR.len() - MADE_ID_TAIL;
+
+/// The head of team `team`'s job ids (`<team>--`), or why it cannot have
+/// one: a prefix must name one team only, so the name may not hold `--`
+/// or end in `-` (`a-` would claim `a---x`, which `a--*` also matches), and
+/// must leave room for the rest of an id.
+pub fn team_job_prefix(team: &str) -> Result<String, String> {
+    crate::ids::validate("team", team).map_err(|e| e.to_string())?;
+    if team.contains(TEAM_JOB_SEPARATOR) || team.ends_with('-') {
+        return Err(format!(
+            "team {team:?} cannot head job ids: a team's name may not hold \"--\" or end in \"-\" (its jobs are jobs/<team>--*)"
+        ));
+    }
+    if team.len() > MAX_PREFIXED_TEAM_LEN {
+        return Err(format!(
+            "team {team:?} is {} characters long; a team that heads job ids has at most {MAX_PREFIXED_TEAM_LEN}",
+            team.len()
+        ));
+    }
+    Ok(format!("{team}{TEAM_JOB_SEPARATOR}"))
+}
+
+/// A new job id for `team` ending in `tail` (a lowercase ULID): the team's
+/// prefix and `tail`, or `job-<tail>` when the team cannot head ids.
+pub fn made_job_id(team: &str, tail: &str) -> Result<JobId, crate::ids::IdError> {
+    match team_job_prefix(team) {
+        Ok(prefix) => JobId::new(format!("{prefix}{tail}")),
+        Err(_) => JobId::new(format!("job-{tail}")),
+    }
+}
 
 /// The job spec's key.
 pub fn job_spec(job: &JobId) -> String {
@@ -133,6 +176,27 @@ pub fn valid_model_file_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_made_job_id_begins_with_its_team_only_when_that_is_unambiguous()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let tail = "01jxyzabcdefghjkmnpqrstvwx";
+        assert_eq!(
+            made_job_id("alpha", tail)?.as_str(),
+            format!("alpha--{tail}")
+        );
+        assert_eq!(
+            made_job_id("ml-ops", tail)?.as_str(),
+            format!("ml-ops--{tail}")
+        );
+        for bad in ["a--b", "a-", "x".repeat(MAX_PREFIXED_TEAM_LEN + 1).as_str()] {
+            assert!(team_job_prefix(bad).is_err(), "{bad}");
+            assert_eq!(made_job_id(bad, tail)?.as_str(), format!("job-{tail}"));
+        }
+        let longest = "x".repeat(MAX_PREFIXED_TEAM_LEN);
+        assert_eq!(made_job_id(&longest, tail)?.as_str().len(), MAX_ID_LEN);
+        Ok(())
+    }
 
     #[test]
     fn layout() -> Result<(), crate::IdError> {

@@ -44,7 +44,7 @@ pub use nats::{NatsServer, role_password, role_passwords};
 pub use ports::dashboard_url;
 pub use postgres::PgServer;
 pub use processes::{Proc, log_count};
-pub use s3::S3Server;
+pub use s3::{S3Server, Users};
 pub use scenarios::{SlowShard, core_job_scenario};
 pub use scratch::scratch;
 pub use systemd::PrivateSystemd;

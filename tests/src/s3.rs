@@ -5,6 +5,9 @@ use std::time::Duration;
 
 use crate::{Proc, Result, ports, tool};
 
+/// IAM users made on a server: name → (access key id, secret).
+pub type Users = std::collections::HashMap<String, (String, String)>;
+
 /// A real S3-compatible server (moto) on loopback with one bucket.
 pub struct S3Server {
     /// The server process.
@@ -35,6 +38,63 @@ impl S3Server {
         };
         server.create_bucket(bucket)?;
         Ok(server)
+    }
+
+    /// Starts moto with authentication on, with `bucket` and one IAM user
+    /// per `(name, policy)`; returns the server and each user's access key
+    /// id and secret. Every request after the set-up is signed and judged
+    /// by its user's policy (moto checks actions and resources).
+    pub fn start_with_users(
+        bucket: &str,
+        users: &[(&str, serde_json::Value)],
+    ) -> Result<(Self, Users)> {
+        let dir = tempfile::Builder::new().prefix("minions-s3-").tempdir()?;
+        let bin = tool("MINIONS_MOTO_BIN", "moto_server")?;
+        // The bucket and three calls per user go unsigned; then moto asks.
+        let unsigned = 1 + 3 * users.len();
+        let mut proc = Proc::spawn(
+            "moto",
+            &bin,
+            &["-H".into(), "127.0.0.1".into(), "-p".into(), "0".into()],
+            &[("INITIAL_NO_AUTH_ACTION_COUNT".into(), unsigned.to_string())],
+            dir.path(),
+        )?;
+        let port = ports::wait_logged_port(&mut proc, 0, "Running on", Duration::from_secs(30))?;
+        let server = Self {
+            proc,
+            port,
+            _dir: dir,
+        };
+        let python = bin.with_file_name("python");
+        let script = crate::workspace_root().join("tests/s3/users.py");
+        let policies: serde_json::Map<String, serde_json::Value> = users
+            .iter()
+            .map(|(n, p)| ((*n).to_owned(), p.clone()))
+            .collect();
+        let mut child = std::process::Command::new(&python)
+            .arg(&script)
+            .arg(server.endpoint())
+            .arg(bucket)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("{}: {e}", python.display()))?;
+        child
+            .stdin
+            .take()
+            .ok_or("no stdin")?
+            .write_all(serde_json::Value::Object(policies).to_string().as_bytes())?;
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            return Err(format!(
+                "making the S3 users: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+            .into());
+        }
+        let made: Users = serde_json::from_slice(&out.stdout)?;
+        Ok((server, made))
     }
 
     /// The endpoint URL.

@@ -242,3 +242,52 @@ fn shipped_s3_policies_allow_each_role_what_it_needs_and_no_more() -> Result<()>
     );
     Ok(())
 }
+
+/// A team's store policy (`add-producer --s3-bucket`, from
+/// `deploy/s3/team-producer-policy.json`): its own jobs, as `minions
+/// submit` names them, and reading models; nothing of another team's.
+#[test]
+fn a_teams_s3_policy_covers_its_own_jobs_only() -> Result<()> {
+    use minions::commands::team_policy;
+    use minions_schemas::{JobId, ModelHash, ModelName, keys};
+    let text = team_policy::render(team_policy::TEMPLATE, "BUCKET", &["alpha".to_owned()])?;
+    let alpha: serde_json::Value = serde_json::from_str(&text)?;
+    let tail = "01jxyzabcdefghjkmnpqrstvwx";
+    let own = keys::made_job_id("alpha", tail)?;
+    let other = keys::made_job_id("beta", tail)?;
+    let alike = keys::made_job_id("alpha-ml", tail)?;
+    let unprefixed = JobId::new("j1")?;
+    let hash = ModelHash::new("ab".repeat(32))?;
+    let (get, put, list) = ("s3:GetObject", "s3:PutObject", "s3:ListBucket");
+    for (action, key, allowed) in [
+        (put, keys::job_spec(&own), true),
+        (put, keys::shard_input(&own, 3), true),
+        (put, keys::job_cancelled(&own), true),
+        (get, keys::shard_output(&own, 3), true),
+        (get, keys::job_manifest(&own), true),
+        (list, keys::job_outputs(&own), true),
+        (get, keys::model_file(&hash, "model.safetensors"), true),
+        (put, keys::shard_output(&own, 3), false),
+        (put, keys::model_file(&hash, "model.safetensors"), false),
+        (put, keys::model_name(&ModelName::new("minilm")?), false),
+    ]
+    .into_iter()
+    .chain([other, alike, unprefixed].iter().flat_map(|job| {
+        [
+            (get, keys::job_spec(job), false),
+            (get, keys::shard_input(job, 3), false),
+            (get, keys::shard_output(job, 3), false),
+            (put, keys::shard_input(job, 3), false),
+            (put, keys::job_cancelled(job), false),
+            (list, keys::job_outputs(job), false),
+        ]
+    })) {
+        assert_eq!(
+            allows(&alpha, action, &key),
+            allowed,
+            "team alpha's policy: {action} {key} should be {}",
+            if allowed { "allowed" } else { "refused" }
+        );
+    }
+    Ok(())
+}

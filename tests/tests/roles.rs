@@ -4,7 +4,9 @@
 //! its own machine identity from `minions admin add-worker`, the watchdog as
 //! `watchdog`, set up by `minions admin init` as `admin`) without one refused
 //! action; and each identity is refused, by the server, every action beyond
-//! its job, while what it needs works.
+//! its job, while what it needs works. On a real S3 server that judges
+//! requests by policy, a team identity's store policy keeps it to its own
+//! team's jobs.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -831,5 +833,134 @@ async fn programs_read_their_connection_settings_from_a_file() -> Result<()> {
         "{said}"
     );
     eprintln!("misspelt key: {line}");
+    Ok(())
+}
+
+/// Per-team store policies on a real S3 server that judges every request
+/// (moto with authentication on): `add-producer --s3-bucket` writes each
+/// team identity's policy; team beta's producer and a worker (the shipped
+/// worker policy) write beta's job, and team alpha's producer may write
+/// and read its own job but can neither read beta's spec, inputs or
+/// outputs nor write into beta's job, nor write a job whose id its team
+/// does not head.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_teams_store_policy_keeps_it_out_of_other_teams_jobs() -> Result<()> {
+    use minions_schemas::{JobId, keys};
+    use object_store::{ObjectStore, ObjectStoreExt, path::Path as Key};
+    const BUCKET: &str = "minions-test";
+    let dir = minions_tests::scratch("minions-team-store-")?;
+    let conf = dir.path().join("server.conf");
+    std::fs::copy(
+        minions_tests::workspace_root().join("deploy/nats/least-privilege.conf"),
+        &conf,
+    )?;
+    let policy = |name: &str, team: &str| -> Result<serde_json::Value> {
+        let out = dir.path().join(format!("{name}-s3.json"));
+        let said = minions_tests::minions_ok(
+            &[
+                "admin",
+                "add-producer",
+                name,
+                "--team",
+                team,
+                "--server-config",
+                &conf.display().to_string(),
+                "--seed-out",
+                &dir.path().join(format!("{name}.nk")).display().to_string(),
+                "--s3-bucket",
+                BUCKET,
+                "--s3-policy-out",
+                &out.display().to_string(),
+            ],
+            &[],
+        )?;
+        assert!(said.contains("S3 policy written to"), "{said}");
+        Ok(serde_json::from_str(&std::fs::read_to_string(&out)?)?)
+    };
+    let (ana, bo) = (policy("ana", "alpha")?, policy("bo", "beta")?);
+    let worker: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            minions_tests::workspace_root().join("deploy/s3/worker-policy.json"),
+        )?
+        .replace("BUCKET", BUCKET),
+    )?;
+    let (s3, users) = minions_tests::S3Server::start_with_users(
+        BUCKET,
+        &[("ana", ana), ("bo", bo), ("worker", worker)],
+    )?;
+    minions_endpoints::nats::init_tls();
+    let store = |user: &str| -> Result<Box<dyn ObjectStore>> {
+        let (key, secret) = users.get(user).ok_or("no such user")?;
+        Ok(Box::new(
+            object_store::aws::AmazonS3Builder::new()
+                .with_endpoint(s3.endpoint())
+                .with_bucket_name(BUCKET)
+                .with_region("us-east-1")
+                .with_access_key_id(key)
+                .with_secret_access_key(secret)
+                .with_allow_http(true)
+                .build()?,
+        ))
+    };
+    let (ana, bo, worker) = (store("ana")?, store("bo")?, store("worker")?);
+    let tail = "01jxyzabcdefghjkmnpqrstvwx";
+    let alpha_job = keys::made_job_id("alpha", tail)?;
+    let beta_job = keys::made_job_id("beta", tail)?;
+    let bytes = || bytes::Bytes::from_static(b"x");
+    // Each team's own, and a worker's output.
+    for (who, s, key) in [
+        ("bo", &bo, keys::job_spec(&beta_job)),
+        ("bo", &bo, keys::shard_input(&beta_job, 0)),
+        ("worker", &worker, keys::shard_output(&beta_job, 0)),
+        ("ana", &ana, keys::job_spec(&alpha_job)),
+        ("ana", &ana, keys::shard_input(&alpha_job, 0)),
+    ] {
+        s.put(&Key::from(key.as_str()), bytes().into())
+            .await
+            .map_err(|e| format!("{who} may write {key}: {e}"))?;
+    }
+    ana.get(&Key::from(keys::shard_input(&alpha_job, 0)))
+        .await
+        .map_err(|e| format!("ana may read her own input: {e}"))?;
+    // And not the other team's.
+    let mut refused = Vec::new();
+    for key in [
+        keys::job_spec(&beta_job),
+        keys::shard_input(&beta_job, 0),
+        keys::shard_output(&beta_job, 0),
+    ] {
+        let e = ana
+            .get(&Key::from(key.as_str()))
+            .await
+            .err()
+            .ok_or_else(|| format!("ana read {key}"))?;
+        refused.push((format!("ana reads {key}"), e));
+    }
+    let unprefixed = JobId::new("j1")?;
+    for key in [
+        keys::shard_input(&beta_job, 1),
+        keys::job_cancelled(&beta_job),
+        keys::job_spec(&unprefixed),
+    ] {
+        let e = ana
+            .put(&Key::from(key.as_str()), bytes().into())
+            .await
+            .err()
+            .ok_or_else(|| format!("ana wrote {key}"))?;
+        refused.push((format!("ana writes {key}"), e));
+    }
+    let e = bo
+        .get(&Key::from(keys::shard_input(&alpha_job, 0)))
+        .await
+        .err()
+        .ok_or("bo read alpha's input")?;
+    refused.push(("bo reads alpha's input".to_owned(), e));
+    for (what, e) in &refused {
+        assert!(
+            matches!(e, object_store::Error::PermissionDenied { .. }),
+            "{what}: {e}"
+        );
+        eprintln!("refused by the S3 server (403 Access Denied): {what}");
+    }
     Ok(())
 }

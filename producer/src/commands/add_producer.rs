@@ -10,7 +10,8 @@
 //! priority and submitter from the subject the server allowed: the server,
 //! not our client, decides what an identity may submit for. The seed file's
 //! name is the identity's name (`NAME.nk`): `minions --nats-nkey NAME.nk`
-//! submits as NAME.
+//! submits as NAME. With `--s3-bucket` it also writes the identity's store
+//! policy ([`super::team_policy`]): its teams' jobs only.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -133,6 +134,25 @@ pub fn add_producer(args: &AddProducerArgs) -> Result<Added, IdentityError> {
             .map_err(|e| IdentityError::Flag(format!("--team {team:?}: {e}")))?;
     }
     let max: Priority = args.max_priority.into();
+    // The store policy is made first: a refused team leaves nothing behind.
+    let policy = match &args.s3_bucket {
+        None => None,
+        Some(bucket) => {
+            let text = super::team_policy::render(super::team_policy::TEMPLATE, bucket, &args.team)
+                .map_err(|e| IdentityError::Flag(e.to_string()))?;
+            let path = args
+                .s3_policy_out
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(format!("{name}-s3-policy.json")));
+            if path.exists() {
+                return Err(IdentityError::Flag(format!(
+                    "--s3-policy-out {} exists; choose another or remove it first",
+                    path.display()
+                )));
+            }
+            Some((path, text))
+        }
+    };
     let conf = &args.server_config;
     let seed_file = args
         .seed_out
@@ -151,6 +171,14 @@ pub fn add_producer(args: &AddProducerArgs) -> Result<Added, IdentityError> {
         read_with_entry(conf, &label, || entry(&name, &public_key, &args.team, max))?;
     replace(conf, &updated)?;
     let mut report = String::new();
+    if let Some((path, text)) = &policy {
+        std::fs::write(path, format!("{text}\n")).map_err(super::identity_file::io(path))?;
+        let _ = writeln!(
+            report,
+            "S3 policy written to {}: attach it to {name}'s S3 identity (its teams' jobs are jobs/<team>--*, the ids `minions submit` makes)",
+            path.display()
+        );
+    }
     let _ = writeln!(
         report,
         "producer {name}: identity {public_key} added to {}, for team(s) {} at priority up to {max}",
@@ -191,6 +219,8 @@ mod tests {
             max_priority: max.into(),
             server_config: dir.join("server.conf"),
             seed_out: Some(dir.join(format!("{name}.nk"))),
+            s3_bucket: None,
+            s3_policy_out: None,
         }
     }
 

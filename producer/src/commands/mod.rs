@@ -14,6 +14,7 @@ pub mod model;
 pub mod status;
 pub mod submit;
 pub mod team;
+pub mod team_policy;
 pub mod usage;
 pub mod watch;
 pub mod worker;

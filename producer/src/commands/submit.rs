@@ -115,14 +115,14 @@ pub async fn submit(
     let store = minions_endpoints::store::open(&endpoints.store_url())?;
     let model_name = ModelName::new(&args.model).context("--model")?;
     let record = model_record(store.as_ref(), &model_name).await?;
+    let sharing = sharing(endpoints, args, record.bytes)?;
     let job = match &args.job {
         Some(j) => JobId::new(j).context("--job")?,
-        None => JobId::new(format!(
-            "job-{}",
-            ulid::Ulid::new().to_string().to_lowercase()
-        ))?,
+        None => minions_schemas::keys::made_job_id(
+            &sharing.team,
+            &ulid::Ulid::new().to_string().to_lowercase(),
+        )?,
     };
-    let sharing = sharing(endpoints, args, record.bytes)?;
     let (client, js) = endpoints.connect("minions submit").await?;
     let settings =
         minions_endpoints::streams::ensure(&js, &endpoints.replication.work_settings()).await?;
@@ -606,8 +606,26 @@ async fn upload(store: Arc<dyn ObjectStore>, input: ShardInput) -> anyhow::Resul
     store
         .put(&key, bytes.into())
         .await
+        .map_err(|e| refused(e, &input.job))
         .with_context(|| format!("uploading {key}"))?;
     Ok(())
+}
+
+/// A store error, with what to do when the store refused the write: under
+/// a team's store policy only `jobs/<team>--*` may be written.
+fn refused(e: object_store::Error, job: &JobId) -> anyhow::Error {
+    let denied = matches!(
+        e,
+        object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. }
+    );
+    let e = anyhow::Error::new(e);
+    if denied {
+        e.context(format!(
+            "the store refused to write job {job}: under a team's store policy (deploy/s3/team-producer-policy.json) a job id begins with the team and \"--\", as `minions submit` makes them when --job is left out"
+        ))
+    } else {
+        e
+    }
 }
 
 /// Whether a shard's input is in the store.
@@ -682,7 +700,7 @@ async fn write_spec(store: &dyn ObjectStore, spec: &JobSpec) -> anyhow::Result<O
             tracing::info!(job = %spec.job, "job exists with the same input; publishing only shards not yet done");
             Ok(Some(old))
         }
-        Err(e) => Err(e).with_context(|| format!("writing {key}")),
+        Err(e) => Err(refused(e, &spec.job)).with_context(|| format!("writing {key}")),
     }
 }
 
