@@ -294,7 +294,7 @@ pub enum AdminCommand {
     /// Make a bearer token that reads the watchdog's dashboard, its JSON
     /// and /metrics (--metrics-only: /metrics alone, for Prometheus). The
     /// token is printed once; FILE keeps its SHA-256 (the watchdog's
-    /// --http-access FILE; restart the watchdog to read it).
+    /// --http-access FILE, read again within a second of a change).
     AddViewer(AddTokenArgs),
     /// Make a bearer token that reads everything and may act from the
     /// dashboard; as add-viewer otherwise.

@@ -12,7 +12,6 @@
 //! - [`prompts`] — generation records (prompts, chat messages, OpenAI batch lines).
 //! - [`progress`] — a job's progress folded from its events.
 //! - [`npy`] — the `.npy` writer.
-//! - [`publish`] — publishing shard tasks and CLI-side events.
 //! - [`store_io`] — bounded document reads from the store.
 
 pub mod cli;
@@ -26,5 +25,4 @@ pub mod parquet_input;
 pub mod parquet_output;
 pub mod progress;
 pub mod prompts;
-pub mod publish;
 pub mod store_io;

@@ -19,7 +19,8 @@ pub const MAX_CONTROL_BYTES: usize = 16 * 1024;
 pub const MAX_QUARANTINE_BYTES: usize = 16 * 1024;
 /// A canary report or verdict (a few kilobytes of vectors).
 pub const MAX_CANARY_BYTES: usize = 256 * 1024;
-/// A submit claim or an admission reply (a job id, a sentence).
+/// A submit claim, a job request, or the reply to either (a job id, a
+/// sentence).
 pub const MAX_ADMISSION_BYTES: usize = 4 * 1024;
 /// A job spec document in the store.
 pub const MAX_SPEC_BYTES: usize = 1024 * 1024;

@@ -230,6 +230,32 @@ pub fn parse_submit(subject: &str) -> Option<(&str, Priority, &str)> {
     it.next().is_none().then_some((team, priority, submitter))
 }
 
+/// Where a producer asks the watchdogs to cancel or retry a job it acts on
+/// for `team`: `minions.jobreq.<team>.<submitter>` (the submitter as
+/// [`submitter_token`] writes it). A producer identity's server config
+/// entry allows its own teams and name here only; a watchdog acts only on
+/// jobs of the team the subject names (see
+/// [`crate::messages::JobRequest`]). `team` must be a valid id (no `.`).
+pub fn job_request(team: &str, submitter: &str) -> String {
+    format!("minions.jobreq.{team}.{}", submitter_token(submitter))
+}
+
+/// Every job request subject, for the watchdogs' queue group.
+pub const JOB_REQUEST_ALL: &str = "minions.jobreq.>";
+
+/// The team and submitter token a job request subject names, if it is one.
+pub fn parse_job_request(subject: &str) -> Option<(&str, &str)> {
+    let mut it = subject.split('.');
+    if it.next() != Some("minions") || it.next() != Some("jobreq") {
+        return None;
+    }
+    let team = it
+        .next()
+        .filter(|t| crate::ids::validate("team", t).is_ok())?;
+    let submitter = it.next().filter(|s| submitter_token(s) == *s)?;
+    it.next().is_none().then_some((team, submitter))
+}
+
 /// Every machine's canary subject, for the watchdogs' queue group.
 pub const CANARY_ALL: &str = "minions.canary.*";
 
@@ -249,6 +275,22 @@ pub fn msg_id(job: &JobId, shard: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_job_request_subject_names_team_and_submitter() {
+        let s = job_request("alpha", "ana@corp.example");
+        assert_eq!(s, "minions.jobreq.alpha.ana@corp_example");
+        assert_eq!(parse_job_request(&s), Some(("alpha", "ana@corp_example")));
+        for bad in [
+            "minions.jobreq.alpha",
+            "minions.jobreq.alpha.ana.x",
+            "minions.jobreq.al pha.ana",
+            "minions.submit.alpha.ana",
+            "minions.jobreq.alpha.a b",
+        ] {
+            assert_eq!(parse_job_request(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn a_submit_subject_names_team_priority_and_submitter() {

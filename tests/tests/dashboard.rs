@@ -342,7 +342,8 @@ fn token_of(fleet: &Fleet, args: &[&str]) -> Result<String> {
 /// `WWW-Authenticate`), `/healthz` answers anyone; a viewer's token reads
 /// pages and `/metrics`, a metrics token `/metrics` only; signing in with a
 /// token in a real browser sets a cookie that the live page keeps using; a
-/// proxy's user header is believed from the proxy's address only. A viewer
+/// proxy's user header is believed from the proxy's address only; a token
+/// added to the access file while the watchdog runs works. A viewer
 /// sees no action buttons and an action it posts is refused (403), as is
 /// an operator's posted from another site; an operator signed in in the
 /// browser drains the worker with its button, and `minions audit` and the
@@ -428,8 +429,19 @@ async fn the_dashboard_asks_for_a_credential() -> Result<()> {
     )?;
     assert_eq!(code, 401);
     assert!(again.contains("not known here"), "{again}");
+    // A token added while the watchdog runs works without a restart.
+    let late = token_of(
+        &fleet,
+        &["admin", "add-viewer", "late", "--access-file", &file],
+    )?;
+    let late = format!("Bearer {late}");
+    wait_until(
+        "a token added while the watchdog runs",
+        Duration::from_secs(10),
+        || Ok((ask(me, "/api/fleet", &[("Authorization", &late)])?.0 == 200).then_some(())),
+    )?;
     eprintln!(
-        "no credential: 401 and a sign-in page; viewer, metrics and proxy credentials as granted"
+        "no credential: 401 and a sign-in page; viewer, metrics and proxy credentials as granted; a token added later works"
     );
 
     // A person signs in from a real browser, and the live page goes on.

@@ -169,6 +169,8 @@ fn shipped_s3_policies_allow_each_role_what_it_needs_and_no_more() -> Result<()>
         ("watchdog", &watchdog, get, &spec, true),
         ("watchdog", &watchdog, get, &manifest, true),
         ("watchdog", &watchdog, get, &cancelled, true),
+        // A team identity's cancel, and the dashboard's, are the watchdog's.
+        ("watchdog", &watchdog, put, &cancelled, true),
         ("watchdog", &watchdog, get, &model_manifest, true),
         ("watchdog", &watchdog, put, &manifest, true),
         ("watchdog", &watchdog, get, &revision, true),

@@ -12,11 +12,12 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
 
 use minions_schemas::messages::{
-    Admission, ChatTurn, Control, ControlCommand, ControlReply, DeadLetter, EventKind,
-    FinishReason, Generation, GenerationRecord, Heartbeat, InFlight, InputDescription, JobManifest,
-    JobSpec, ManifestShard, ModelFamily, ModelFile, ModelManifest, ModelRecord, OutputPayload,
-    Prompt, SamplingParams, ShardCheckpoint, ShardEvent, ShardInput, ShardOutput, ShardTask,
-    SubmitClaim, WorkerRecord, WorkerState,
+    ActionKind, Admission, ChatTurn, Control, ControlCommand, ControlReply, DeadLetter, EventKind,
+    FinishReason, Generation, GenerationRecord, Heartbeat, InFlight, InputDescription, JobAction,
+    JobAnswer, JobManifest, JobRequest, JobSpec, ManifestShard, ModelFamily, ModelFile,
+    ModelManifest, ModelRecord, OperatorAction, OutputPayload, Prompt, SamplingParams,
+    ShardCheckpoint, ShardEvent, ShardInput, ShardOutput, ShardTask, SubmitClaim, WorkerRecord,
+    WorkerState,
 };
 use minions_schemas::{
     CodecError, JobId, ModelHash, ModelName, SCHEMA_VERSION, WorkerId, decode, encode, limits,
@@ -569,6 +570,77 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
         }),
     ));
     v.push(("credentials", Box::new(|n| fuzz_credentials(n, 16))));
+    let s = seeds(
+        "job request",
+        &[
+            JobRequest {
+                v: SCHEMA_VERSION,
+                job: job()?,
+                action: JobAction::Cancel,
+            },
+            JobRequest {
+                v: SCHEMA_VERSION,
+                job: job()?,
+                action: JobAction::Retry,
+            },
+        ],
+    )?;
+    v.push((
+        "job request",
+        Box::new(move |n| {
+            fuzz::<JobRequest>("job request", limits::MAX_ADMISSION_BYTES, s, n, 18, |x| {
+                ok_job(&x.job)
+            })
+        }),
+    ));
+    let s = seeds(
+        "job answer",
+        &[JobAnswer {
+            v: SCHEMA_VERSION,
+            done: false,
+            detail: "job beta--01jr is team \"beta\"'s; ana asked for team \"alpha\"".into(),
+            by: "watchdog-1".into(),
+        }],
+    )?;
+    v.push((
+        "job answer",
+        Box::new(move |n| {
+            fuzz::<JobAnswer>("job answer", limits::MAX_ADMISSION_BYTES, s, n, 19, |_| {
+                true
+            })
+        }),
+    ));
+    let s = seeds(
+        "operator action",
+        &[
+            OperatorAction {
+                v: SCHEMA_VERSION,
+                at_ms: 1_700_000_000_000,
+                by: "ops".into(),
+                via: "dashboard".into(),
+                action: ActionKind::Drain,
+                target: "w1-0a1b2c3d".into(),
+                detail: String::new(),
+            },
+            OperatorAction {
+                v: SCHEMA_VERSION,
+                at_ms: 1_700_000_000_001,
+                by: "watchdog-1".into(),
+                via: "watchdog".into(),
+                action: ActionKind::Quarantine,
+                target: "w2".into(),
+                detail: "outvoted 3 times".into(),
+            },
+        ],
+    )?;
+    v.push((
+        "operator action",
+        Box::new(move |n| {
+            fuzz::<OperatorAction>("operator action", limits::MAX_EVENT_BYTES, s, n, 17, |_| {
+                true
+            })
+        }),
+    ));
     let s = seeds("job manifest", &[jm])?;
     v.push((
         "job manifest",
@@ -601,6 +673,7 @@ fn fuzz_credentials(inputs: u64, seed: u64) -> R<Tally> {
             access::token_line(Role::Viewer, "ana", &token)
         ),
         "minions.submit.alpha.normal.ana".to_owned(),
+        "minions.jobreq.alpha.ana@corp_example".to_owned(),
     ]
     .into_iter()
     .map(String::into_bytes)
@@ -621,7 +694,8 @@ fn fuzz_credentials(inputs: u64, seed: u64) -> R<Tally> {
             let user = access::proxy_user(&buf).is_some();
             let subject = minions_schemas::subjects::parse_submit(&text).is_none_or(|(t, p, s)| {
                 minions_schemas::subjects::submit(t, p, s) == text.as_ref()
-            });
+            }) && minions_schemas::subjects::parse_job_request(&text)
+                .is_none_or(|(t, s)| minions_schemas::subjects::job_request(t, s) == text.as_ref());
             (
                 list || user || tokens.iter().any(Option::is_some),
                 shaped && subject,
@@ -680,7 +754,7 @@ fn a_million_mutated_inputs_per_decoder_never_panic() -> R<()> {
         }
     }
     assert!(failed.is_empty(), "{failed:#?}");
-    assert_eq!(results.len(), 17, "every decoder was fuzzed");
+    assert_eq!(results.len(), 20, "every decoder was fuzzed");
     for (_, _, r) in &results {
         if let Ok(t) = r {
             assert_eq!(t.inputs, inputs);

@@ -192,7 +192,32 @@ async fn team_identity_submits_for_its_team_only(fleet: &Fleet) -> Result<()> {
     // retry found nothing to do and did nothing) and ana's cancel of her
     // own job, each under the identity that asked; she cannot put one on
     // record as someone else.
-    minions_tests::minions_ok(&["cancel", "ana1"], &env)?;
+    let said = minions_tests::minions_ok(&["cancel", "ana1"], &env)?;
+    assert!(said.contains("by watchdog"), "{said}");
+    // Not another team's job: the server refuses her request on core1's
+    // team, and she may neither purge the queue nor stop a job herself.
+    let out = minions_tests::minions(&["cancel", "core1"], &env)?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    eprintln!(
+        "ana cancels core1 (team default): {}",
+        err.lines()
+            .find(|l| l.contains("refused identity"))
+            .unwrap_or_default()
+    );
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("refused identity \"ana\" to act on jobs of team \"default\""),
+        "{err}"
+    );
+    assert!(
+        ana.publish_refused("$JS.API.STREAM.PURGE.MINIONS_WORK")
+            .await?,
+        "ana purged the work queue"
+    );
+    assert!(
+        ana.publish_refused("minions.cancel.core1").await?,
+        "ana stopped core1"
+    );
     let audit = minions_tests::minions_ok(&["audit", "--json"], &env)?;
     let actions: serde_json::Value = serde_json::from_str(&audit)?;
     let said: Vec<(String, String, String)> = actions
@@ -245,9 +270,19 @@ async fn team_identity_submits_for_its_team_only(fleet: &Fleet) -> Result<()> {
     )?;
     assert_eq!(code, 200, "{page}");
     assert!(page.contains("draining"), "{page}");
+    let (code, page) = minions_tests::web::request_from(
+        "127.0.0.1".parse()?,
+        addr,
+        "POST",
+        "/act/job/checked1/cancel",
+        &[],
+        "",
+    )?;
+    assert_eq!(code, 200, "{page}");
+    assert!(page.contains("cancelled by anyone"), "{page}");
     let table = minions_tests::minions_ok(&["audit", "--by", "anyone"], &env)?;
     assert!(
-        table.contains("dashboard") && table.contains(&worker),
+        table.contains("dashboard") && table.contains(&worker) && table.contains("checked1"),
         "{table}"
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -257,7 +292,9 @@ async fn team_identity_submits_for_its_team_only(fleet: &Fleet) -> Result<()> {
             .any(|l| l.contains("Violation") && l.contains("user:watchdog")),
         "the watchdog was refused:\n{log}"
     );
-    eprintln!("drained {worker} from the (open) dashboard as the watchdog's identity");
+    eprintln!(
+        "drained {worker} and cancelled checked1 from the (open) dashboard as the watchdog's identity"
+    );
     Ok(())
 }
 
@@ -684,12 +721,6 @@ async fn the_producer_and_watchdog_identities_may_do_their_jobs_and_nothing_else
                     "pub",
                     "$JS.API.CONSUMER.MSG.NEXT.MINIONS_WORK.job-x",
                 ),
-                (
-                    "purge the work stream",
-                    "pub",
-                    "$JS.API.STREAM.PURGE.MINIONS_WORK",
-                ),
-                ("cancel a job", "pub", "minions.cancel.somejob"),
                 ("read shards off their subjects", "sub", "minions.work.>"),
             ],
         )
@@ -726,6 +757,9 @@ async fn the_producer_and_watchdog_identities_may_do_their_jobs_and_nothing_else
         watchdog.refusals.lock().map(|r| r.clone())
     );
     assert!(arrives(&admin, &watchdog, "minions.hb.w1.w1-0a1b2c3d").await?);
+    // It cancels jobs for team identities and the dashboard's operators.
+    assert!(arrives(&watchdog, &admin, "minions.cancel.somejob").await?);
+    assert!(arrives(&producer, &watchdog, "minions.jobreq.alpha.producer").await?);
     // A shard whose result it rejected is queued again by the watchdog.
     let wjs0 = async_nats::jetstream::new(watchdog.client.clone());
     let ack = wjs0

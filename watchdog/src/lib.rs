@@ -18,6 +18,8 @@
 //! - [`view`] — what the watchdog knows, shared with its web pages.
 //! - [`queue`] — the work queue as JetStream reports it.
 //! - [`explain`] — why a job's shards wait.
+//! - [`admission`], [`job_requests`] — admitting, cancelling and retrying
+//!   jobs for producers' identities, one team at a time.
 //! - [`recent_actions`] — the last operator actions on record, for the dashboard.
 //! - [`http`] — dashboard, JSON, `/metrics`, `/healthz`.
 //! - [`ledger`] — jobs, deliveries and usage in PostgreSQL (`--ledger`).
@@ -31,6 +33,7 @@ pub mod events;
 pub mod explain;
 pub mod fleet;
 pub mod http;
+pub mod job_requests;
 pub mod ledger;
 pub mod orphans;
 pub mod queue;

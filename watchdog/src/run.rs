@@ -195,6 +195,21 @@ async fn start(
         claims,
         stop_side.clone(),
     );
+    let job_asks = crate::job_requests::listen(&client)
+        .await
+        .map_err(follow_err("job requests"))?;
+    let job_requests = crate::job_requests::serve(
+        crate::job_requests::Actor {
+            client: client.clone(),
+            js: js.clone(),
+            store: store.clone(),
+            view: view.clone(),
+            work: work_settings.clone(),
+            me: config.name.clone(),
+        },
+        job_asks,
+        stop_side.clone(),
+    );
     let poller = tokio::spawn({
         let (js, view, stop) = (js.clone(), view.clone(), stop_side.clone());
         let nats = client.clone();
@@ -215,6 +230,7 @@ async fn start(
                 crate::recent_actions::poll(js, view, every * 3, stop),
                 canaries,
                 admissions,
+                job_requests,
             );
         }
     });
@@ -240,6 +256,7 @@ async fn start(
                     js: js.clone(),
                     client: client.clone(),
                     store: store.clone(),
+                    work: work_settings.clone(),
                 },
                 ledger_status.clone(),
                 config.ledger.as_ref().map(|l| l.url.clone()),

@@ -5,7 +5,9 @@
 //!
 //! The entry grants what the shared `producer` role does, except that it
 //! may make no job consumer and may claim jobs (`minions.submit.<team>.<priority>.<name>`)
-//! only for its own teams, priorities up to its highest, and its own name.
+//! only for its own teams, priorities up to its highest, and its own name;
+//! it cancels and retries only through a watchdog, for its own teams
+//! (`minions.jobreq.<team>.<name>`).
 //! A watchdog admits a claimed job and makes its consumer, taking team,
 //! priority and submitter from the subject the server allowed: the server,
 //! not our client, decides what an identity may submit for. The seed file's
@@ -25,16 +27,16 @@ use crate::cli::AddProducerArgs;
 
 /// What the shared `producer` role may publish that a team's identity may
 /// too: everything but making job consumers (a watchdog does, on
-/// admission), claims for any team and actions on record as `producer`
-/// (its own go under its own name).
+/// admission), claims and job requests for any team, cancelling jobs
+/// itself (purging the queue, telling workers; a watchdog does, for its
+/// own teams' jobs) and actions on record as `producer` (its own go under
+/// its own name).
 const PUBLISH: &[&str] = &[
     "minions.work.>",
     "minions.events.*.*.cli",
-    "minions.cancel.>",
     "minions.queued",
     "$JS.API.INFO",
     "$JS.API.STREAM.INFO.>",
-    "$JS.API.STREAM.PURGE.MINIONS_WORK",
     "$JS.API.STREAM.MSG.GET.MINIONS_WORK",
     "$JS.API.DIRECT.GET.MINIONS_WORK.>",
     "$JS.API.STREAM.MSG.GET.MINIONS_DEAD",
@@ -98,6 +100,10 @@ pub fn entry(name: &str, public_key: &str, teams: &[String], max: Priority) -> S
         for p in priorities_up_to(max) {
             claims.push(format!("\"{}\"", subjects::submit(team, p, name)));
         }
+    }
+    // Cancel and retry of its teams' jobs, through a watchdog.
+    for team in teams {
+        claims.push(format!("\"{}\"", subjects::job_request(team, name)));
     }
     // Its actions go on record under its own name only.
     claims.push(format!("\"{}\"", subjects::action(name)));
@@ -249,6 +255,7 @@ mod tests {
             assert!(conf.contains(&format!("\"{ok}\"")), "{ok}");
         }
         assert!(!conf.contains("minions.submit.alpha.high.ana"));
+        assert!(conf.contains("\"minions.jobreq.gamma.ana\""));
         assert!(conf.contains("\"minions.actions.ana\""));
         assert!(conf.contains(&format!("nkey: {}", a.public_key)));
         let seed = std::fs::read_to_string(&a.seed_file)?;
@@ -296,6 +303,9 @@ mod tests {
             .collect();
         let withheld = [
             "minions.submit.>",
+            "minions.jobreq.>",
+            "minions.cancel.>",
+            "$JS.API.STREAM.PURGE.MINIONS_WORK",
             "minions.actions.producer",
             "$JS.API.CONSUMER.CREATE.MINIONS_WORK.*.minions.work.*.>",
         ];

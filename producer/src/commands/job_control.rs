@@ -1,16 +1,19 @@
 //! `minions retry`, `minions cancel` and `minions reconcile`: acting on a
-//! job's shards after submit.
+//! job's shards after submit. Cancel and retry ask the watchdogs first (on
+//! the job's team, as this identity: how a team's identity acts, since it
+//! may not purge the queue or stop a job itself) and act here only when no
+//! watchdog listens.
 
 use anyhow::Context;
 use async_nats::jetstream;
-use minions_schemas::messages::{ActionKind, EventKind, JobSpec};
+use minions_endpoints::job_control;
+use minions_schemas::messages::{ActionKind, JobAction, JobSpec};
 use minions_schemas::{JobId, keys, streams, subjects};
 use object_store::path::Path as StorePath;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions};
+use object_store::{ObjectStore, ObjectStoreExt};
 
 use crate::cli::Endpoints;
 use crate::progress;
-use crate::publish;
 use crate::store_io::job_spec;
 
 struct Ctx {
@@ -26,11 +29,6 @@ async fn open(endpoints: &Endpoints, job: &str, who: &str) -> anyhow::Result<Ctx
     let store = minions_endpoints::store::open(&endpoints.store_url())?;
     let spec = job_spec(store.as_ref(), &job).await?;
     let (client, js) = endpoints.connect(who).await?;
-    let settings =
-        minions_endpoints::streams::ensure(&js, &endpoints.replication.work_settings()).await?;
-    // Retry and reconcile queue shards again: the job's consumer (removed
-    // once a job has nothing queued) must exist first.
-    minions_endpoints::queue::ensure_job_consumer(&js, &settings, &spec).await?;
     Ok(Ctx {
         js,
         client,
@@ -38,6 +36,27 @@ async fn open(endpoints: &Endpoints, job: &str, who: &str) -> anyhow::Result<Ctx
         job,
         spec,
     })
+}
+
+/// Makes the job's consumer (removed once a job has nothing queued) before
+/// shards are queued again from here.
+async fn ensure_consumer(endpoints: &Endpoints, c: &Ctx) -> anyhow::Result<()> {
+    let settings =
+        minions_endpoints::streams::ensure(&c.js, &endpoints.replication.work_settings()).await?;
+    minions_endpoints::queue::ensure_job_consumer(&c.js, &settings, &c.spec).await?;
+    Ok(())
+}
+
+/// Asks a watchdog to do `action` on the job for its team as this
+/// identity: its answer in words, or `None` when no watchdog listens.
+async fn ask_watchdog(
+    endpoints: &Endpoints,
+    c: &Ctx,
+    action: JobAction,
+) -> anyhow::Result<Option<String>> {
+    let by = endpoints.security.identity_name();
+    let answer = job_control::ask(&c.client, &c.spec.team, &by, &c.job, action).await?;
+    Ok(answer.map(|a| format!("job {}: {} (by watchdog {})", c.job, a.detail, a.by)))
 }
 
 /// Resubmits a job's failed shards (after their cause is fixed). Returns a summary line.
@@ -55,16 +74,12 @@ pub async fn retry(endpoints: &Endpoints, job: &str) -> anyhow::Result<String> {
         &format!("{} failed shards", p.failed_shards.len()),
     )
     .await?;
-    let nonce = ulid::Ulid::new().to_string().to_lowercase();
-    let mut n = 0;
-    for f in &p.failed_shards {
-        publish::event(&c.js, &c.job, f.shard, EventKind::Requeued).await?;
-        let msg_id = format!("{}/retry-{nonce}", subjects::msg_id(&c.job, f.shard));
-        if publish::task(&c.js, &c.spec.task(f.shard), &msg_id).await? {
-            n += 1;
-        }
+    if let Some(said) = ask_watchdog(endpoints, &c, JobAction::Retry).await? {
+        return Ok(said);
     }
-    tracing::info!(job = %c.job, shards = n, "failed shards resubmitted");
+    ensure_consumer(endpoints, &c).await?;
+    let failed: Vec<u32> = p.failed_shards.iter().map(|f| f.shard).collect();
+    let n = job_control::retry(&c.js, &c.spec, &failed).await?;
     Ok(format!("job {}: {n} failed shards resubmitted", c.job))
 }
 
@@ -73,35 +88,10 @@ pub async fn retry(endpoints: &Endpoints, job: &str) -> anyhow::Result<String> {
 pub async fn cancel(endpoints: &Endpoints, job: &str) -> anyhow::Result<String> {
     let c = open(endpoints, job, "minions cancel").await?;
     super::audit::record(endpoints, &c.js, ActionKind::Cancel, c.job.as_str(), "").await?;
-    let opts = PutOptions {
-        mode: PutMode::Create,
-        ..Default::default()
-    };
-    match c
-        .store
-        .put_opts(
-            &StorePath::from(keys::job_cancelled(&c.job)),
-            bytes::Bytes::new().into(),
-            opts,
-        )
-        .await
-    {
-        Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => {}
-        Err(e) => return Err(e).context("writing the cancellation marker"),
+    if let Some(said) = ask_watchdog(endpoints, &c, JobAction::Cancel).await? {
+        return Ok(said);
     }
-    let work = c.js.get_stream(streams::WORK_STREAM).await?;
-    let purged = work
-        .purge()
-        .filter(subjects::job_work(&c.job))
-        .await
-        .context("removing pending shards")?
-        .purged;
-    c.client
-        .publish(subjects::cancel(&c.job), bytes::Bytes::new())
-        .await
-        .context("telling workers")?;
-    c.client.flush().await?;
-    tracing::info!(job = %c.job, purged, "job cancelled");
+    let purged = job_control::cancel(&c.js, &c.client, c.store.as_ref(), &c.job).await?;
     Ok(format!(
         "job {}: cancelled; {purged} pending shards removed, running shards stopped",
         c.job
@@ -112,6 +102,7 @@ pub async fn cancel(endpoints: &Endpoints, job: &str) -> anyhow::Result<String> 
 /// its original message id (so two reconcilers cannot queue it twice).
 pub async fn reconcile(endpoints: &Endpoints, job: &str) -> anyhow::Result<String> {
     let c = open(endpoints, job, "minions reconcile").await?;
+    ensure_consumer(endpoints, &c).await?;
     let p = progress::load(&c.js, c.store.as_ref(), &c.job).await?;
     let failed: std::collections::HashSet<u32> = p.failed_shards.iter().map(|f| f.shard).collect();
     let work = c.js.get_stream(streams::WORK_STREAM).await?;
@@ -136,7 +127,7 @@ pub async fn reconcile(endpoints: &Endpoints, job: &str) -> anyhow::Result<Strin
             ok += 1;
             continue;
         }
-        if publish::task(&c.js, &c.spec.task(s), &subjects::msg_id(&c.job, s)).await? {
+        if job_control::publish_task(&c.js, &c.spec.task(s), &subjects::msg_id(&c.job, s)).await? {
             republished += 1;
             tracing::warn!(job = %c.job, shard = s, "shard was neither done nor queued; republished");
         } else {

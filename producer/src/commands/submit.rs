@@ -281,7 +281,13 @@ pub async fn submit(
         }
     }
     // Dashboards learn of the job now, before any shard starts.
-    crate::publish::event(&js, &spec.job, 0, EventKind::Submitted { shards }).await?;
+    minions_endpoints::job_control::publish_event(
+        &js,
+        &spec.job,
+        0,
+        EventKind::Submitted { shards },
+    )
+    .await?;
 
     // Publish.
     let mut published = 0u64;

@@ -74,19 +74,9 @@ pub async fn ask(client: &async_nats::Client, spec: &JobSpec) -> Result<Admitted
     let payload = encode("submit claim", &claim).map_err(|e| ask_err(e.to_string()))?;
     // Listening before asking: the server's refusal comes back on the
     // connection, not as the request's answer.
-    let mut refusals = crate::nats::refusals();
+    let refusals = crate::nats::refusals();
     let request = client.request(subject.clone(), payload.into());
-    let refused = async {
-        loop {
-            match refusals.recv().await {
-                Ok(text) if text.contains(&subject) => return,
-                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => {
-                    std::future::pending::<()>().await
-                }
-            }
-        }
-    };
+    let refused = crate::nats::refused_on(refusals, &subject);
     let answer = tokio::select! {
         a = tokio::time::timeout(ANSWER_WITHIN, request) => a,
         () = refused => {

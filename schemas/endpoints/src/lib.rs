@@ -11,6 +11,7 @@ pub mod control;
 pub mod exit;
 pub mod follow;
 pub mod host;
+pub mod job_control;
 pub mod ledger;
 pub mod logging;
 pub mod manifest;

@@ -281,6 +281,19 @@ pub fn refusals() -> tokio::sync::broadcast::Receiver<String> {
     refusal_feed().subscribe()
 }
 
+/// Resolves once `refusals` (taken from [`refusals`] before publishing)
+/// reports a refusal naming `subject`; never, if none comes.
+pub async fn refused_on(mut refusals: tokio::sync::broadcast::Receiver<String>, subject: &str) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        match refusals.recv().await {
+            Ok(text) if text.contains(subject) => return,
+            Ok(_) | Err(RecvError::Lagged(_)) => {}
+            Err(RecvError::Closed) => std::future::pending::<()>().await,
+        }
+    }
+}
+
 /// Connects to `url` (one server, or a cluster's servers separated by
 /// commas) as `name` (shown in the server's connection list) with
 /// `security`, waits for the server's greeting, and refuses servers older

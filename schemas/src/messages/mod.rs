@@ -10,6 +10,7 @@ mod dead_letter;
 mod generation;
 mod heartbeat;
 mod job_manifest;
+mod job_request;
 mod job_spec;
 #[cfg(test)]
 pub(crate) use job_spec::test_spec;
@@ -34,6 +35,7 @@ pub use generation::{
 };
 pub use heartbeat::{Heartbeat, InFlight, PowerReading};
 pub use job_manifest::{JobManifest, ManifestShard};
+pub use job_request::{JobAction, JobAnswer, JobRequest};
 pub use job_spec::{DEFAULT_TEAM, InputDescription, JobSpec};
 pub use model::{ModelFamily, ModelFile, ModelManifest, ModelRecord, Precision};
 pub use provenance::{DEVICE_PATH_KERNEL, Provenance};

@@ -5,8 +5,9 @@
 //! (set by `/signin` from a token), or the user a trusted reverse proxy
 //! names in `--http-trust-header`, believed only from the addresses of
 //! `--http-trust-proxy`. Tokens and roles come from the access file
-//! ([`minions_schemas::access`]). A `metrics` token reads `/metrics` only;
-//! viewers read everything; operators may also act.
+//! ([`minions_schemas::access`]), read again when it changes. A `metrics`
+//! token reads `/metrics` only; viewers read everything; operators may also
+//! act.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -40,13 +41,66 @@ impl
     }
 }
 
+/// The access file, read again when it changes (`minions admin
+/// add-viewer` needs no restart), at most once per [`RECHECK`].
+#[derive(Debug)]
+pub struct AccessFile {
+    path: std::path::PathBuf,
+    state: std::sync::Mutex<FileState>,
+}
+
+#[derive(Debug)]
+struct FileState {
+    list: Arc<AccessList>,
+    modified: Option<std::time::SystemTime>,
+    checked: std::time::Instant,
+}
+
+/// How often the access file's modification time is looked at.
+pub const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl AccessFile {
+    /// The list now: the file read again if it changed since it was last
+    /// read. A file that no longer reads or parses keeps the last list
+    /// (the watchdog says why).
+    pub fn list(&self) -> Arc<AccessList> {
+        let Ok(mut st) = self.state.lock() else {
+            return Arc::new(AccessList::default());
+        };
+        if st.checked.elapsed() < RECHECK {
+            return st.list.clone();
+        }
+        st.checked = std::time::Instant::now();
+        let modified = std::fs::metadata(&self.path)
+            .and_then(|m| m.modified())
+            .ok();
+        if modified.is_some() && modified != st.modified {
+            match read_limited(&self.path)
+                .map_err(|e| e.to_string())
+                .and_then(|text| AccessList::parse(&text).map_err(|e| e.to_string()))
+            {
+                Ok(list) => {
+                    tracing::info!(file = %self.path.display(), "access file read again");
+                    st.list = Arc::new(list);
+                }
+                Err(e) => tracing::warn!(file = %self.path.display(), error = %e,
+                    "the access file changed but cannot be used; keeping the last one read"),
+            }
+            st.modified = modified;
+        }
+        st.list.clone()
+    }
+}
+
 /// How the HTTP server decides who a request is.
 #[derive(Debug, Clone, Default)]
 pub struct HttpAccess {
     /// Anyone who reaches the server is an operator (`--http-open`).
     pub open: bool,
-    /// Tokens and proxy users' roles (`--http-access FILE`).
+    /// Tokens and proxy users' roles (`--http-access FILE`), as first read.
     pub list: AccessList,
+    /// The access file, read again when it changes.
+    pub file: Option<Arc<AccessFile>>,
     /// The header a trusted proxy names the user in.
     pub trust_header: Option<HeaderName>,
     /// The proxies believed (their addresses as the server sees them).
@@ -92,18 +146,28 @@ impl HttpAccess {
         trust_header: Option<&str>,
         trusted_proxies: Vec<IpAddr>,
     ) -> Result<Self, AccessSetupError> {
-        let list = match access_file {
-            None => AccessList::default(),
+        let (list, file) = match access_file {
+            None => (AccessList::default(), None),
             Some(path) => {
                 let shown = path.display().to_string();
+                let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
                 let text = read_limited(path).map_err(|source| AccessSetupError::Read {
                     path: shown.clone(),
                     source,
                 })?;
-                AccessList::parse(&text).map_err(|source| AccessSetupError::Parse {
+                let list = AccessList::parse(&text).map_err(|source| AccessSetupError::Parse {
                     path: shown,
                     source,
-                })?
+                })?;
+                let file = AccessFile {
+                    path: path.to_owned(),
+                    state: std::sync::Mutex::new(FileState {
+                        list: Arc::new(list.clone()),
+                        modified,
+                        checked: std::time::Instant::now(),
+                    }),
+                };
+                (list, Some(Arc::new(file)))
             }
         };
         let trust_header = match trust_header {
@@ -118,6 +182,7 @@ impl HttpAccess {
         Ok(Self {
             open,
             list,
+            file,
             trust_header,
             trusted_proxies,
             tls: None,
@@ -125,8 +190,20 @@ impl HttpAccess {
     }
 
     /// Whether any credential could pass (else every page answers 401).
+    /// An access file counts, even an empty one: tokens added to it later
+    /// are read without a restart.
     pub fn can_admit_anyone(&self) -> bool {
-        self.open || self.trust_header.is_some() || self.list != AccessList::default()
+        self.open
+            || self.trust_header.is_some()
+            || self.file.is_some()
+            || self.list != AccessList::default()
+    }
+
+    /// Tokens and proxy users' roles now.
+    pub fn current(&self) -> Arc<AccessList> {
+        self.file
+            .as_ref()
+            .map_or_else(|| Arc::new(self.list.clone()), |f| f.list())
     }
 
     /// Who the request with `headers` from `peer` is, if its credential
@@ -147,7 +224,8 @@ impl HttpAccess {
                     .iter()
                     .find_map(|v| access::cookie_token(v.as_bytes()))
             });
-        if let Some(who) = token.and_then(|t| self.list.by_token(t)) {
+        let list = self.current();
+        if let Some(who) = token.and_then(|t| list.by_token(t)) {
             return Some(who.clone());
         }
         let name = self.trust_header.as_ref()?;
@@ -157,7 +235,7 @@ impl HttpAccess {
         let user = access::proxy_user(headers.get(name)?.as_bytes())?;
         Some(Who {
             name: user.to_owned(),
-            role: self.list.user_role(user),
+            role: list.user_role(user),
         })
     }
 }

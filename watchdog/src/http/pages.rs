@@ -458,9 +458,35 @@ pub fn fleet(s: &Snapshot, can_act: bool) -> String {
     out
 }
 
+/// The actions an operator may take on job `p`.
+fn job_actions(p: &Progress) -> String {
+    let base = format!("{}job/{}", super::access::ACT_PREFIX, p.job);
+    let mut s = String::new();
+    if !p.state.is_final() {
+        s.push_str(&act_button(
+            &format!("{base}/cancel"),
+            "cancel",
+            Some("Cancel this job? Its queued shards are dropped and running ones stopped."),
+        ));
+    }
+    if !p.failed_shards.is_empty() {
+        s.push_str(&act_button(
+            &format!("{base}/retry"),
+            "retry failed shards",
+            None,
+        ));
+    }
+    if s.is_empty() {
+        s
+    } else {
+        format!("<p id=\"job-actions\">{s}</p>")
+    }
+}
+
 /// A job page's live part: its progress, why waiting shards wait, and its
-/// failed shards with reasons.
-pub fn job(p: &Progress, reasons: &[Reason]) -> String {
+/// failed shards with reasons; with `can_act` (an operator) the action
+/// buttons too.
+pub fn job(p: &Progress, reasons: &[Reason], can_act: bool) -> String {
     let mut out = String::new();
     let _ = write!(
         out,
@@ -484,6 +510,12 @@ pub fn job(p: &Progress, reasons: &[Reason]) -> String {
             String::new()
         },
     );
+    if can_act {
+        let actions = job_actions(p);
+        if let Some(at) = out.rfind("</section>") {
+            out.insert_str(at, &actions);
+        }
+    }
     out.push_str("<section id=\"explain\"><h2>Why are shards waiting?</h2><ul class=\"reasons\">");
     for r in reasons {
         let _ = write!(out, "<li data-reason=\"{}\">{}</li>", r.key, esc(&r.text));
@@ -783,6 +815,34 @@ mod tests {
             "{still}"
         );
         assert!(still.contains(NO_LEDGER), "{still}");
+    }
+
+    #[test]
+    fn operators_get_the_buttons_a_job_calls_for() -> Result<(), minions_schemas::IdError> {
+        let spec = minions_schemas::messages::test_spec_of("alpha--j1", 4, 1)?;
+        let mut p = minions_schemas::progress::fold(&spec, &[], 0);
+        p.state = minions_schemas::progress::JobState::Running;
+        assert!(!job(&p, &[], false).contains("form"));
+        let page = job(&p, &[], true);
+        assert!(
+            page.contains("action=\"/act/job/alpha--j1/cancel\""),
+            "{page}"
+        );
+        assert!(!page.contains("/retry"), "{page}");
+        p.state = minions_schemas::progress::JobState::Failed;
+        p.failed_shards
+            .push(minions_schemas::progress::FailedShard {
+                shard: 3,
+                reason: "out of memory".into(),
+                attempts: 3,
+            });
+        let page = job(&p, &[], true);
+        assert!(!page.contains("/cancel"), "{page}");
+        assert!(
+            page.contains("action=\"/act/job/alpha--j1/retry\""),
+            "{page}"
+        );
+        Ok(())
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! manifest and spec in the store. Every route but `/healthz` and
 //! `/signin` is behind [`super::access::guard`]. Only the actions under
 //! `/act/` (operators only) write: each puts itself on record, then asks a
-//! worker or writes a quarantine record. `/usage` reads
+//! worker, writes a quarantine record, or cancels or retries a job. `/usage` reads
 //! the usage ledger (PostgreSQL) on request, through [`usage::LedgerReader`]:
 //! no other route waits on the database.
 
@@ -17,9 +17,9 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use minions_endpoints::control;
+use minions_endpoints::{control, job_control};
 use minions_schemas::access::{Role, Who};
-use minions_schemas::messages::ControlCommand;
+use minions_schemas::messages::{ActionKind, ControlCommand};
 use minions_schemas::{JobId, WorkerId};
 use object_store::{ObjectStore, ObjectStoreExt};
 use tokio_util::sync::CancellationToken;
@@ -57,6 +57,7 @@ struct Http {
     js: jetstream::Context,
     client: async_nats::Client,
     store: Arc<dyn ObjectStore>,
+    work: minions_schemas::streams::WorkSettings,
     /// The ledger writer's status, when the watchdog keeps a ledger.
     ledger_status: Option<Arc<LedgerStatus>>,
     /// The ledger's reader, when the watchdog keeps a ledger.
@@ -183,10 +184,15 @@ async fn job_view(
     Ok((p, reasons))
 }
 
-async fn job_page(State(h): State<Http>, Path(job): Path<String>, uri: Uri) -> Response {
+async fn job_page(
+    State(h): State<Http>,
+    who: Option<Extension<Who>>,
+    Path(job): Path<String>,
+    uri: Uri,
+) -> Response {
     match job_view(&h, &job).await {
         Ok((p, reasons)) => {
-            let body = pages::job(&p, &reasons);
+            let body = pages::job(&p, &reasons, can_act(who.as_ref()));
             if fragment_only(&uri) {
                 html(body)
             } else {
@@ -333,6 +339,8 @@ pub struct Backends {
     pub client: async_nats::Client,
     /// The store (manifests of finished jobs the view no longer holds).
     pub store: Arc<dyn ObjectStore>,
+    /// The work stream's settings (a retried job's consumer).
+    pub work: minions_schemas::streams::WorkSettings,
 }
 
 /// The page that says how an action went, with the way back.
@@ -395,6 +403,65 @@ async fn act_worker(
     acted(&h, outcome)
 }
 
+/// `POST /act/job/{job}/{cancel|retry}`: cancels the job or queues its
+/// failed shards again, on record under the signed-in operator's name.
+async fn act_job(
+    State(h): State<Http>,
+    Extension(who): Extension<Who>,
+    Path((job, action)): Path<(String, String)>,
+) -> Response {
+    let action = match action.as_str() {
+        "cancel" => ActionKind::Cancel,
+        "retry" => ActionKind::Retry,
+        other => {
+            return (
+                StatusCode::NOT_FOUND,
+                format!("{other:?} is not an action on a job (cancel, retry)\n"),
+            )
+                .into_response();
+        }
+    };
+    let Ok(id) = JobId::new(&job) else {
+        return (
+            StatusCode::BAD_REQUEST,
+            format!("{job:?} is not a job id\n"),
+        )
+            .into_response();
+    };
+    let outcome = act_on_job(&h, &who.name, &id, action).await;
+    tracing::info!(by = %who.name, job = %id, action = action.as_str(), ok = outcome.is_ok(), "dashboard action");
+    acted(&h, outcome)
+}
+
+/// Puts `action` on `job` on record as `by`'s, then does it.
+async fn act_on_job(h: &Http, by: &str, job: &JobId, action: ActionKind) -> Result<String, String> {
+    let failed = crate::job_requests::failed_shards(&h.view, job);
+    if action == ActionKind::Retry && failed.is_empty() {
+        return Ok(format!("job {job}: no failed shards to retry"));
+    }
+    let detail = if action == ActionKind::Retry {
+        format!("{} failed shards", failed.len())
+    } else {
+        String::new()
+    };
+    minions_endpoints::actions::record(&h.js, by, "dashboard", action, job.as_str(), &detail)
+        .await
+        .map_err(|e| e.to_string())?;
+    if action == ActionKind::Cancel {
+        let purged = job_control::cancel(&h.js, &h.client, h.store.as_ref(), job)
+            .await
+            .map_err(|e| e.to_string())?;
+        return Ok(format!(
+            "job {job}: cancelled by {by}; {purged} pending shards removed, running shards stopped"
+        ));
+    }
+    let spec = crate::orphans::read_spec(h.store.as_ref(), job)
+        .await
+        .ok_or_else(|| format!("job {job}: its spec cannot be read from the store"))?;
+    let n = crate::job_requests::requeue(&h.js, &h.work, &spec, &failed).await?;
+    Ok(format!("job {job}: {n} failed shards resubmitted by {by}"))
+}
+
 /// `POST /act/machine/{machine}/release`: lifts a quarantine, on record
 /// under the signed-in operator's name.
 async fn act_release(
@@ -427,7 +494,8 @@ async fn sign_in_page() -> Response {
 
 async fn sign_in(State(access): State<Arc<HttpAccess>>, body: axum::body::Bytes) -> Response {
     let token = super::access::posted_token(&body);
-    match token.filter(|t| access.list.by_token(t).is_some()) {
+    let list = access.current();
+    match token.filter(|t| list.by_token(t).is_some()) {
         Some(t) => (
             StatusCode::SEE_OTHER,
             [
@@ -477,11 +545,13 @@ fn router(
         .route("/healthz", get(healthz))
         .route("/act/worker/{worker}/{command}", post(act_worker))
         .route("/act/machine/{machine}/release", post(act_release))
+        .route("/act/job/{job}/{action}", post(act_job))
         .with_state(Http {
             view: b.view,
             js: b.js,
             client: b.client,
             store: b.store,
+            work: b.work,
             ledger_status,
             ledger,
         })
