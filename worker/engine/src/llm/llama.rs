@@ -144,11 +144,14 @@ pub struct Llama {
     /// Our CPU kernels run it ([`crate::EnginePath::host_kernels`]): host
     /// caches and attention, llama.cpp's arithmetic; otherwise candle's ops.
     host: bool,
-    /// Token embeddings, dequantized: `[vocab, hidden]`.
-    embed: Tensor,
+    /// Token embeddings, dequantized: `[vocab, hidden]` (the first stage
+    /// only).
+    embed: Option<Tensor>,
+    /// The first layer held: `blocks` are layers `first..first + len`.
+    first: usize,
     blocks: Vec<Block>,
-    norm: Norm,
-    output: Linear,
+    /// The output norm and head (the last stage only).
+    head: Option<(Norm, Linear)>,
     /// RoPE cosines and sines by position: `[context, head_dim / 2]`.
     cos: Tensor,
     sin: Tensor,
@@ -217,6 +220,16 @@ fn f16_round(t: &Tensor) -> candle_core::Result<Tensor> {
     t.to_dtype(DType::F16)?.to_dtype(DType::F32)
 }
 
+/// What one stage's pass hands on: the hidden states of every new token
+/// `[tokens, hidden]` (f32, to the next stage), or, from the stage that
+/// holds the head, the logits [`Llama::forward`] returns.
+pub enum StageOut {
+    /// Hidden states after this stage's last layer.
+    Hidden(Tensor),
+    /// Logits.
+    Logits(Tensor),
+}
+
 impl Llama {
     /// Loads the model in `file` onto `device`, to run the code `path`
     /// names.
@@ -225,31 +238,63 @@ impl Llama {
         device: &Device,
         path: crate::EnginePath,
     ) -> Result<Self, ModelError> {
+        let layers = LlamaConfig::from_gguf(file)?.layers;
+        Self::load_stage(file, device, path, 0..layers)
+    }
+
+    /// Loads one stage of the model in `file`: the layers `range` only, and
+    /// the token embeddings when it starts at 0, the output norm and head
+    /// when it ends at the last layer. Only those tensors are read. Stages
+    /// over consecutive ranges, each given the one before's
+    /// [`StageOut::Hidden`], give the whole model's logits bit for bit.
+    pub fn load_stage(
+        file: &mut GgufFile,
+        device: &Device,
+        path: crate::EnginePath,
+        range: std::ops::Range<usize>,
+    ) -> Result<Self, ModelError> {
         let host = path.host_kernels(device);
         let cfg = LlamaConfig::from_gguf(file)?;
-        let embed_q = file.tensor("token_embd.weight", device)?;
-        let (vocab, hidden) = embed_q.shape().dims2().map_err(invalid)?;
-        if hidden != cfg.hidden || vocab != cfg.vocab {
+        if range.is_empty() || range.end > cfg.layers {
             return Err(invalid(format!(
-                "token_embd.weight is {vocab} × {hidden}; metadata says {} × {}",
-                cfg.vocab, cfg.hidden
+                "a stage of layers {}..{} in a model of {} layers",
+                range.start, range.end, cfg.layers
             )));
         }
-        let embed = embed_q.dequantize(device)?;
-        let output = if file.has_tensor("output.weight") {
-            Linear::new(file.tensor("output.weight", device)?, host)?
+        let embed = if range.start == 0 {
+            let embed_q = file.tensor("token_embd.weight", device)?;
+            let (vocab, hidden) = embed_q.shape().dims2().map_err(invalid)?;
+            if hidden != cfg.hidden || vocab != cfg.vocab {
+                return Err(invalid(format!(
+                    "token_embd.weight is {vocab} × {hidden}; metadata says {} × {}",
+                    cfg.vocab, cfg.hidden
+                )));
+            }
+            Some(embed_q.dequantize(device)?)
         } else {
-            Linear::new(embed_q, host)?
+            None
         };
         let eps = cfg.rms_eps as f32;
-        let norm = Norm::new(
-            file.tensor("output_norm.weight", device)?
-                .dequantize(device)?,
-            eps,
-            host,
-        )?;
-        let mut blocks = Vec::with_capacity(cfg.layers);
-        for i in 0..cfg.layers {
+        let head = if range.end == cfg.layers {
+            // Tied: the head is the embeddings' quantized matrix.
+            let name = if file.has_tensor("output.weight") {
+                "output.weight"
+            } else {
+                "token_embd.weight"
+            };
+            let output = Linear::new(file.tensor(name, device)?, host)?;
+            let norm = Norm::new(
+                file.tensor("output_norm.weight", device)?
+                    .dequantize(device)?,
+                eps,
+                host,
+            )?;
+            Some((norm, output))
+        } else {
+            None
+        };
+        let mut blocks = Vec::with_capacity(range.len());
+        for i in range.clone() {
             let mut t = |name: &str| file.tensor(&format!("blk.{i}.{name}.weight"), device);
             let qkv = Group::new(vec![t("attn_q")?, t("attn_k")?, t("attn_v")?], host)?;
             let wo = Linear::new(t("attn_output")?, host)?;
@@ -293,9 +338,9 @@ impl Llama {
             device: device.clone(),
             host,
             embed,
+            first: range.start,
             blocks,
-            norm,
-            output,
+            head,
             cos,
             sin,
             cos_host,
@@ -306,6 +351,11 @@ impl Llama {
     /// The model's shape.
     pub fn config(&self) -> &LlamaConfig {
         &self.cfg
+    }
+
+    /// The layers this model (or stage) holds.
+    pub fn layers(&self) -> std::ops::Range<usize> {
+        self.first..self.first + self.blocks.len()
     }
 
     /// Whether a prompt read in parts (a shared prefix copied, then the
@@ -330,8 +380,8 @@ impl Llama {
         }
         let cap = tokens.max(1);
         let shape = (self.cfg.kv_heads, cap, self.cfg.head_dim);
-        let mut layers = Vec::with_capacity(self.cfg.layers);
-        for _ in 0..self.cfg.layers {
+        let mut layers = Vec::with_capacity(self.blocks.len());
+        for _ in 0..self.blocks.len() {
             layers.push(if self.host {
                 let n = self.cfg.kv_heads * cap * self.cfg.head_dim;
                 LayerKv::Host(HostKv {
@@ -392,17 +442,47 @@ impl Llama {
     /// vocab]` of each sequence's last new token, or with `all` those of
     /// every new token `[tokens, vocab]`, sequences in order.
     pub fn forward(&self, steps: &mut [Step<'_>], all: bool) -> Result<Tensor, ModelError> {
-        in_pool(&self.device, || self.forward_here(steps, all))
+        match self.forward_stage(steps, None, all)? {
+            StageOut::Logits(t) => Ok(t),
+            StageOut::Hidden(_) => Err(invalid(
+                "a forward pass through a stage without the model's head",
+            )),
+        }
     }
 
-    /// [`Llama::forward`] on this thread.
-    fn forward_here(&self, steps: &mut [Step<'_>], all: bool) -> Result<Tensor, ModelError> {
+    /// Runs this stage's part of a forward pass over `steps` (each
+    /// sequence's cache holds this stage's layers only): from the tokens
+    /// when it holds the embeddings, else from `hidden`, the previous
+    /// stage's [`StageOut::Hidden`] for the same steps.
+    pub fn forward_stage(
+        &self,
+        steps: &mut [Step<'_>],
+        hidden: Option<&Tensor>,
+        all: bool,
+    ) -> Result<StageOut, ModelError> {
+        in_pool(&self.device, || self.forward_here(steps, hidden, all))
+    }
+
+    /// [`Llama::forward_stage`] on this thread.
+    fn forward_here(
+        &self,
+        steps: &mut [Step<'_>],
+        hidden: Option<&Tensor>,
+        all: bool,
+    ) -> Result<StageOut, ModelError> {
         let c = &self.cfg;
         let mut ids = Vec::new();
         let mut pos = Vec::new();
         for s in steps.iter() {
             if s.tokens.is_empty() {
                 return Err(invalid("a forward step without tokens"));
+            }
+            if s.cache.layers.len() != self.blocks.len() {
+                return Err(invalid(format!(
+                    "a cache of {} layers in a pass through {} (made for another stage)",
+                    s.cache.layers.len(),
+                    self.blocks.len()
+                )));
             }
             if s.cache.len + s.tokens.len() > s.cache.cap {
                 return Err(ModelError::BadInput(format!(
@@ -419,12 +499,30 @@ impl Llama {
                 "token id {bad} is outside the vocabulary"
             )));
         }
-        let ids = Tensor::new(ids, &self.device)?;
+        let total = ids.len();
         let pos = Tensor::new(pos, &self.device)?;
         let cos = self.cos.index_select(&pos, 0)?;
         let sin = self.sin.index_select(&pos, 0)?;
 
-        let mut x = self.embed.index_select(&ids, 0)?;
+        let mut x = match (&self.embed, hidden) {
+            (Some(embed), None) => embed.index_select(&Tensor::new(ids, &self.device)?, 0)?,
+            (None, Some(h)) if h.dims() == [total, c.hidden] => h.clone(),
+            (None, Some(h)) => {
+                return Err(invalid(format!(
+                    "hidden states of shape {:?} handed to a stage whose pass has {total} tokens of {}",
+                    h.dims(),
+                    c.hidden
+                )));
+            }
+            (Some(_), Some(_)) => {
+                return Err(invalid("hidden states handed to the first stage"));
+            }
+            (None, None) => {
+                return Err(invalid(
+                    "a stage after the first needs the previous stage's hidden states",
+                ));
+            }
+        };
         let host = self.host;
         let positions: Vec<usize> = steps
             .iter()
@@ -451,6 +549,9 @@ impl Llama {
         for s in steps.iter_mut() {
             s.cache.len += s.tokens.len();
         }
+        let Some((norm, output)) = &self.head else {
+            return Ok(StageOut::Hidden(x));
+        };
         let x = if all {
             x
         } else {
@@ -462,8 +563,8 @@ impl Llama {
             }
             x.index_select(&Tensor::new(last, &self.device)?, 0)?
         };
-        let x = self.norm.forward(&x)?;
-        Ok(self.output.forward(&x)?)
+        let x = norm.forward(&x)?;
+        Ok(StageOut::Logits(output.forward(&x)?))
     }
 
     /// Attention on the CPU: RoPE and attention on host memory.
