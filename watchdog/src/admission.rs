@@ -9,10 +9,9 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use minions_schemas::messages::{Admission, JobSpec, SubmitClaim};
 use minions_schemas::streams::WorkSettings;
-use minions_schemas::{SCHEMA_VERSION, decode, encode, keys, limits, subjects};
+use minions_schemas::{SCHEMA_VERSION, decode, keys, limits, subjects};
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt};
 use tokio_util::sync::CancellationToken;
@@ -43,14 +42,7 @@ pub struct Admitter {
 
 /// Answers the claims `sub` receives until `stop`.
 pub async fn serve(admitter: Admitter, mut sub: async_nats::Subscriber, stop: CancellationToken) {
-    loop {
-        let msg = tokio::select! {
-            _ = stop.cancelled() => return,
-            m = sub.next() => match m { Some(m) => m, None => return },
-        };
-        let Some(reply) = msg.reply.clone() else {
-            continue;
-        };
+    while let Some((msg, reply)) = crate::reply::next_request(&mut sub, &stop).await {
         let refused = admitter.admit(&msg.subject, &msg.payload).await.err();
         let answer = Admission {
             v: SCHEMA_VERSION,
@@ -58,14 +50,7 @@ pub async fn serve(admitter: Admitter, mut sub: async_nats::Subscriber, stop: Ca
             detail: refused.unwrap_or_default(),
             by: admitter.me.clone(),
         };
-        match encode("admission", &answer) {
-            Ok(bytes) => {
-                if let Err(e) = admitter.client.publish(reply, bytes.into()).await {
-                    tracing::warn!(subject = %msg.subject, error = %e, "an admission could not be sent");
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "an admission does not encode"),
-        }
+        crate::reply::send(&admitter.client, reply, "admission", &answer).await;
     }
 }
 

@@ -7,11 +7,10 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use minions_endpoints::job_control;
 use minions_schemas::messages::{JobAction, JobAnswer, JobRequest};
 use minions_schemas::streams::WorkSettings;
-use minions_schemas::{SCHEMA_VERSION, decode, encode, limits, subjects};
+use minions_schemas::{SCHEMA_VERSION, decode, limits, subjects};
 use object_store::ObjectStore;
 use tokio_util::sync::CancellationToken;
 
@@ -48,14 +47,7 @@ pub struct Actor {
 
 /// Answers the requests `sub` receives until `stop`.
 pub async fn serve(actor: Actor, mut sub: async_nats::Subscriber, stop: CancellationToken) {
-    loop {
-        let msg = tokio::select! {
-            _ = stop.cancelled() => return,
-            m = sub.next() => match m { Some(m) => m, None => return },
-        };
-        let Some(reply) = msg.reply.clone() else {
-            continue;
-        };
+    while let Some((msg, reply)) = crate::reply::next_request(&mut sub, &stop).await {
         let outcome = actor.act(&msg.subject, &msg.payload).await;
         let answer = JobAnswer {
             v: SCHEMA_VERSION,
@@ -63,14 +55,7 @@ pub async fn serve(actor: Actor, mut sub: async_nats::Subscriber, stop: Cancella
             detail: outcome.unwrap_or_else(|e| e),
             by: actor.me.clone(),
         };
-        match encode("job answer", &answer) {
-            Ok(bytes) => {
-                if let Err(e) = actor.client.publish(reply, bytes.into()).await {
-                    tracing::warn!(subject = %msg.subject, error = %e, "a job answer could not be sent");
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "a job answer does not encode"),
-        }
+        crate::reply::send(&actor.client, reply, "job answer", &answer).await;
     }
 }
 

@@ -19,7 +19,8 @@
 //! - [`queue`] — the work queue as JetStream reports it.
 //! - [`explain`] — why a job's shards wait.
 //! - [`admission`], [`job_requests`] — admitting, cancelling and retrying
-//!   jobs for producers' identities, one team at a time.
+//!   jobs for producers' identities, one team at a time; [`reply`] — serving
+//!   such requests.
 //! - [`recent_actions`] — the last operator actions on record, for the dashboard.
 //! - [`http`] — dashboard, JSON, `/metrics`, `/healthz`.
 //! - [`ledger`] — jobs, deliveries and usage in PostgreSQL (`--ledger`).
@@ -39,6 +40,7 @@ pub mod orphans;
 pub mod queue;
 pub mod recent_actions;
 pub mod registry;
+pub mod reply;
 pub mod run;
 pub mod schedule;
 pub mod tracker;

@@ -11,10 +11,9 @@
 use std::sync::Arc;
 
 use async_nats::jetstream::kv;
-use futures::StreamExt;
 use minions_schemas::messages::{CanaryReport, CanaryVerdict, Quarantine};
 use minions_schemas::time::now_ms;
-use minions_schemas::{SCHEMA_VERSION, WorkerId, canary, decode, encode, limits, subjects};
+use minions_schemas::{SCHEMA_VERSION, WorkerId, canary, decode, limits, subjects};
 use tokio_util::sync::CancellationToken;
 
 use crate::view::View;
@@ -39,14 +38,7 @@ pub async fn serve(
     me: String,
     stop: CancellationToken,
 ) {
-    loop {
-        let msg = tokio::select! {
-            _ = stop.cancelled() => return,
-            m = sub.next() => match m { Some(m) => m, None => return },
-        };
-        let Some(reply) = msg.reply.clone() else {
-            continue;
-        };
+    while let Some((msg, reply)) = crate::reply::next_request(&mut sub, &stop).await {
         let Some(machine) = subjects::canary_machine(&msg.subject) else {
             continue;
         };
@@ -55,14 +47,7 @@ pub async fn serve(
         if !verdict.passed {
             quarantine_machine(&client, &quarantine, machine, &verdict, &me).await;
         }
-        match encode("canary verdict", &verdict) {
-            Ok(bytes) => {
-                if let Err(e) = client.publish(reply, bytes.into()).await {
-                    tracing::warn!(machine, error = %e, "the canary verdict could not be sent");
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "the canary verdict does not encode"),
-        }
+        crate::reply::send(&client, reply, "canary verdict", &verdict).await;
     }
 }
 
@@ -149,6 +134,7 @@ async fn quarantine_machine(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use minions_schemas::encode;
 
     fn report(worker: &str, answers: Vec<minions_schemas::messages::CanaryAnswer>) -> Vec<u8> {
         let r = CanaryReport {
