@@ -19,23 +19,28 @@ pub struct S3Server {
 
 impl S3Server {
     /// Starts moto on a port it picks itself (it logs `Running on
-    /// http://127.0.0.1:PORT`) and creates `bucket` in it.
-    pub fn start(bucket: &str) -> Result<Self> {
+    /// http://127.0.0.1:PORT`) with `env`.
+    fn spawn(env: &[(String, String)]) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("minions-s3-").tempdir()?;
         let bin = tool("MINIONS_MOTO_BIN", "moto_server")?;
         let mut proc = Proc::spawn(
             "moto",
             &bin,
             &["-H".into(), "127.0.0.1".into(), "-p".into(), "0".into()],
-            &[],
+            env,
             dir.path(),
         )?;
         let port = ports::wait_logged_port(&mut proc, 0, "Running on", Duration::from_secs(30))?;
-        let server = Self {
+        Ok(Self {
             proc,
             port,
             _dir: dir,
-        };
+        })
+    }
+
+    /// Starts moto and creates `bucket` in it.
+    pub fn start(bucket: &str) -> Result<Self> {
+        let server = Self::spawn(&[])?;
         server.create_bucket(bucket)?;
         Ok(server)
     }
@@ -48,23 +53,10 @@ impl S3Server {
         bucket: &str,
         users: &[(&str, serde_json::Value)],
     ) -> Result<(Self, Users)> {
-        let dir = tempfile::Builder::new().prefix("minions-s3-").tempdir()?;
-        let bin = tool("MINIONS_MOTO_BIN", "moto_server")?;
         // The bucket and three calls per user go unsigned; then moto asks.
         let unsigned = 1 + 3 * users.len();
-        let mut proc = Proc::spawn(
-            "moto",
-            &bin,
-            &["-H".into(), "127.0.0.1".into(), "-p".into(), "0".into()],
-            &[("INITIAL_NO_AUTH_ACTION_COUNT".into(), unsigned.to_string())],
-            dir.path(),
-        )?;
-        let port = ports::wait_logged_port(&mut proc, 0, "Running on", Duration::from_secs(30))?;
-        let server = Self {
-            proc,
-            port,
-            _dir: dir,
-        };
+        let server = Self::spawn(&[("INITIAL_NO_AUTH_ACTION_COUNT".into(), unsigned.to_string())])?;
+        let bin = tool("MINIONS_MOTO_BIN", "moto_server")?;
         let python = bin.with_file_name("python");
         let script = crate::workspace_root().join("tests/s3/users.py");
         let policies: serde_json::Map<String, serde_json::Value> = users

@@ -8,6 +8,8 @@ use std::time::Duration;
 use minions_schemas::messages::{Admission, JobSpec, SubmitClaim};
 use minions_schemas::{SCHEMA_VERSION, decode, encode, limits, subjects};
 
+use crate::nats::Asked;
+
 /// How long a claim waits for a watchdog's answer.
 const ANSWER_WITHIN: Duration = Duration::from_secs(10);
 
@@ -72,37 +74,24 @@ pub async fn ask(client: &async_nats::Client, spec: &JobSpec) -> Result<Admitted
         job: spec.job.clone(),
     };
     let payload = encode("submit claim", &claim).map_err(|e| ask_err(e.to_string()))?;
-    // Listening before asking: the server's refusal comes back on the
-    // connection, not as the request's answer.
-    let refusals = crate::nats::refusals();
-    let request = client.request(subject.clone(), payload.into());
-    let refused = crate::nats::refused_on(refusals, &subject);
-    let answer = tokio::select! {
-        a = tokio::time::timeout(ANSWER_WITHIN, request) => a,
-        () = refused => {
-            return Err(AdmissionError::NotAllowed {
-                identity: spec.submitter.clone(),
-                team: spec.team.clone(),
-                priority: spec.priority.to_string(),
-            })
-        }
-    };
-    let reply = match answer {
-        Ok(Ok(reply)) => reply,
-        Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::NoResponders => {
-            return Ok(Admitted::NoWatchdog);
-        }
-        Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::TimedOut => {
-            tracing::warn!(job = %spec.job, "no watchdog answered the submit claim; making the job's consumer here");
-            return Ok(Admitted::NoWatchdog);
-        }
-        Ok(Err(e)) => return Err(ask_err(e.to_string())),
-        Err(_) => {
-            tracing::warn!(job = %spec.job, within_s = ANSWER_WITHIN.as_secs(),
+    let reply =
+        match crate::nats::request_watched(client, subject, payload.into(), ANSWER_WITHIN).await {
+            Asked::Answer(reply) => reply,
+            Asked::Refused => {
+                return Err(AdmissionError::NotAllowed {
+                    identity: spec.submitter.clone(),
+                    team: spec.team.clone(),
+                    priority: spec.priority.to_string(),
+                });
+            }
+            Asked::NoResponders => return Ok(Admitted::NoWatchdog),
+            Asked::TimedOut => {
+                tracing::warn!(job = %spec.job, within_s = ANSWER_WITHIN.as_secs(),
                 "no watchdog answered the submit claim in time; making the job's consumer here");
-            return Ok(Admitted::NoWatchdog);
-        }
-    };
+                return Ok(Admitted::NoWatchdog);
+            }
+            Asked::Failed(e) => return Err(ask_err(e)),
+        };
     let admission: Admission = decode("admission", &reply.payload, limits::MAX_ADMISSION_BYTES)
         .map_err(|e| ask_err(e.to_string()))?;
     if admission.admitted {

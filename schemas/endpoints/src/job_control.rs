@@ -14,6 +14,7 @@ use minions_schemas::{JobId, SCHEMA_VERSION, decode, encode, keys, limits, strea
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, PutMode, PutOptions};
 
+use crate::nats::Asked;
 use crate::resilient;
 
 /// How long a watchdog has to answer a job request.
@@ -209,31 +210,24 @@ pub async fn ask(
     let payload =
         encode("job request", &request).map_err(|e| JobControlError::Wire(e.to_string()))?;
     let subject = subjects::job_request(team, by);
-    // Listening before asking: the server's refusal comes back on the
-    // connection, not as the request's answer.
-    let refusals = crate::nats::refusals();
-    let request = client.request(subject.clone(), payload.into());
-    let refused = crate::nats::refused_on(refusals, &subject);
-    let answer = tokio::select! {
-        a = tokio::time::timeout(ANSWER_WITHIN, request) => a,
-        () = refused => {
-            return Err(JobControlError::Refused {
-                by: by.to_owned(),
-                team: team.to_owned(),
-            })
-        }
-    };
-    let reply = match answer {
-        Ok(Ok(m)) => m,
-        Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::NoResponders => return Ok(None),
-        Ok(Err(e)) => return Err(nats("asking a watchdog", e)),
-        Err(_) => {
-            return Err(nats(
-                "asking a watchdog",
-                format!("no answer within {} s", ANSWER_WITHIN.as_secs()),
-            ));
-        }
-    };
+    let reply =
+        match crate::nats::request_watched(client, subject, payload.into(), ANSWER_WITHIN).await {
+            Asked::Answer(m) => m,
+            Asked::Refused => {
+                return Err(JobControlError::Refused {
+                    by: by.to_owned(),
+                    team: team.to_owned(),
+                });
+            }
+            Asked::NoResponders => return Ok(None),
+            Asked::TimedOut => {
+                return Err(nats(
+                    "asking a watchdog",
+                    format!("no answer within {} s", ANSWER_WITHIN.as_secs()),
+                ));
+            }
+            Asked::Failed(e) => return Err(nats("asking a watchdog", e)),
+        };
     let answer: JobAnswer = decode("job answer", &reply.payload, limits::MAX_ADMISSION_BYTES)
         .map_err(|e| JobControlError::Wire(e.to_string()))?;
     if !answer.done {

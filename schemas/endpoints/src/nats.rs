@@ -281,9 +281,50 @@ pub fn refusals() -> tokio::sync::broadcast::Receiver<String> {
     refusal_feed().subscribe()
 }
 
+/// How a request that watched for the server's refusal ended
+/// ([`request_watched`]).
+pub enum Asked {
+    /// The answer.
+    Answer(async_nats::Message),
+    /// The server refused this identity the subject.
+    Refused,
+    /// Nobody listens on the subject.
+    NoResponders,
+    /// No answer within the time given.
+    TimedOut,
+    /// The request failed otherwise.
+    Failed(String),
+}
+
+/// Sends `payload` as a request on `subject` and waits up to `within` for
+/// the answer, or for the server's refusal of the subject to this
+/// identity (which comes back on the connection, not as the answer).
+pub async fn request_watched(
+    client: &async_nats::Client,
+    subject: String,
+    payload: bytes::Bytes,
+    within: Duration,
+) -> Asked {
+    // Listening before asking.
+    let refusals = refusals();
+    let request = client.request(subject.clone(), payload);
+    let refused = refused_on(refusals, &subject);
+    let answer = tokio::select! {
+        a = tokio::time::timeout(within, request) => a,
+        () = refused => return Asked::Refused,
+    };
+    match answer {
+        Ok(Ok(m)) => Asked::Answer(m),
+        Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::NoResponders => Asked::NoResponders,
+        Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::TimedOut => Asked::TimedOut,
+        Ok(Err(e)) => Asked::Failed(e.to_string()),
+        Err(_) => Asked::TimedOut,
+    }
+}
+
 /// Resolves once `refusals` (taken from [`refusals`] before publishing)
 /// reports a refusal naming `subject`; never, if none comes.
-pub async fn refused_on(mut refusals: tokio::sync::broadcast::Receiver<String>, subject: &str) {
+async fn refused_on(mut refusals: tokio::sync::broadcast::Receiver<String>, subject: &str) {
     use tokio::sync::broadcast::error::RecvError;
     loop {
         match refusals.recv().await {
