@@ -97,9 +97,8 @@ impl AccessFile {
 pub struct HttpAccess {
     /// Anyone who reaches the server is an operator (`--http-open`).
     pub open: bool,
-    /// Tokens and proxy users' roles (`--http-access FILE`), as first read.
-    pub list: AccessList,
-    /// The access file, read again when it changes.
+    /// Tokens and proxy users' roles (`--http-access FILE`), read again
+    /// when the file changes; none without a file.
     pub file: Option<Arc<AccessFile>>,
     /// The header a trusted proxy names the user in.
     pub trust_header: Option<HeaderName>,
@@ -146,8 +145,8 @@ impl HttpAccess {
         trust_header: Option<&str>,
         trusted_proxies: Vec<IpAddr>,
     ) -> Result<Self, AccessSetupError> {
-        let (list, file) = match access_file {
-            None => (AccessList::default(), None),
+        let file = match access_file {
+            None => None,
             Some(path) => {
                 let shown = path.display().to_string();
                 let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
@@ -162,12 +161,12 @@ impl HttpAccess {
                 let file = AccessFile {
                     path: path.to_owned(),
                     state: std::sync::Mutex::new(FileState {
-                        list: Arc::new(list.clone()),
+                        list: Arc::new(list),
                         modified,
                         checked: std::time::Instant::now(),
                     }),
                 };
-                (list, Some(Arc::new(file)))
+                Some(Arc::new(file))
             }
         };
         let trust_header = match trust_header {
@@ -181,7 +180,6 @@ impl HttpAccess {
         }
         Ok(Self {
             open,
-            list,
             file,
             trust_header,
             trusted_proxies,
@@ -193,17 +191,14 @@ impl HttpAccess {
     /// An access file counts, even an empty one: tokens added to it later
     /// are read without a restart.
     pub fn can_admit_anyone(&self) -> bool {
-        self.open
-            || self.trust_header.is_some()
-            || self.file.is_some()
-            || self.list != AccessList::default()
+        self.open || self.trust_header.is_some() || self.file.is_some()
     }
 
     /// Tokens and proxy users' roles now.
     pub fn current(&self) -> Arc<AccessList> {
         self.file
             .as_ref()
-            .map_or_else(|| Arc::new(self.list.clone()), |f| f.list())
+            .map_or_else(|| Arc::new(AccessList::default()), |f| f.list())
     }
 
     /// Who the request with `headers` from `peer` is, if its credential
