@@ -21,6 +21,8 @@
 //! - [`progress`] — a job's progress, folded from its events.
 //! - [`keys`] — the object-store key layout.
 //! - [`limits`] — size limits for every decoded document.
+//! - [`stage_frames`] — a split model's passes cut into checksummed parts
+//!   and put together again.
 //!
 //! This crate does no I/O: connecting to NATS, creating the streams, the
 //! object store, the ledger, config files and logging are in
@@ -36,6 +38,7 @@ pub mod limits;
 pub mod messages;
 pub mod progress;
 pub mod scheduling;
+pub mod stage_frames;
 pub mod streams;
 pub mod subjects;
 pub mod time;

@@ -44,3 +44,10 @@ pub const MAX_TEXT_BYTES: usize = 1024 * 1024;
 pub const MAX_WATCHDOG_CHECKPOINT_BYTES: usize = 1 << 31;
 /// The header of a watchdog checkpoint (which stream sequence it covers).
 pub const MAX_CHECKPOINT_HEADER_BYTES: usize = 64 * 1024;
+/// An assembled [`crate::messages::StagePass`] or
+/// [`crate::messages::StageReply`] (a pass of 2,048 tokens of a model
+/// 8,192 wide is 64 MiB).
+pub const MAX_STAGE_PASS_BYTES: usize = 96 * 1024 * 1024;
+/// One part of a stage frame ([`crate::stage_frames`]), under NATS's
+/// default 1 MiB payload.
+pub const MAX_STAGE_PART_BYTES: usize = 1024 * 1024;

@@ -26,7 +26,8 @@ use minions_schemas::messages::{
     JobSpec, ManifestShard, ModelFamily, ModelFile, ModelManifest, ModelRecord, OperatorAction,
     OutputPayload, Precision, Priority, Prompt, Provenance, Quarantine, QueuedJob, Requirements,
     SamplingParams, Schedule, ShardCheckpoint, ShardEvent, ShardInput, ShardOutput, ShardTask,
-    SubmitClaim, TeamPolicy, TeamShare, VerdictOutcome, WorkerRecord, WorkerState,
+    StageOpen, StagePass, StageReply, StageStep, SubmitClaim, TeamPolicy, TeamShare,
+    VerdictOutcome, WorkerRecord, WorkerState,
 };
 use minions_schemas::{JobId, ModelHash, ModelName, SCHEMA_VERSION, WorkerId, codec};
 use serde::Serialize;
@@ -968,6 +969,53 @@ fn check_all(c: &mut Checker) -> Res {
             by: "watchdog-ops".into(),
         })?;
     }
+    let params = SamplingParams {
+        max_tokens: 64,
+        temperature: 0.7,
+        top_p: 0.9,
+        top_k: 40,
+        seed: 7,
+        stop: vec!["\n\n".into()],
+    };
+    c.check(&StagePass {
+        v,
+        group: "g-01jr".into(),
+        epoch: 3,
+        pass: 120,
+        micro: 1,
+        ended: vec![4],
+        steps: vec![StageStep {
+            seq: 9,
+            start: 0,
+            tokens: 1,
+            sample: true,
+            open: Some(StageOpen {
+                capacity: 80,
+                params,
+            }),
+        }],
+        width: 2,
+        hidden: StagePass::hidden_bytes(&[0.5, -1.0]),
+    })?;
+    c.check(&StageReply {
+        v,
+        group: "g-01jr".into(),
+        epoch: 3,
+        pass: 120,
+        micro: 1,
+        tokens: vec![42],
+        error: Some("stage 1 (layers 15..30): garbled".into()),
+    })?;
+    c.check(&minions_schemas::stage_frames::StagePart {
+        v,
+        epoch: 3,
+        pass: 120,
+        part: 0,
+        parts: 1,
+        total: 3,
+        crc: 0,
+        bytes: b"abc".to_vec(),
+    })?;
     Ok(())
 }
 
@@ -1017,6 +1065,9 @@ fn wire_md_documents_every_field_and_tag() -> Res {
         "QueuedJob",
         "TeamShare",
         "Schedule",
+        "StagePass",
+        "StageReply",
+        "StagePart",
     ];
     let unsampled: Vec<&str> = expected
         .iter()

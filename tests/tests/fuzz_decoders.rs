@@ -16,11 +16,12 @@ use minions_schemas::messages::{
     FinishReason, Generation, GenerationRecord, Heartbeat, InFlight, InputDescription, JobAction,
     JobAnswer, JobManifest, JobRequest, JobSpec, ManifestShard, ModelFamily, ModelFile,
     ModelManifest, ModelRecord, OperatorAction, OutputPayload, Prompt, SamplingParams,
-    ShardCheckpoint, ShardEvent, ShardInput, ShardOutput, ShardTask, SubmitClaim, WorkerRecord,
-    WorkerState,
+    ShardCheckpoint, ShardEvent, ShardInput, ShardOutput, ShardTask, StageOpen, StagePass,
+    StageStep, SubmitClaim, WorkerRecord, WorkerState,
 };
 use minions_schemas::{
     CodecError, JobId, ModelHash, ModelName, SCHEMA_VERSION, WorkerId, decode, encode, limits,
+    stage_frames,
 };
 use minions_tests::fuzz::{Rng, mutate};
 use serde::Serialize;
@@ -641,6 +642,66 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
             })
         }),
     ));
+    let pass = StagePass {
+        v: SCHEMA_VERSION,
+        group: "g-01jr".into(),
+        epoch: 2,
+        pass: 41,
+        micro: 1,
+        ended: vec![3, 8],
+        steps: vec![
+            StageStep {
+                seq: 9,
+                start: 0,
+                tokens: 2,
+                sample: true,
+                open: Some(StageOpen {
+                    capacity: 40,
+                    params: SamplingParams {
+                        max_tokens: 32,
+                        temperature: 0.7,
+                        top_p: 0.9,
+                        top_k: 40,
+                        seed: 5,
+                        stop: vec!["\n".into()],
+                    },
+                }),
+            },
+            StageStep {
+                seq: 4,
+                start: 17,
+                tokens: 1,
+                sample: false,
+                open: None,
+            },
+        ],
+        width: 2,
+        hidden: StagePass::hidden_bytes(&[0.5, -1.0, 2.0, 0.25, 1e-3, -7.5]),
+    };
+    let s = seeds("stage pass", std::slice::from_ref(&pass))?;
+    v.push((
+        "stage pass",
+        Box::new(move |n| {
+            fuzz::<StagePass>("stage pass", limits::MAX_STAGE_PASS_BYTES, s, n, 23, |_| {
+                true
+            })
+        }),
+    ));
+    let parts = stage_frames::cut(2, 41, &encode("stage pass", &pass)?)?;
+    let s = parts;
+    v.push((
+        "stage part",
+        Box::new(move |n| {
+            fuzz::<stage_frames::StagePart>(
+                "stage part",
+                limits::MAX_STAGE_PART_BYTES,
+                s,
+                n,
+                29,
+                |_| true,
+            )
+        }),
+    ));
     let s = seeds("job manifest", &[jm])?;
     v.push((
         "job manifest",
@@ -754,7 +815,7 @@ fn a_million_mutated_inputs_per_decoder_never_panic() -> R<()> {
         }
     }
     assert!(failed.is_empty(), "{failed:#?}");
-    assert_eq!(results.len(), 20, "every decoder was fuzzed");
+    assert_eq!(results.len(), 22, "every decoder was fuzzed");
     for (_, _, r) in &results {
         if let Ok(t) = r {
             assert_eq!(t.inputs, inputs);

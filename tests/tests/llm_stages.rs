@@ -6,6 +6,14 @@
 //! greedy decoding a token a pass; on the device path (the code Metal and
 //! CUDA run) too. A stage handed the wrong states, or a cache made for
 //! another stage, refuses them.
+//!
+//! Then the stages as a group (threads joined by channels that carry the
+//! same checksummed parts NATS carries): the first stage drives continuous
+//! batching with several micro-batch groups in flight, the last samples,
+//! and every record's tokens and text equal the whole model's, greedy and
+//! seeded. A garbled part, a replayed pass and a step that does not
+//! continue a cache are refused; a run broken by a garbled part is rerun
+//! in a new epoch and still equals the whole model.
 
 use std::sync::Mutex;
 
@@ -174,4 +182,377 @@ fn a_stage_refuses_states_and_caches_not_its_own() -> Result<()> {
     }];
     assert!(first.forward(&mut steps, false).is_err());
     Ok(())
+}
+
+mod group {
+    use std::sync::mpsc::{Receiver, Sender, channel};
+    use std::time::Duration;
+
+    use minions_schemas::messages::{Generation, GenerationRecord, StagePass};
+    use minions_worker::model::llm::generate::{GenControl, GenLimits, generate};
+    use minions_worker::model::llm::pipeline::{Split, StageLink, generate_split};
+    use minions_worker::model::llm::stage::StageServer;
+    use minions_worker::model::llm::stage_wire::{
+        Outgoing, ReplyReader, StageEnd, Taken, pass_parts,
+    };
+    use minions_worker::model::{EnginePath, ModelError};
+
+    use super::*;
+
+    /// Later stages on threads; parts go through channels as they would
+    /// through NATS. `garble` flips a byte in the part with that number
+    /// sent to the second stage.
+    struct ThreadLink {
+        to_second: Sender<Vec<u8>>,
+        replies: Receiver<Vec<u8>>,
+        reader: ReplyReader,
+        sent: usize,
+        garble: Option<usize>,
+    }
+
+    impl StageLink for ThreadLink {
+        fn send(&mut self, pass: StagePass) -> std::result::Result<(), ModelError> {
+            for mut part in pass_parts(&pass)? {
+                if self.garble == Some(self.sent) {
+                    let at = part.len() - 3;
+                    part[at] ^= 0x10;
+                }
+                self.sent += 1;
+                self.to_second
+                    .send(part)
+                    .map_err(|e| ModelError::StageLost(e.to_string()))?;
+            }
+            Ok(())
+        }
+
+        fn recv(
+            &mut self,
+        ) -> std::result::Result<minions_schemas::messages::StageReply, ModelError> {
+            loop {
+                let part = self
+                    .replies
+                    .recv_timeout(Duration::from_secs(60))
+                    .map_err(|e| ModelError::StageLost(e.to_string()))?;
+                if let Some(r) = self.reader.take(&part)? {
+                    return Ok(r);
+                }
+            }
+        }
+    }
+
+    /// The group over `bounds`: its first stage and a link to the others,
+    /// which run until the link is dropped.
+    fn group(bounds: &[usize], garble: Option<usize>) -> Result<(Llama, ThreadLink)> {
+        let mut loaded = stages_on(bounds, EnginePath::Fast)?.into_iter();
+        let first = loaded.next().ok_or("no stage")?;
+        let (to_first, replies) = channel::<Vec<u8>>();
+        let later: Vec<Llama> = loaded.collect();
+        let mut inboxes = Vec::new();
+        let mut outs = Vec::new();
+        for _ in &later {
+            let (tx, rx) = channel::<Vec<u8>>();
+            outs.push(tx);
+            inboxes.push(rx);
+        }
+        let to_second = outs.first().cloned().ok_or("one stage")?;
+        let mut next_of: Vec<Option<Sender<Vec<u8>>>> =
+            outs.into_iter().skip(1).map(Some).collect();
+        next_of.push(None);
+        for (k, ((model, inbox), next)) in later.into_iter().zip(inboxes).zip(next_of).enumerate() {
+            let mut end = StageEnd::new(StageServer::new(model, "g")?, k + 1);
+            let to_first = to_first.clone();
+            std::thread::spawn(move || {
+                while let Ok(part) = inbox.recv() {
+                    let parts = match end.take(&part) {
+                        Ok(Taken::Send(Outgoing::Next(p))) => (p, next.as_ref()),
+                        Ok(Taken::Send(Outgoing::First(p))) => (p, Some(&to_first)),
+                        Ok(Taken::Partial | Taken::Dropped(_)) => continue,
+                        Err(e) => panic!("stage {}: {e}", k + 1),
+                    };
+                    let (parts, to) = parts;
+                    for p in parts {
+                        if to.is_none_or(|t| t.send(p).is_err()) {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+        let link = ThreadLink {
+            to_second,
+            replies,
+            reader: ReplyReader::default(),
+            sent: 0,
+            garble,
+        };
+        Ok((first, link))
+    }
+
+    /// Records: the first `n` chat cases, greedy, or sampled with a seed
+    /// of their own.
+    fn records(n: usize, sampled: bool) -> Result<Vec<GenerationRecord>> {
+        let mut out = chat_records(&greedy_cases()?[..n], 12)?;
+        if sampled {
+            for (i, r) in out.iter_mut().enumerate() {
+                r.params.temperature = 0.8;
+                r.params.top_p = 0.95;
+                r.params.seed = 1000 + i as u64;
+            }
+        }
+        Ok(out)
+    }
+
+    fn limits() -> GenLimits {
+        GenLimits {
+            max_seqs: 8,
+            pass_tokens: 96,
+            prefill_chunk: 32,
+            ..GenLimits::default()
+        }
+    }
+
+    /// The whole model, loaded once per file.
+    fn generator() -> Result<&'static GgufGenerator> {
+        static LOADED: std::sync::OnceLock<GgufGenerator> = std::sync::OnceLock::new();
+        if let Some(g) = LOADED.get() {
+            return Ok(g);
+        }
+        let g = GgufGenerator::load(&real_gguf()?, &Device::Cpu)?;
+        Ok(LOADED.get_or_init(|| g))
+    }
+
+    /// What the whole model gives.
+    fn whole(records: &[GenerationRecord]) -> Result<Vec<Option<Generation>>> {
+        let generator = generator()?;
+        let work = records
+            .iter()
+            .enumerate()
+            .map(|(i, r)| generator.prepare(i, r))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let mut got = vec![None; records.len()];
+        generate(
+            generator.model(),
+            generator.tokenizer(),
+            work,
+            limits(),
+            &GenControl::default(),
+            &mut |i, g| got[i] = Some(g),
+        )?;
+        Ok(got)
+    }
+
+    /// What the group over `bounds` gives with `micro` micro-batch groups;
+    /// a run that fails is run again, in a new epoch, for the records it
+    /// did not finish. Returns the results and the runs it took.
+    fn split_run(
+        records: &[GenerationRecord],
+        bounds: &[usize],
+        micro: usize,
+        garble: Option<usize>,
+    ) -> Result<(Vec<Option<Generation>>, usize)> {
+        let generator = generator()?;
+        let (first, mut link) = group(bounds, garble)?;
+        let widest = bounds.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(1);
+        let mut split = Split::new("g", 1, micro, widest);
+        let mut got: Vec<Option<Generation>> = vec![None; records.len()];
+        for run in 1..=3 {
+            let work = records
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| got[*i].is_none())
+                .map(|(i, r)| generator.prepare(i, r))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let r = generate_split(
+                &first,
+                generator.tokenizer(),
+                work,
+                limits(),
+                &mut split,
+                &GenControl::default(),
+                &mut link,
+                &mut |i, g| {
+                    assert!(got[i].is_none(), "record {i} finished twice");
+                    got[i] = Some(g);
+                },
+            );
+            match r {
+                Ok(()) => return Ok((got, run)),
+                Err(ModelError::StageLost(why)) => {
+                    eprintln!("run {run} ended: {why}");
+                    split.restart();
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err("three runs did not finish".into())
+    }
+
+    #[test]
+    fn a_group_gives_the_whole_models_records_greedy_and_seeded() -> Result<()> {
+        let greedy: &[(&[usize], usize)] = &[(&[0, 15, 30], 2)];
+        let seeded: &[(&[usize], usize)] = &[(&[0, 7, 30], 1), (&[0, 10, 20, 30], 3)];
+        for (sampled, splits) in [(false, greedy), (true, seeded)] {
+            let records = records(6, sampled)?;
+            let want = whole(&records)?;
+            assert!(want.iter().all(Option::is_some));
+            for &(bounds, micro) in splits {
+                let (got, runs) = split_run(&records, bounds, micro, None)?;
+                assert_eq!(runs, 1);
+                assert_eq!(
+                    got, want,
+                    "split {bounds:?}, {micro} micro-batch groups, sampled {sampled}"
+                );
+                eprintln!(
+                    "split {bounds:?}, {micro} micro-batch groups, sampled {sampled}: {} records equal the whole model's",
+                    records.len()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_garbled_part_ends_the_epoch_and_the_rerun_still_equals_the_whole_model() -> Result<()> {
+        let records = records(6, true)?;
+        let want = whole(&records)?;
+        let (got, runs) = split_run(&records, &[0, 10, 20, 30], 2, Some(9))?;
+        assert_eq!(runs, 2, "the garbled part went unnoticed");
+        assert_eq!(got, want);
+        Ok(())
+    }
+
+    /// A pass of `steps` (sequence, start, tokens, opens) for the middle
+    /// stage of a 30-layer model.
+    fn pass(epoch: u64, number: u64, steps: &[(u64, u32, u32, bool)]) -> StagePass {
+        use minions_schemas::messages::{StageOpen, StageStep};
+        let rows: u32 = steps.iter().map(|s| s.2).sum();
+        let values: Vec<f32> = (0..rows as usize * 576)
+            .map(|i| ((i % 97) as f32 - 48.0) * 0.01)
+            .collect();
+        StagePass {
+            v: minions_schemas::SCHEMA_VERSION,
+            group: "g".into(),
+            epoch,
+            pass: number,
+            micro: 0,
+            ended: vec![],
+            steps: steps
+                .iter()
+                .map(|&(seq, start, tokens, open)| StageStep {
+                    seq,
+                    start,
+                    tokens,
+                    sample: true,
+                    open: open.then(|| StageOpen {
+                        capacity: 16,
+                        params: minions_schemas::messages::SamplingParams {
+                            max_tokens: 8,
+                            temperature: 0.0,
+                            top_p: 1.0,
+                            top_k: 0,
+                            seed: 0,
+                            stop: vec![],
+                        },
+                    }),
+                })
+                .collect(),
+            width: 576,
+            hidden: StagePass::hidden_bytes(&values),
+        }
+    }
+
+    /// What the stage did with a whole pass: `Ok(forwarded)`, or the
+    /// refusal it sent back, or `Err` when it dropped it unanswered.
+    fn feed(
+        end: &mut StageEnd,
+        p: &StagePass,
+        garble: bool,
+    ) -> Result<std::result::Result<bool, String>> {
+        let mut parts = pass_parts(p)?;
+        if garble {
+            let last = parts.len() - 1;
+            let at = parts[last].len() / 2;
+            parts[last][at] ^= 1;
+        }
+        let mut out = None;
+        for part in parts {
+            out = Some(end.take(&part)?);
+        }
+        Ok(match out.ok_or("no part")? {
+            Taken::Send(Outgoing::Next(_)) => Ok(true),
+            Taken::Send(Outgoing::First(parts)) => {
+                let mut reader = ReplyReader::default();
+                let mut reply = None;
+                for p in parts {
+                    reply = reader.take(&p)?;
+                }
+                Err(reply
+                    .and_then(|r| r.error)
+                    .ok_or("a reply without an error")?)
+            }
+            Taken::Dropped(why) => Err(format!("dropped: {why}")),
+            Taken::Partial => Err("partial".into()),
+        })
+    }
+
+    #[test]
+    fn a_stage_refuses_garbled_stale_and_misplaced_passes() -> Result<()> {
+        let model = stages(&[0, 10, 20, 30])?.swap_remove(1);
+        let mut end = StageEnd::new(StageServer::new(model, "g")?, 1);
+        let refused = |r: std::result::Result<bool, String>, says: &str| match r {
+            Err(e) if e.contains(says) => Ok(()),
+            other => Err(format!("expected a refusal saying {says:?}, got {other:?}")),
+        };
+        assert_eq!(
+            feed(&mut end, &pass(1, 0, &[(1, 0, 3, true)]), false)?,
+            Ok(true)
+        );
+        // Replayed: the same pass again, and an older one.
+        refused(
+            feed(&mut end, &pass(1, 0, &[(1, 3, 1, false)]), false)?,
+            "dropped: stale pass 0",
+        )?;
+        // Garbled on the wire.
+        refused(
+            feed(&mut end, &pass(1, 1, &[(1, 3, 1, false)]), true)?,
+            "garbled",
+        )?;
+        // A step that does not continue the sequence's cache, and a
+        // sequence never opened: nothing moves.
+        refused(
+            feed(&mut end, &pass(1, 2, &[(1, 2, 1, false)]), false)?,
+            "its cache here holds 3",
+        )?;
+        refused(
+            feed(
+                &mut end,
+                &pass(1, 3, &[(1, 3, 1, false), (7, 5, 1, false)]),
+                false,
+            )?,
+            "sequence 7 is unknown",
+        )?;
+        assert_eq!(
+            feed(&mut end, &pass(1, 4, &[(1, 3, 1, false)]), false)?,
+            Ok(true)
+        );
+        // Another group's pass.
+        let mut other = pass(1, 5, &[(2, 0, 1, true)]);
+        other.group = "h".into();
+        refused(feed(&mut end, &other, false)?, "serves \"g\"")?;
+        // A new epoch drops every cache; the old epoch is then stale.
+        refused(
+            feed(&mut end, &pass(2, 0, &[(1, 4, 1, false)]), false)?,
+            "sequence 1 is unknown",
+        )?;
+        assert_eq!(end.server().sequences(), 0);
+        refused(
+            feed(&mut end, &pass(1, 9, &[(1, 4, 1, false)]), false)?,
+            "dropped: stale",
+        )?;
+        assert_eq!(
+            feed(&mut end, &pass(2, 1, &[(1, 0, 2, true)]), false)?,
+            Ok(true)
+        );
+        Ok(())
+    }
 }

@@ -23,6 +23,7 @@ mod schedule;
 mod shard_event;
 mod shard_io;
 mod shard_task;
+mod stage;
 mod worker_record;
 
 pub use action::{ActionKind, OperatorAction};
@@ -46,4 +47,5 @@ pub use shard_event::{
 };
 pub use shard_io::{OutputPayload, ShardCheckpoint, ShardInput, ShardOutput};
 pub use shard_task::ShardTask;
+pub use stage::{StageOpen, StagePass, StageReply, StageStep};
 pub use worker_record::{WorkerRecord, WorkerState};

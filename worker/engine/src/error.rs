@@ -55,6 +55,11 @@ pub enum ModelError {
         #[source]
         source: std::io::Error,
     },
+    /// A stage of a split model was lost, refused a pass or answered out of
+    /// turn (transient: the group's epoch ends, and the records that were
+    /// not finished run again from their prompts).
+    #[error("a stage of the group was lost: {0}")]
+    StageLost(String),
     /// The store failed while fetching the model (the worker's cache
     /// reports this; the engine itself never touches the store).
     #[error("fetching model from the store: {0}")]

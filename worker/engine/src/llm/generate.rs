@@ -234,7 +234,7 @@ pub fn generate(
             }
             let next = a.sampler.next(&Llama::row(&logits, row)?)?;
             let before = a.out.len();
-            let ended = advance(a, next, tokenizer);
+            let ended = advance(&mut a.out, a.prompt.len(), &a.params, next, tokenizer);
             control
                 .generated
                 .fetch_add((a.out.len() - before) as u64, Ordering::Relaxed);
@@ -290,10 +290,16 @@ fn shared_prefix(work: &[Prepared], chunk: usize) -> usize {
     if best >= MIN_SHARED { best } else { 0 }
 }
 
-/// Takes the sampled token `next`; returns the record's result when it has
-/// ended.
-fn advance(a: &mut Active, next: u32, tokenizer: &GgufTokenizer) -> Option<Generation> {
-    let prompt_tokens = a.prompt.len() as u32;
+/// Takes the sampled token `next` into a record's output `out`; returns the
+/// record's result when it has ended.
+pub(super) fn advance(
+    out: &mut Vec<u32>,
+    prompt_len: usize,
+    params: &SamplingParams,
+    next: u32,
+    tokenizer: &GgufTokenizer,
+) -> Option<Generation> {
+    let prompt_tokens = prompt_len as u32;
     let finish = |out: &[u32], text: String, reason: FinishReason| Generation {
         text,
         finish_reason: reason,
@@ -302,14 +308,13 @@ fn advance(a: &mut Active, next: u32, tokenizer: &GgufTokenizer) -> Option<Gener
         error: None,
     };
     if tokenizer.is_end_of_generation(next) {
-        let text = tokenizer.decode(&a.out);
-        return Some(finish(&a.out, text, FinishReason::Stop));
+        let text = tokenizer.decode(out);
+        return Some(finish(out, text, FinishReason::Stop));
     }
-    a.out.push(next);
-    if !a.params.stop.is_empty() {
-        let text = tokenizer.decode(&a.out);
-        if let Some(cut) = a
-            .params
+    out.push(next);
+    if !params.stop.is_empty() {
+        let text = tokenizer.decode(out);
+        if let Some(cut) = params
             .stop
             .iter()
             .filter(|s| !s.is_empty())
@@ -318,12 +323,12 @@ fn advance(a: &mut Active, next: u32, tokenizer: &GgufTokenizer) -> Option<Gener
         {
             let mut text = text;
             text.truncate(cut);
-            return Some(finish(&a.out, text, FinishReason::Stop));
+            return Some(finish(out, text, FinishReason::Stop));
         }
     }
-    if a.out.len() >= a.params.max_tokens as usize {
-        let text = tokenizer.decode(&a.out);
-        return Some(finish(&a.out, text, FinishReason::Length));
+    if out.len() >= params.max_tokens as usize {
+        let text = tokenizer.decode(out);
+        return Some(finish(out, text, FinishReason::Length));
     }
     None
 }

@@ -402,6 +402,11 @@ impl Llama {
         &self.cfg
     }
 
+    /// The device it runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
     /// The layers this model (or stage) holds.
     pub fn layers(&self) -> std::ops::Range<usize> {
         self.first..self.first + self.blocks.len()

@@ -8,13 +8,20 @@
 //! - [`llama`] — the transformer over quantized weights, many sequences a pass.
 //! - [`sampler`] — greedy or seeded sampling per sequence.
 //! - [`generate`] — continuous batching under a KV-memory budget.
+//! - [`pipeline`] — the same, driven by the first stage of a split model,
+//!   with micro-batch groups in flight through the later stages at once.
+//! - [`stage`] — a later stage: its layers, its caches, what it refuses.
+//! - [`stage_wire`] — passes and replies cut into parts and put together.
 
 mod attention;
 pub mod chat;
 pub mod generate;
 pub mod gguf;
 pub mod llama;
+pub mod pipeline;
 pub mod sampler;
+pub mod stage;
+pub mod stage_wire;
 pub mod tokenizer;
 
 use std::path::{Path, PathBuf};

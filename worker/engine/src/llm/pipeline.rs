@@ -1,0 +1,421 @@
+//! Continuous batching driven by the first stage of a split model.
+//!
+//! The first stage holds the embeddings and the first layers, and does
+//! everything [`super::generate`] does for a whole model: it admits
+//! records under the KV budget, plans each pass (generated tokens first,
+//! prompt chunks while the pass has room, chunks always the same) and
+//! decides when a record ends. The running sequences are split into
+//! micro-batch groups; each group has at most one pass in flight, so while
+//! one group's pass is on a later stage the first stage reads the next
+//! group's. The last stage samples and answers with one token per step
+//! that asks for one ([`super::stage`]).
+//!
+//! A record's tokens do not depend on its batch (as for a whole model), so
+//! they equal the single worker's bit for bit. A prefix shared by many
+//! prompts is not read once here: each stage would have to copy it.
+//!
+//! When a stage is lost, refuses a pass or answers out of turn, the run
+//! ends with [`ModelError::StageLost`]; the records handed to `done` are
+//! finished, the others run again from their prompts in a new epoch
+//! ([`Split::restart`]), drawing the same tokens from their seeds.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+
+use minions_schemas::SCHEMA_VERSION;
+use minions_schemas::messages::{
+    Generation, SamplingParams, StageOpen, StagePass, StageReply, StageStep,
+};
+
+use super::generate::{GenControl, GenLimits, Prepared, advance};
+use super::llama::{KvCache, Llama, StageOut, Step};
+use super::tokenizer::GgufTokenizer;
+use crate::ModelError;
+
+/// How the first stage reaches the others: it sends a pass to the second
+/// stage and receives the last stage's replies, in the order the passes
+/// went out (each stage runs passes in the order they come).
+pub trait StageLink {
+    /// Sends a pass to the second stage.
+    fn send(&mut self, pass: StagePass) -> Result<(), ModelError>;
+    /// Waits for the last stage's next reply; an error (a stage lost, no
+    /// answer in time) ends the epoch.
+    fn recv(&mut self) -> Result<StageReply, ModelError>;
+}
+
+/// A group as its first stage drives it. Pass numbers and sequence ids
+/// keep increasing across runs within an epoch.
+#[derive(Debug, Clone)]
+pub struct Split {
+    /// The group's name, in every pass.
+    pub group: String,
+    /// The epoch its passes carry.
+    pub epoch: u64,
+    /// Micro-batch groups in flight at once (at least the number of
+    /// stages keeps every stage busy).
+    pub micro_groups: usize,
+    /// The most layers any stage holds: the KV budget counts a token at
+    /// that stage's size.
+    pub widest_stage: usize,
+    next_pass: u64,
+    next_seq: u64,
+    /// A run left passes in flight: the next one begins a new epoch.
+    unsettled: bool,
+}
+
+impl Split {
+    /// A group in `epoch`.
+    pub fn new(group: &str, epoch: u64, micro_groups: usize, widest_stage: usize) -> Self {
+        Self {
+            group: group.to_owned(),
+            epoch,
+            micro_groups: micro_groups.max(1),
+            widest_stage,
+            next_pass: 0,
+            next_seq: 0,
+            unsettled: false,
+        }
+    }
+
+    /// Begins a new epoch: every stage drops its caches when the first
+    /// pass of it comes, and replies of the old one are ignored.
+    pub fn restart(&mut self) {
+        self.epoch += 1;
+        self.next_pass = 0;
+        self.next_seq = 0;
+        self.unsettled = false;
+    }
+}
+
+#[derive(Clone)]
+enum Plan {
+    Decode,
+    Prefill(std::ops::Range<usize>),
+}
+
+struct Seq {
+    id: u64,
+    index: usize,
+    prompt: Vec<u32>,
+    read: usize,
+    cache: KvCache,
+    out: Vec<u32>,
+    params: SamplingParams,
+    bytes: usize,
+    opened: bool,
+}
+
+/// One micro-batch group: its sequences and its pass in flight (the
+/// positions of the sequences stepped, and whether each samples).
+#[derive(Default)]
+struct Micro {
+    seqs: Vec<Seq>,
+    flight: Option<(u64, Vec<(usize, bool)>)>,
+}
+
+/// Runs `work` on the group `split` from its first stage `first` (until
+/// `control.stop`), handing each finished record to `done` as soon as it
+/// ends.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_split(
+    first: &Llama,
+    tokenizer: &GgufTokenizer,
+    work: Vec<Prepared>,
+    limits: GenLimits,
+    split: &mut Split,
+    control: &GenControl,
+    link: &mut dyn StageLink,
+    done: &mut dyn FnMut(usize, Generation),
+) -> Result<(), ModelError> {
+    let cfg = first.config();
+    if first.layers().start != 0 || first.layers().end == cfg.layers {
+        return Err(ModelError::Invalid {
+            family: "llm-generation",
+            reason: format!(
+                "layers {:?} of {} are not a first stage of a split model",
+                first.layers(),
+                cfg.layers
+            ),
+        });
+    }
+    if split.unsettled {
+        split.restart();
+    }
+    let per_token = cfg.kv_bytes_per_token() / cfg.layers.max(1) * split.widest_stage.max(1);
+    let groups = split.micro_groups.max(1);
+    let mut used = 0usize;
+    let mut pending: VecDeque<Prepared> = work.into();
+    let mut micros: Vec<Micro> = (0..groups).map(|_| Micro::default()).collect();
+    let mut ended: Vec<u64> = Vec::new();
+    split.unsettled = true;
+    loop {
+        if control.stop.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        for g in 0..groups {
+            if micros[g].flight.is_some() {
+                continue;
+            }
+            // Admit records, spreading them over the micro-batch groups.
+            let running: usize = micros.iter().map(|m| m.seqs.len()).sum();
+            let want = limits.max_seqs.max(1).min(running + pending.len());
+            let share = want.div_ceil(groups);
+            let mut running = running;
+            while micros[g].seqs.len() < share && running < limits.max_seqs.max(1) {
+                let Some(next) = pending.front() else { break };
+                let tokens = next.prompt.len() + next.params.max_tokens as usize;
+                let bytes = tokens * per_token;
+                if running > 0 && used + bytes > limits.kv_budget_bytes {
+                    break;
+                }
+                let Some(p) = pending.pop_front() else { break };
+                let cache = match first.new_cache(tokens) {
+                    Ok(c) => c,
+                    Err(ModelError::BadInput(m)) => {
+                        done(p.index, Generation::failed(m));
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                used += bytes;
+                running += 1;
+                micros[g].seqs.push(Seq {
+                    id: split.next_seq,
+                    index: p.index,
+                    prompt: p.prompt,
+                    read: 0,
+                    cache,
+                    out: Vec::new(),
+                    params: p.params,
+                    bytes,
+                    opened: false,
+                });
+                split.next_seq += 1;
+            }
+            if micros[g].seqs.is_empty() {
+                continue;
+            }
+            let pass = launch(
+                first,
+                g,
+                &mut micros[g],
+                split,
+                &limits,
+                &mut ended,
+                control,
+            )?;
+            link.send(pass)?;
+        }
+        if micros.iter().all(|m| m.flight.is_none()) {
+            break;
+        }
+        let reply = link.recv()?;
+        if reply.epoch < split.epoch {
+            continue;
+        }
+        let Some(g) = check(&reply, split, &micros)? else {
+            continue;
+        };
+        let m = &mut micros[g];
+        let Some((_, stepped)) = m.flight.take() else {
+            continue;
+        };
+        let mut tokens = reply.tokens.iter();
+        let mut finished = Vec::new();
+        for (at, sample) in stepped {
+            if !sample {
+                continue;
+            }
+            let Some(&next) = tokens.next() else {
+                return Err(ModelError::StageLost(format!(
+                    "the reply to pass {} holds too few tokens",
+                    reply.pass
+                )));
+            };
+            let s = &mut m.seqs[at];
+            let before = s.out.len();
+            let end = advance(&mut s.out, s.prompt.len(), &s.params, next, tokenizer);
+            control
+                .generated
+                .fetch_add((s.out.len() - before) as u64, Ordering::Relaxed);
+            if let Some(result) = end {
+                finished.push((at, result));
+            }
+        }
+        finished.sort_by_key(|(at, _)| *at);
+        for (at, result) in finished.into_iter().rev() {
+            let s = m.seqs.remove(at);
+            used -= s.bytes;
+            ended.push(s.id);
+            done(s.index, result);
+        }
+    }
+    // The caches of the records that ended are dropped with a last, empty
+    // pass, whose answer also shows every stage took them.
+    if !ended.is_empty() {
+        let pass = StagePass {
+            v: SCHEMA_VERSION,
+            group: split.group.clone(),
+            epoch: split.epoch,
+            pass: split.next_pass,
+            micro: 0,
+            ended,
+            steps: Vec::new(),
+            width: cfg.hidden as u32,
+            hidden: Vec::new(),
+        };
+        split.next_pass += 1;
+        let want = pass.pass;
+        link.send(pass)?;
+        loop {
+            let reply = link.recv()?;
+            if reply.epoch < split.epoch {
+                continue;
+            }
+            if let Some(e) = reply.error {
+                return Err(ModelError::StageLost(e));
+            }
+            if reply.epoch == split.epoch && reply.pass == want && reply.tokens.is_empty() {
+                break;
+            }
+            return Err(ModelError::StageLost(format!(
+                "a reply to pass {} of epoch {} came where the closing pass {want} was awaited",
+                reply.pass, reply.epoch
+            )));
+        }
+    }
+    split.unsettled = false;
+    Ok(())
+}
+
+/// The micro-batch group a reply answers; an error when it answers no
+/// pass in flight, or carries a stage's refusal.
+fn check(reply: &StageReply, split: &Split, micros: &[Micro]) -> Result<Option<usize>, ModelError> {
+    if let Some(e) = &reply.error {
+        return Err(ModelError::StageLost(e.clone()));
+    }
+    if reply.epoch != split.epoch || reply.group != split.group {
+        return Err(ModelError::StageLost(format!(
+            "a reply of group {:?} epoch {} where group {:?} is in epoch {}",
+            reply.group, reply.epoch, split.group, split.epoch
+        )));
+    }
+    let Some(g) = micros
+        .iter()
+        .position(|m| m.flight.as_ref().is_some_and(|(p, _)| *p == reply.pass))
+    else {
+        return Err(ModelError::StageLost(format!(
+            "a reply to pass {}, which is not in flight",
+            reply.pass
+        )));
+    };
+    let asked = micros[g]
+        .flight
+        .as_ref()
+        .map_or(0, |(_, s)| s.iter().filter(|(_, sample)| *sample).count());
+    if reply.tokens.len() != asked {
+        return Err(ModelError::StageLost(format!(
+            "the reply to pass {} holds {} tokens for {asked} steps that sample",
+            reply.pass,
+            reply.tokens.len()
+        )));
+    }
+    Ok(Some(g))
+}
+
+/// Plans the group's next pass, reads it through the first stage's layers
+/// and returns it for the next stage; marks it in flight.
+fn launch(
+    first: &Llama,
+    g: usize,
+    m: &mut Micro,
+    split: &mut Split,
+    limits: &GenLimits,
+    ended: &mut Vec<u64>,
+    control: &GenControl,
+) -> Result<StagePass, ModelError> {
+    let chunk = limits.prefill_chunk.max(1);
+    // Generated tokens first, then prompt chunks while the pass has room.
+    let mut room = limits.pass_tokens.max(1);
+    let mut plan: Vec<Option<Plan>> = Vec::with_capacity(m.seqs.len());
+    for s in &m.seqs {
+        if s.read == s.prompt.len() {
+            plan.push(Some(Plan::Decode));
+            room = room.saturating_sub(1);
+        } else {
+            plan.push(None);
+        }
+    }
+    let mut planned_any = plan.iter().any(Option::is_some);
+    for (s, p) in m.seqs.iter().zip(plan.iter_mut()) {
+        if p.is_some() {
+            continue;
+        }
+        let n = (chunk - s.read % chunk).min(s.prompt.len() - s.read);
+        if n <= room || !planned_any {
+            *p = Some(Plan::Prefill(s.read..s.read + n));
+            room = room.saturating_sub(n);
+            planned_any = true;
+        }
+    }
+    let mut steps = Vec::new();
+    let mut wire = Vec::new();
+    let mut stepped = Vec::new();
+    for (i, (s, p)) in m.seqs.iter_mut().zip(&plan).enumerate() {
+        let Some(p) = p else { continue };
+        let Seq {
+            cache, prompt, out, ..
+        } = s;
+        let (tokens, sample): (&[u32], bool) = match p {
+            Plan::Decode => (&out[out.len() - 1..], true),
+            Plan::Prefill(r) => (&prompt[r.clone()], r.end == prompt.len()),
+        };
+        wire.push(StageStep {
+            seq: s.id,
+            start: cache.len() as u32,
+            tokens: tokens.len() as u32,
+            sample,
+            open: (!s.opened).then(|| StageOpen {
+                capacity: cache.capacity() as u32,
+                params: s.params.clone(),
+            }),
+        });
+        steps.push(Step { cache, tokens });
+        stepped.push((i, sample));
+    }
+    let hidden = match first.forward_stage(&mut steps, None, false)? {
+        StageOut::Hidden(h) => h.flatten_all()?.to_vec1::<f32>()?,
+        StageOut::Logits(_) => {
+            return Err(ModelError::Invalid {
+                family: "llm-generation",
+                reason: "the first stage of a split holds the head".into(),
+            });
+        }
+    };
+    drop(steps);
+    for (s, p) in m.seqs.iter_mut().zip(&plan) {
+        if let Some(Plan::Prefill(r)) = p {
+            s.read = r.end;
+            control
+                .prompt_read
+                .fetch_add(r.len() as u64, Ordering::Relaxed);
+        }
+        if p.is_some() {
+            s.opened = true;
+        }
+    }
+    let pass = StagePass {
+        v: SCHEMA_VERSION,
+        group: split.group.clone(),
+        epoch: split.epoch,
+        pass: split.next_pass,
+        micro: g as u32,
+        ended: std::mem::take(ended),
+        steps: wire,
+        width: first.config().hidden as u32,
+        hidden: StagePass::hidden_bytes(&hidden),
+    };
+    m.flight = Some((split.next_pass, stepped));
+    split.next_pass += 1;
+    Ok(pass)
+}
