@@ -533,6 +533,14 @@ pub struct SubmitArgs {
     /// Default: any.
     #[arg(long, value_delimiter = ',', help_heading = "Sharing the fleet")]
     pub devices: Vec<DeviceKindArg>,
+    /// Run a language model split by layers over a group of this many
+    /// workers (2 to 4), for a model too big for any one of them. The
+    /// watchdog forms the group from idle workers; each holds about
+    /// 1/N of the weights and their caches. Results are bit for bit those
+    /// of one worker. A lost member costs the records in flight, which
+    /// run again from their prompts. Default: one worker per shard.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(2..=4), help_heading = "Sharing the fleet")]
+    pub stages: Option<u32>,
 }
 
 /// `--priority` values.

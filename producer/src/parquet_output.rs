@@ -226,6 +226,7 @@ mod tests {
         Ok(JobSpec {
             submitter: String::new(),
             verify_ppm: None,
+            layers: None,
             v: SCHEMA_VERSION,
             job: JobId::new("pq")?,
             model_name: ModelName::new("tiny")?,

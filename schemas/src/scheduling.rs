@@ -68,6 +68,8 @@ pub const META_MEMORY: &str = "minions.memory_mb";
 pub const META_DEVICES: &str = "minions.devices";
 /// See [`META_JOB`].
 pub const META_MODEL: &str = "minions.model";
+/// See [`META_JOB`] (absent: 0).
+pub const META_STAGES: &str = "minions.stages";
 /// See [`META_JOB`].
 pub const META_CREATED: &str = "minions.created_ms";
 /// Marks a job's check consumer (value `true`).
@@ -98,6 +100,9 @@ impl JobConsumer {
         metadata.insert(META_PREEMPTIBLE.to_owned(), spec.preemptible.to_string());
         metadata.insert(META_MEMORY.to_owned(), spec.needs.memory_mb.to_string());
         metadata.insert(META_DEVICES.to_owned(), spec.needs.devices.join(","));
+        if spec.needs.stages > 1 {
+            metadata.insert(META_STAGES.to_owned(), spec.needs.stages.to_string());
+        }
         metadata.insert(META_MODEL.to_owned(), spec.model_hash.to_string());
         metadata.insert(META_CREATED.to_owned(), spec.created_ms.to_string());
         Self {
@@ -148,6 +153,10 @@ pub fn queued_job(
         needs: Requirements {
             memory_mb: meta.get(META_MEMORY)?.parse().ok()?,
             devices,
+            stages: match meta.get(META_STAGES) {
+                Some(s) => s.parse().ok()?,
+                None => 0,
+            },
         },
         model_hash: ModelHash::new(meta.get(META_MODEL)?.as_str()).ok()?,
         created_ms: meta.get(META_CREATED)?.parse().ok()?,
@@ -235,6 +244,9 @@ pub struct Lender {
     pub device: String,
     /// Models it holds (loaded or on disk).
     pub cached: HashSet<ModelHash>,
+    /// The job whose group it leads (its first stage): it pulls that job
+    /// only.
+    pub leads: Option<JobId>,
 }
 
 /// What a worker has done since the schedule it picks from was read.
@@ -322,7 +334,10 @@ pub fn pick(
         .jobs
         .iter()
         .filter(|j| !since.empty.contains(&j.job))
-        .filter(|j| j.needs.met_by(lender.memory_mb, &lender.device))
+        .filter(|j| match &lender.leads {
+            Some(led) => &j.job == led,
+            None => j.needs.met_by(lender.memory_mb, &lender.device),
+        })
         .filter(|j| {
             let q = share(&j.team).quota;
             let headroom = f64::from(q) - running_all.get(j.team.as_str()).copied().unwrap_or(0.0);
@@ -688,10 +703,16 @@ mod tests {
         let r = Requirements {
             memory_mb: 4000,
             devices: vec!["cuda".into(), "metal".into()],
+            stages: 0,
         };
         assert!(r.met_by(8000, "cuda:0"));
         assert!(!r.met_by(8000, "cpu"));
         assert!(!r.met_by(2000, "metal"));
         assert!(r.met_by(0, "metal"), "unknown memory is taken as enough");
+        let split = Requirements { stages: 2, ..r };
+        assert!(
+            !split.met_by(8000, "cuda:0"),
+            "a group's job is no single worker's"
+        );
     }
 }

@@ -7,6 +7,7 @@
 //! whose checksum fails, that does not follow the one before, or that
 //! would make the frame larger than [`MAX_STAGE_PASS_BYTES`] is refused,
 //! and the frame it belonged to is dropped whole, never handed on in part.
+//! A first part always begins a new frame.
 
 use serde::{Deserialize, Serialize};
 
@@ -151,7 +152,9 @@ impl Assembler {
             });
         }
         let (first, mut bytes) = match self.partial.take() {
-            None if part.part == 0 => {
+            // A first part always begins a frame: one left unfinished (its
+            // sender moved on to a new epoch) is dropped.
+            _ if part.part == 0 => {
                 // The size is checked above; reserving it is bounded.
                 let bytes = Vec::with_capacity(part.total as usize);
                 (part.clone(), bytes)

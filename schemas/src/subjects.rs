@@ -158,6 +158,25 @@ pub fn control(worker: &WorkerId) -> String {
     format!("minions.ctl.{}.{worker}", machine(worker))
 }
 
+/// Where a watchdog sends one worker its part in a group
+/// ([`crate::messages::GroupOrder`], request and reply):
+/// `minions.group.<machine>.<worker>`.
+pub fn group(worker: &WorkerId) -> String {
+    format!("minions.group.{}.{worker}", machine(worker))
+}
+
+/// Where a stage of a group takes passes from the stage before it:
+/// `minions.stage.<machine>.<worker>.in`.
+pub fn stage_in(worker: &WorkerId) -> String {
+    format!("minions.stage.{}.{worker}.in", machine(worker))
+}
+
+/// Where a group's first stage takes the last stage's replies:
+/// `minions.stage.<machine>.<worker>.back`.
+pub fn stage_back(worker: &WorkerId) -> String {
+    format!("minions.stage.{}.{worker}.back", machine(worker))
+}
+
 /// Where a worker sends its canary answers, under its own machine name:
 /// `minions.canary.<machine>`. A watchdog answers (one of a queue group).
 pub fn canary(worker: &WorkerId) -> String {
@@ -328,6 +347,9 @@ mod tests {
         assert_eq!(heartbeat(&WorkerId::new("w1")?), "minions.hb.w1.w1");
         assert_eq!(heartbeat(&w), "minions.hb.mac-01.mac-01-3f9a2b7c");
         assert_eq!(control(&w), "minions.ctl.mac-01.mac-01-3f9a2b7c");
+        assert_eq!(group(&w), "minions.group.mac-01.mac-01-3f9a2b7c");
+        assert_eq!(stage_in(&w), "minions.stage.mac-01.mac-01-3f9a2b7c.in");
+        assert_eq!(stage_back(&w), "minions.stage.mac-01.mac-01-3f9a2b7c.back");
         Ok(())
     }
 

@@ -22,12 +22,12 @@ use std::fmt;
 
 use minions_schemas::messages::{
     ActionKind, Admission, ChatTurn, Control, ControlCommand, ControlReply, DeadLetter, EventKind,
-    FinishReason, Generation, GenerationRecord, Heartbeat, InFlight, InputDescription, JobManifest,
-    JobSpec, ManifestShard, ModelFamily, ModelFile, ModelManifest, ModelRecord, OperatorAction,
-    OutputPayload, Precision, Priority, Prompt, Provenance, Quarantine, QueuedJob, Requirements,
-    SamplingParams, Schedule, ShardCheckpoint, ShardEvent, ShardInput, ShardOutput, ShardTask,
-    StageOpen, StagePass, StageReply, StageStep, SubmitClaim, TeamPolicy, TeamShare,
-    VerdictOutcome, WorkerRecord, WorkerState,
+    FinishReason, Generation, GenerationRecord, GroupAnswer, GroupMember, GroupOrder, Heartbeat,
+    InFlight, InputDescription, JobManifest, JobSpec, ManifestShard, ModelFamily, ModelFile,
+    ModelManifest, ModelRecord, OperatorAction, OutputPayload, Precision, Priority, Prompt,
+    Provenance, Quarantine, QueuedJob, Requirements, SamplingParams, Schedule, ShardCheckpoint,
+    ShardEvent, ShardInput, ShardOutput, ShardTask, StageOpen, StagePass, StageReply, StageStep,
+    SubmitClaim, TeamPolicy, TeamShare, VerdictOutcome, WorkerRecord, WorkerState,
 };
 use minions_schemas::{JobId, ModelHash, ModelName, SCHEMA_VERSION, WorkerId, codec};
 use serde::Serialize;
@@ -323,6 +323,7 @@ fn requirements() -> Requirements {
     Requirements {
         memory_mb: 16_384,
         devices: vec!["metal".into(), "cuda".into()],
+        stages: 2,
     }
 }
 
@@ -587,6 +588,7 @@ fn job_spec(ids: &Ids, family: ModelFamily, precision: Precision) -> JobSpec {
     JobSpec {
         submitter: "ana@mac-07".into(),
         verify_ppm: None,
+        layers: Some(30),
         v: SCHEMA_VERSION,
         job: ids.job.clone(),
         model_name: ids.name.clone(),
@@ -741,6 +743,14 @@ fn check_all(c: &mut Checker) -> Res {
         at_ms: 1_767_225_612_345,
         build: "0.1.0+3fa2c81b09de".into(),
         kernel: "avx512".into(),
+        stage: Some(minions_schemas::messages::HeldStage {
+            group: "g-search--01jr".into(),
+            epoch: 1_767_225_600_000,
+            index: 1,
+            of: 2,
+            first_layer: 15,
+            end_layer: 30,
+        }),
     })?;
 
     // Control, with every command, and ControlReply.
@@ -885,6 +895,7 @@ fn check_all(c: &mut Checker) -> Res {
             bytes: 90_868_376,
             pushed_ms: 1_767_225_600_000,
             context: Some(8192),
+            layers: Some(30),
         })?;
     }
 
@@ -1006,6 +1017,29 @@ fn check_all(c: &mut Checker) -> Res {
         tokens: vec![42],
         error: Some("stage 1 (layers 15..30): garbled".into()),
     })?;
+    c.check(&GroupOrder {
+        v,
+        group: "g-search--01jr".into(),
+        epoch: 1_767_225_600_000,
+        job: ids.job.clone(),
+        model_hash: ids.hash.clone(),
+        members: vec![GroupMember {
+            worker: ids.worker.clone(),
+            first_layer: 0,
+            end_layer: 15,
+        }],
+        release: false,
+        by: "watchdog-ops".into(),
+    })?;
+    c.check(&GroupAnswer {
+        v,
+        worker: ids.worker.clone(),
+        group: "g-search--01jr".into(),
+        epoch: 1_767_225_600_000,
+        ready: true,
+        detail: "stage 1 of 2: layers 15..30".into(),
+        weight_bytes: 40_000_000,
+    })?;
     c.check(&minions_schemas::stage_frames::StagePart {
         v,
         epoch: 3,
@@ -1067,6 +1101,8 @@ fn wire_md_documents_every_field_and_tag() -> Res {
         "Schedule",
         "StagePass",
         "StageReply",
+        "GroupOrder",
+        "GroupAnswer",
         "StagePart",
     ];
     let unsampled: Vec<&str> = expected

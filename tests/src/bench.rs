@@ -427,6 +427,7 @@ pub fn write_bench_spec(store: &Path, job: &JobId, shards: u32) -> Result<()> {
     let spec = JobSpec {
         submitter: String::new(),
         verify_ppm: None,
+        layers: None,
         v: SCHEMA_VERSION,
         job: job.clone(),
         model_name: ModelName::new("bench")?,

@@ -109,6 +109,7 @@ fn spec() -> R<JobSpec> {
     Ok(JobSpec {
         submitter: String::new(),
         verify_ppm: None,
+        layers: None,
         v: SCHEMA_VERSION,
         job: job()?,
         model_name: ModelName::new("minilm")?,
@@ -182,6 +183,7 @@ fn heartbeat(in_flight: usize) -> R<Heartbeat> {
         at_ms: 1_764_000_000_500,
         build: String::new(),
         kernel: String::new(),
+        stage: None,
     })
 }
 
@@ -447,6 +449,7 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
         bytes: 90_000_000,
         pushed_ms: 1_764_000_000_000,
         context: None,
+        layers: None,
     };
     let s = seeds("model record", &[record])?;
     v.push((

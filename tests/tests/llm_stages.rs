@@ -227,6 +227,7 @@ mod group {
 
         fn recv(
             &mut self,
+            _stop: &std::sync::atomic::AtomicBool,
         ) -> std::result::Result<minions_schemas::messages::StageReply, ModelError> {
             loop {
                 let part = self
@@ -552,6 +553,198 @@ mod group {
         assert_eq!(
             feed(&mut end, &pass(2, 1, &[(1, 0, 2, true)]), false)?,
             Ok(true)
+        );
+        Ok(())
+    }
+}
+
+/// Groups of worker processes, formed by the watchdog.
+mod fleet {
+    use std::path::Path;
+    use std::time::{Duration, Instant};
+
+    use minions_tests::{Fleet, log_count};
+    use minions_worker::model::Model;
+    use minions_worker::model::llm::{GenControl, GenLimits};
+
+    use super::*;
+
+    /// The first `n` chat cases as a JSONL input, ids `c0`, `c1`, ….
+    fn write_cases(path: &Path, n: usize) -> Result<()> {
+        let mut out = String::new();
+        for (i, c) in greedy_cases()?[..n].iter().enumerate() {
+            let line = serde_json::json!({"id": format!("c{i}"), "messages": c["messages"]});
+            out.push_str(&line.to_string());
+            out.push('\n');
+        }
+        std::fs::write(path, out)?;
+        Ok(())
+    }
+
+    /// The same cases run on the whole model in this process, greedy as
+    /// `submit` asks by default: their texts in input order.
+    fn whole_texts(n: usize, max_tokens: u32) -> Result<Vec<String>> {
+        let g = GgufGenerator::load(&real_gguf()?, &Device::Cpu)?;
+        let records = chat_records(&greedy_cases()?[..n], max_tokens)?;
+        let indexed: Vec<_> = records.iter().enumerate().collect();
+        let mut texts = vec![String::new(); n];
+        g.generate(
+            &indexed,
+            GenLimits::default(),
+            &GenControl::default(),
+            &mut |i, r| texts[i] = r.text,
+        )?;
+        Ok(texts)
+    }
+
+    fn texts_of(fleet: &Fleet, job: &str) -> Result<Vec<String>> {
+        let out = fleet.dir.path().join(format!("{job}.out.jsonl"));
+        fleet.cli(&["collect", job, "--output", &out.display().to_string()])?;
+        let mut texts = Vec::new();
+        for (i, l) in std::fs::read_to_string(&out)?.lines().enumerate() {
+            let v: serde_json::Value = serde_json::from_str(l)?;
+            assert_eq!(
+                v["id"],
+                format!("c{i}"),
+                "records in input order, each once"
+            );
+            texts.push(
+                v["text"]
+                    .as_str()
+                    .ok_or("a record without text")?
+                    .to_owned(),
+            );
+        }
+        Ok(texts)
+    }
+
+    /// The worker (index into `fleet.workers`) whose log says it joined
+    /// a group as stage `stage`, the `nth` time it did.
+    fn stage_worker(fleet: &Fleet, stage: usize, nth: usize) -> Option<usize> {
+        let needle = format!("stage={stage} ");
+        fleet.workers.iter().position(|w| {
+            std::fs::read_to_string(&w.log)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains("joining a group") && l.contains(&needle))
+                .count()
+                >= nth
+        })
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_job_split_over_worker_processes_equals_one_worker_and_outlives_a_lost_stage()
+    -> Result<()> {
+        let mut fleet = Fleet::local()?;
+        let r = split_jobs(&mut fleet).await;
+        fleet.explain(r)
+    }
+
+    async fn split_jobs(fleet: &mut Fleet) -> Result<()> {
+        const CASES: usize = 24;
+        const TOKENS: u32 = 24;
+        fleet.cli(&[
+            "model",
+            "push",
+            &real_gguf()?.display().to_string(),
+            "--name",
+            "smollm2",
+        ])?;
+        let input = fleet.dir.path().join("cases.jsonl");
+        write_cases(&input, CASES)?;
+        fleet.add_watchdog(&[])?;
+        for _ in 0..3 {
+            fleet.add_worker(&["--slots", "1", "--checkpoint-secs", "1", "--max-seqs", "4"])?;
+        }
+        let want = whole_texts(CASES, TOKENS)?;
+        let submit = |fleet: &Fleet, job: &str| {
+            fleet.cli(&[
+                "submit",
+                "--model",
+                "smollm2",
+                "--input",
+                &input.display().to_string(),
+                "--shard-size",
+                "12",
+                "--max-tokens",
+                &TOKENS.to_string(),
+                "--stages",
+                "2",
+                "--job",
+                job,
+            ])
+        };
+        // A whole job through a group of two processes.
+        let job = submit(fleet, "split1")?;
+        let status = fleet.wait_job(&job, Duration::from_secs(600))?;
+        assert_eq!(status["state"], "done");
+        assert_eq!(
+            texts_of(fleet, &job)?,
+            want,
+            "the group's texts differ from one worker's"
+        );
+        let lead = stage_worker(fleet, 0, 1).ok_or("no worker led the group")?;
+        let served = stage_worker(fleet, 1, 1).ok_or("no worker served a stage")?;
+        eprintln!(
+            "split 2 ways over worker{} and worker{}: {CASES} records equal one worker's",
+            lead + 1,
+            served + 1
+        );
+        // The second stage killed (SIGKILL) once the group has checkpointed
+        // records: the spare takes its layers and the job completes, each
+        // record once and equal.
+        let before: Vec<usize> = fleet
+            .workers
+            .iter()
+            .map(|w| log_count(&w.log, "checkpoint written"))
+            .collect();
+        let job = submit(fleet, "split2")?;
+        let until = Instant::now() + Duration::from_secs(300);
+        let (lead, served) = loop {
+            if let (Some(l), Some(s)) = (stage_worker(fleet, 0, 2), stage_worker(fleet, 1, 2))
+                && log_count(&fleet.workers[l].log, "checkpoint written") > before[l]
+            {
+                break (l, s);
+            }
+            assert!(
+                Instant::now() < until,
+                "the second group never checkpointed"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let killed_at = Instant::now();
+        fleet.workers[served].kill();
+        let status = fleet.wait_job(&job, Duration::from_secs(600))?;
+        assert_eq!(status["state"], "done");
+        assert_eq!(
+            texts_of(fleet, &job)?,
+            want,
+            "after a lost stage, the texts differ"
+        );
+        let watchdog = std::fs::read_to_string(&fleet.watchdogs[0].log)?;
+        let reformed = watchdog
+            .lines()
+            .find(|l| l.contains("group re-formed"))
+            .ok_or("the group was not re-formed")?;
+        let lead_log = std::fs::read_to_string(&fleet.workers[lead].log)?;
+        let ended: Vec<&str> = lead_log
+            .lines()
+            .filter(|l| l.contains("the group's epoch ended"))
+            .collect();
+        assert!(!ended.is_empty(), "the first stage never ended an epoch");
+        let field = |line: &str, key: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(key))
+                .unwrap_or("?")
+                .to_owned()
+        };
+        eprintln!(
+            "second stage killed: the job completed {:.1} s later; the watchdog replaced it {} ms after it saw it lost; \
+             the first stage ran {} record(s) in flight again ({} epoch(s) ended)",
+            killed_at.elapsed().as_secs_f64(),
+            field(reformed, "recovery_ms="),
+            field(ended[0], "in_flight="),
+            ended.len()
         );
         Ok(())
     }

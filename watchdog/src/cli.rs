@@ -84,6 +84,11 @@ pub struct WatchdogArgs {
     /// events stream.
     #[arg(long)]
     pub no_checkpoints: bool,
+    /// Do not form groups for jobs split by layers (`minions submit
+    /// --stages`). Where several watchdogs run, exactly one forms them:
+    /// start the others with this.
+    #[arg(long)]
+    pub no_groups: bool,
     /// Count workers' `done` events without reading their outputs. Only
     /// for benchmarks of the watchdog itself on synthetic events: a fleet
     /// run this way counts a forged or corrupt result as done. By default
@@ -214,6 +219,7 @@ impl WatchdogArgs {
                 ..Default::default()
             },
             ledger: self.ledger.map(crate::ledger::LedgerSettings::new),
+            form_groups: !self.no_groups,
             check_results: !self.unchecked_results,
             checkpoints: crate::checkpoint::CheckpointPolicy {
                 disabled: self.no_checkpoints,

@@ -18,6 +18,7 @@
 //! - [`view`] — what the watchdog knows, shared with its web pages.
 //! - [`queue`] — the work queue as JetStream reports it.
 //! - [`explain`] — why a job's shards wait.
+//! - [`groups`] — forming groups of workers for jobs split by layers.
 //! - [`admission`], [`job_requests`] — admitting, cancelling and retrying
 //!   jobs for producers' identities, one team at a time; [`reply`] — serving
 //!   such requests.
@@ -33,6 +34,7 @@ pub mod dead_letters;
 pub mod events;
 pub mod explain;
 pub mod fleet;
+pub mod groups;
 pub mod http;
 pub mod job_requests;
 pub mod ledger;

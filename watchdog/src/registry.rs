@@ -193,6 +193,7 @@ mod tests {
             lend_mb: 0,
             build: String::new(),
             kernel: String::new(),
+            stage: None,
             v: minions_schemas::SCHEMA_VERSION,
             worker: WorkerId::new(id)?,
             host: "h".into(),

@@ -90,6 +90,8 @@ pub struct WatchdogConfig {
     pub checks_wait_ms: u64,
     /// Finished jobs whose summary is kept (see `--finished-jobs-kept`).
     pub finished_kept: usize,
+    /// Whether this watchdog forms groups (see [`crate::groups`]).
+    pub form_groups: bool,
 }
 
 fn follow_err<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> WatchdogError {
@@ -125,6 +127,7 @@ struct Started {
     stop_events: CancellationToken,
     poller: tokio::task::JoinHandle<()>,
     scheduler: tokio::task::JoinHandle<()>,
+    former: Option<tokio::task::JoinHandle<()>>,
     server: Option<tokio::task::JoinHandle<()>>,
     tracker: tokio::task::JoinHandle<()>,
     ledger: Option<tokio::task::JoinHandle<()>>,
@@ -245,6 +248,18 @@ async fn start(
         },
         stop_side.clone(),
     ));
+    let former = config.form_groups.then(|| {
+        tokio::spawn(crate::groups::run(
+            client.clone(),
+            store.clone(),
+            view.clone(),
+            crate::groups::GroupSettings {
+                me: config.name.clone(),
+                ..Default::default()
+            },
+            stop_side.clone(),
+        ))
+    });
     // Shared by the ledger writer (below) and the dashboard's /metrics.
     let ledger_status = Arc::new(crate::ledger::LedgerStatus::default());
     let server = match &config.listen {
@@ -338,6 +353,7 @@ async fn start(
         stop_events,
         poller,
         scheduler,
+        former,
         server,
         tracker,
         ledger,
@@ -365,6 +381,7 @@ async fn serve(
         stop_events,
         poller,
         scheduler,
+        former,
         server,
         tracker,
         ledger,
@@ -470,6 +487,9 @@ async fn serve(
     }
     let _ = poller.await;
     let _ = scheduler.await;
+    if let Some(former) = former {
+        let _ = former.await;
+    }
     if let Some(server) = server {
         let _ = server.await;
     }

@@ -360,6 +360,7 @@ mod tests {
             needs: Requirements {
                 memory_mb: 16_000,
                 devices: vec![],
+                stages: 0,
             },
             model_hash: ModelHash::new("b".repeat(64)).unwrap_or_else(|e| panic!("{e}")),
             created_ms: 1,

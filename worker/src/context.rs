@@ -41,6 +41,8 @@ pub(crate) struct Ctx {
     pub(crate) sched: Scheduler,
     /// The energy meter: each delivery's share, the heartbeat's power.
     pub(crate) energy: Arc<crate::energy::EnergyMeter>,
+    /// Its part in a group, if any.
+    pub(crate) groups: crate::group_part::Groups,
 }
 
 impl Ctx {

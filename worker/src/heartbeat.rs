@@ -39,6 +39,7 @@ pub(crate) fn beat(
         chip: ctx.identity.chip.clone(),
         build: ctx.identity.made_by.build.clone(),
         kernel: ctx.identity.made_by.kernel.clone(),
+        stage: ctx.groups.stage(),
         lend_mb: ctx.sched.lend_mb,
         v: SCHEMA_VERSION,
         worker: ctx.identity.worker_id(),

@@ -22,6 +22,9 @@
 //! - `shard`: one delivery from message to settlement; `events`: its
 //!   events.
 //! - [`generation`] — generation shards: continuous batching, checkpoints.
+//! - `group`: this worker's part in a model split over a group (the first
+//!   stage leads; later stages serve their layers); `group_part`: that
+//!   part as the slots and the heartbeat see it.
 //! - `heartbeat`: the periodic sign of life (and the last one on leaving).
 //! - `control`: drain, resume, evict, rejoin requests and job cancellations.
 //! - [`error`] — failure kinds and how each is settled.
@@ -46,6 +49,8 @@ mod events;
 pub mod fault;
 mod follow_schedule;
 pub mod generation;
+mod group;
+mod group_part;
 mod heartbeat;
 mod holds;
 mod identity;

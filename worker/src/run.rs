@@ -218,6 +218,7 @@ async fn serve(
         running: RunningTable::new(beats.clone()),
         beats,
         energy,
+        groups: Default::default(),
     });
 
     let started_ms = now_ms();
@@ -277,6 +278,7 @@ async fn serve(
         stop_control.clone(),
     ));
     let quarantine = tokio::spawn(crate::quarantine::run(ctx.clone(), stop_control.clone()));
+    let groups = tokio::spawn(crate::group::run(ctx.clone(), stop_control.clone()));
     let stop_pulling = shutdown.child_token();
     let mut slots = JoinSet::new();
     for slot in 0..config.slots {
@@ -323,6 +325,7 @@ async fn serve(
     let _ = controls.await;
     let _ = schedule.await;
     let _ = quarantine.await;
+    let _ = groups.await;
     if let Some(owner) = owner {
         let _ = owner.await;
     }

@@ -50,6 +50,10 @@ pub(crate) struct Scheduler {
     /// How often a schedule arrives, ms (the watchdog's period, or this
     /// worker's own reading).
     period_ms: AtomicU64,
+    /// The job whose group this worker leads: its slots pull that job only.
+    leads: Mutex<Option<JobId>>,
+    /// It serves a later stage of a group: its slots pull nothing.
+    serving: std::sync::atomic::AtomicBool,
 }
 
 impl Scheduler {
@@ -70,6 +74,8 @@ impl Scheduler {
             lend_mb,
             device,
             period_ms: AtomicU64::new(OWN_READ_EVERY.as_millis() as u64),
+            leads: Mutex::new(None),
+            serving: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -78,7 +84,20 @@ impl Scheduler {
             memory_mb: self.lend_mb,
             device: self.device.clone(),
             cached,
+            leads: lock(&self.leads).clone(),
         }
+    }
+
+    /// Makes this worker's slots pull `job` only (it leads that job's
+    /// group), or, with `None`, any job it can run alone.
+    pub(crate) fn set_lead(&self, job: Option<JobId>) {
+        *lock(&self.leads) = job;
+    }
+
+    /// Makes this worker's slots pull nothing while it serves a stage of a
+    /// group (its memory holds the stage), or any job again.
+    pub(crate) fn set_serving(&self, serving: bool) {
+        self.serving.store(serving, Ordering::Relaxed);
     }
 
     /// Takes a new schedule (`period` after the one before): what this
@@ -102,6 +121,9 @@ impl Scheduler {
         mean_ms: u64,
         previous_team: Option<&str>,
     ) -> Option<(JobId, String)> {
+        if self.serving.load(Ordering::Relaxed) {
+            return None;
+        }
         self.clear_old_marks();
         let schedule = self.current.borrow().clone();
         let running: u64 = schedule.jobs.iter().map(|j| j.running).sum();
@@ -273,6 +295,7 @@ mod tests {
             needs: Requirements {
                 memory_mb,
                 devices: Vec::new(),
+                stages: 0,
             },
             model_hash: ModelHash::new("ab".repeat(32))?,
             created_ms: 1,

@@ -223,10 +223,14 @@ async fn run(
     }
     let (model, input) = tokio::select! {
         r = async {
-            let model = ctx
-                .cache
-                .get(&task.model_hash, task.family, task.precision)
-                .await?;
+            let model = match ctx.groups.lead_model(&task.job) {
+                Some(m) => m,
+                None => {
+                    ctx.cache
+                        .get(&task.model_hash, task.family, task.precision)
+                        .await?
+                }
+            };
             let input = read_input(ctx.store.as_ref(), task).await?;
             Ok::<_, ShardError>((model, input))
         } => r?,

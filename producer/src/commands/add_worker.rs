@@ -60,8 +60,8 @@ pub fn entry(name: &str, public_key: &str) -> String {
          \"$JS.API.DIRECT.GET.{teams}.>\", \"$JS.API.STREAM.MSG.GET.{teams}\",\n            \
          \"$JS.API.DIRECT.GET.{quarantine}.$KV.{q}.{name}\",\n            \
          \"$JS.ACK.{w}.*.>\", \"minions.hb.{name}.>\", \"minions.events.*.*.{name}\",\n            \
-         \"minions.canary.{name}\" ] }}\n          \
-         subscribe: {{ allow: [ \"_INBOX.>\", \"minions.ctl.{name}.>\", \"minions.cancel.>\", \"minions.sched\",\n            \"minions.queued\" ] }}\n          \
+         \"minions.canary.{name}\", \"minions.stage.*.*.in\", \"minions.stage.*.*.back\" ] }}\n          \
+         subscribe: {{ allow: [ \"_INBOX.>\", \"minions.ctl.{name}.>\", \"minions.cancel.>\", \"minions.sched\",\n            \"minions.queued\", \"minions.group.{name}.>\", \"minions.stage.{name}.>\" ] }}\n          \
          allow_responses: true }} }}\n",
         info = info.join(", "),
         q = streams::QUARANTINE_BUCKET,

@@ -124,6 +124,7 @@ pub async fn push(endpoints: &Endpoints, args: ModelPushArgs) -> anyhow::Result<
     names.sort();
     let family = detect_family(&names).with_context(|| format!("{}", args.dir.display()))?;
     let mut context = None;
+    let mut layers = None;
     if family == ModelFamily::LlmGeneration {
         // A generation model is one GGUF file; the rest of a folder stays home.
         names.retain(|n| is_gguf(n));
@@ -135,6 +136,7 @@ pub async fn push(endpoints: &Endpoints, args: ModelPushArgs) -> anyhow::Result<
         tracing::info!(arch = %summary.arch, context = summary.context, vocab = summary.vocab,
             chat_template = summary.chat_template, "GGUF model checked");
         context = Some(u32::try_from(summary.context).unwrap_or(u32::MAX));
+        layers = Some(u32::try_from(summary.layers).unwrap_or(u32::MAX));
     }
     let mut files = Vec::new();
     for n in &names {
@@ -183,6 +185,7 @@ pub async fn push(endpoints: &Endpoints, args: ModelPushArgs) -> anyhow::Result<
         bytes: manifest.total_bytes(),
         pushed_ms: now_ms(),
         context,
+        layers,
     };
     store
         .put(

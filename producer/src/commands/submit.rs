@@ -100,6 +100,7 @@ fn sharing(endpoints: &Endpoints, args: &SubmitArgs, model_bytes: u64) -> anyhow
         needs: minions_schemas::messages::Requirements {
             memory_mb: args.memory_mb.unwrap_or(estimate),
             devices: args.devices.iter().map(|d| d.as_str().to_owned()).collect(),
+            stages: args.stages.unwrap_or(0),
         },
     })
 }
@@ -116,6 +117,32 @@ pub async fn submit(
     let model_name = ModelName::new(&args.model).context("--model")?;
     let record = model_record(store.as_ref(), &model_name).await?;
     let sharing = sharing(endpoints, args, record.bytes)?;
+    if sharing.needs.stages > 1 {
+        if record.family != minions_schemas::messages::ModelFamily::LlmGeneration {
+            anyhow::bail!(
+                "--stages: model {} is a {} model; only language models (llm-generation) run split over a group",
+                args.model,
+                record.family
+            );
+        }
+        match record.layers {
+            None => anyhow::bail!(
+                "--stages: model {}'s record does not say how many layers it has (it was pushed by an older release); push it again",
+                args.model
+            ),
+            Some(l) if l < sharing.needs.stages => anyhow::bail!(
+                "--stages {}: model {} has {l} layers; each stage holds at least one",
+                sharing.needs.stages,
+                args.model
+            ),
+            Some(_) => {}
+        }
+    }
+    let split_layers = if sharing.needs.stages > 1 {
+        record.layers
+    } else {
+        None
+    };
     let job = match &args.job {
         Some(j) => JobId::new(j).context("--job")?,
         None => minions_schemas::keys::made_job_id(
@@ -258,6 +285,7 @@ pub async fn submit(
         preemptible: args.preemptible,
         needs: sharing.needs,
         verify_ppm: args.verify.map(|v| (v * 1e6).round() as u32),
+        layers: split_layers,
     };
     // A resubmit goes on with the stored spec, as retry, reconcile and the
     // watchdog do: its tasks and its consumer are the job's first ones.

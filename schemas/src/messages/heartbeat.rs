@@ -77,6 +77,9 @@ pub struct Heartbeat {
     /// The CPU kernel path the worker takes (empty in older beats).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub kernel: String,
+    /// The stage of a group it holds, if any (absent in older beats).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<super::HeldStage>,
 }
 
 fn is_zero(n: &u64) -> bool {

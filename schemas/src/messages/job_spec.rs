@@ -75,6 +75,10 @@ pub struct JobSpec {
     /// older specs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verify_ppm: Option<u32>,
+    /// A language model's layers, for a job split over a group
+    /// ([`super::Requirements::stages`]); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layers: Option<u32>,
 }
 
 /// The team of a job submitted without one.
@@ -129,6 +133,7 @@ pub fn test_spec_of(job: &str, shards: u32, records: u64) -> Result<JobSpec, cra
     Ok(JobSpec {
         submitter: String::new(),
         verify_ppm: None,
+        layers: None,
         v: crate::SCHEMA_VERSION,
         job: crate::JobId::new(job)?,
         model_name: crate::ModelName::new("m")?,

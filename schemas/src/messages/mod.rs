@@ -8,6 +8,7 @@ mod canary;
 mod control;
 mod dead_letter;
 mod generation;
+mod group;
 mod heartbeat;
 mod job_manifest;
 mod job_request;
@@ -34,6 +35,7 @@ pub use dead_letter::DeadLetter;
 pub use generation::{
     ChatTurn, FinishReason, Generation, GenerationRecord, Prompt, SamplingParams,
 };
+pub use group::{GroupAnswer, GroupMember, GroupOrder, HeldStage};
 pub use heartbeat::{Heartbeat, InFlight, PowerReading};
 pub use job_manifest::{JobManifest, ManifestShard};
 pub use job_request::{JobAction, JobAnswer, JobRequest};

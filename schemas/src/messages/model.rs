@@ -184,6 +184,10 @@ pub struct ModelRecord {
     /// `max_tokens` no record could use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context: Option<u32>,
+    /// A generation model's layers, read at push time, for splitting it
+    /// over a group (absent in older records).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layers: Option<u32>,
 }
 
 #[cfg(test)]

@@ -55,12 +55,21 @@ pub struct Requirements {
     /// Device kinds it may run on (`cpu`, `cuda`, `metal`); empty = any.
     #[serde(default)]
     pub devices: Vec<String>,
+    /// Stages a generation job runs as (a model split by layers over a
+    /// group of this many workers); 0 or 1: one worker holds the whole
+    /// model. Only a group's first stage, assigned to the job, pulls it.
+    #[serde(default)]
+    pub stages: u32,
 }
 
 impl Requirements {
     /// Whether a worker lending `memory_mb` (0 = unknown, taken as enough)
-    /// on `device` (e.g. `cuda:0`) can run the job.
+    /// on `device` (e.g. `cuda:0`) can run the job alone (never one that
+    /// runs on a group).
     pub fn met_by(&self, memory_mb: u64, device: &str) -> bool {
+        if self.stages > 1 {
+            return false;
+        }
         let kind = device.split(':').next().unwrap_or(device);
         let mem_ok = self.memory_mb == 0 || memory_mb == 0 || memory_mb >= self.memory_mb;
         let dev_ok = self.devices.is_empty() || self.devices.iter().any(|d| d == kind);

@@ -88,6 +88,7 @@ async fn simulate(
                 at_ms: now_ms(),
                 build: String::new(),
                 kernel: String::new(),
+                stage: None,
             };
             client
                 .publish(subjects::heartbeat(id), encode("heartbeat", &hb)?.into())

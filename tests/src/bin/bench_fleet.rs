@@ -690,6 +690,7 @@ async fn scale(n: usize, secs: u64) -> Result<String> {
     let spec = minions_schemas::messages::JobSpec {
         submitter: String::new(),
         verify_ppm: None,
+        layers: None,
         v: SCHEMA_VERSION,
         job: job.clone(),
         model_name: minions_schemas::ModelName::new("noop")?,
@@ -780,6 +781,7 @@ async fn scale(n: usize, secs: u64) -> Result<String> {
                         lend_mb: 0,
                         build: String::new(),
                         kernel: String::new(),
+                        stage: None,
                         v: SCHEMA_VERSION,
                         worker: id.clone(),
                         host: format!("sim-{i:05}"),

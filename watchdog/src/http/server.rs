@@ -178,7 +178,16 @@ async fn job_view(
                 (mb, w.device.clone())
             })
             .collect();
-        facts.sharing = crate::schedule::why_waiting(&schedule, &id, &lenders);
+        let split = schedule
+            .jobs
+            .iter()
+            .find(|j| j.job == id)
+            .map_or(0, |j| j.needs.stages);
+        facts.sharing = if split > 1 {
+            h.view.group_wait(&id)
+        } else {
+            crate::schedule::why_waiting(&schedule, &id, &lenders)
+        };
     }
     let reasons = explain::explain(&p, &facts, &workers, &h.view.queue());
     Ok((p, reasons))

@@ -44,6 +44,8 @@ pub struct View {
     quarantined: Mutex<BTreeMap<String, String>>,
     /// The last operator actions on record, oldest first.
     actions: Mutex<std::collections::VecDeque<OperatorAction>>,
+    /// Why jobs split by layers wait for their group, by job.
+    group_waits: Mutex<std::collections::HashMap<minions_schemas::JobId, String>>,
 }
 
 /// One worker as the dashboard shows it.
@@ -142,7 +144,26 @@ impl View {
             canaries: [AtomicU64::new(0), AtomicU64::new(0)],
             quarantined: Mutex::new(BTreeMap::new()),
             actions: Mutex::new(std::collections::VecDeque::new()),
+            group_waits: Mutex::new(std::collections::HashMap::new()),
         }
+    }
+
+    /// Records why `job` waits for its group (`None`: it has one).
+    pub fn set_group_wait(&self, job: &minions_schemas::JobId, why: Option<String>) {
+        let mut w = lock(&self.group_waits);
+        match why {
+            Some(why) => {
+                w.insert(job.clone(), why);
+            }
+            None => {
+                w.remove(job);
+            }
+        }
+    }
+
+    /// Why `job` waits for its group, if it does.
+    pub fn group_wait(&self, job: &minions_schemas::JobId) -> Option<String> {
+        lock(&self.group_waits).get(job).cloned()
     }
 
     /// The registry, locked (do not hold across an await).

@@ -170,6 +170,15 @@ impl ModelCache {
         Ok(model.clone())
     }
 
+    /// The folder of model `hash` on disk, fetched and verified on first
+    /// use, and its manifest (for a group's stage, which loads only part
+    /// of it).
+    pub async fn files(&self, hash: &ModelHash) -> Result<(ModelManifest, PathBuf), ModelError> {
+        let manifest = self.fetch_manifest(hash).await?;
+        let dir = self.fetch_files(hash, &manifest).await?;
+        Ok((manifest, dir))
+    }
+
     /// The models loaded now (any precision): a worker prefers jobs that
     /// run one of them.
     pub fn held(&self) -> std::collections::HashSet<ModelHash> {

@@ -67,6 +67,7 @@ pub struct GenControl {
 }
 
 /// One record ready to run: its index in the shard, its prompt tokens.
+#[derive(Clone)]
 pub struct Prepared {
     /// The record's index within the shard.
     pub index: usize,

@@ -88,6 +88,26 @@ impl GgufGenerator {
         device: &Device,
         engine_path: EnginePath,
     ) -> Result<Self, ModelError> {
+        Self::load_part(dir, device, engine_path, None)
+    }
+
+    /// Loads the tokenizer and one stage of the model in `dir`: the layers
+    /// `range` ([`Llama::load_stage`]), for a group that splits it.
+    pub fn load_stage(
+        dir: &Path,
+        device: &Device,
+        engine_path: EnginePath,
+        range: std::ops::Range<usize>,
+    ) -> Result<Self, ModelError> {
+        Self::load_part(dir, device, engine_path, Some(range))
+    }
+
+    fn load_part(
+        dir: &Path,
+        device: &Device,
+        engine_path: EnginePath,
+        range: Option<std::ops::Range<usize>>,
+    ) -> Result<Self, ModelError> {
         let path = find_gguf(dir)?;
         let mut file = GgufFile::open(&path)?;
         let tokenizer = GgufTokenizer::from_gguf(&file)?;
@@ -99,8 +119,16 @@ impl GgufGenerator {
             )?),
             None => None,
         };
-        let weight_bytes = file.tensor_bytes();
-        let model = Llama::load(&mut file, device, engine_path)?;
+        let all_bytes = file.tensor_bytes();
+        let model = match range {
+            Some(r) => Llama::load_stage(&mut file, device, engine_path, r)?,
+            None => Llama::load(&mut file, device, engine_path)?,
+        };
+        // A stage holds about its share of the layers' weights.
+        let weight_bytes = match model.layers() {
+            r if r.len() == model.config().layers => all_bytes,
+            r => all_bytes * r.len() as u64 / model.config().layers.max(1) as u64,
+        };
         if tokenizer.vocab_size() != model.config().vocab {
             return Err(ModelError::Invalid {
                 family: "llm-generation",
@@ -220,6 +248,8 @@ pub struct GgufSummary {
     pub context: usize,
     /// Vocabulary size.
     pub vocab: usize,
+    /// Transformer layers.
+    pub layers: usize,
     /// Bytes of weights.
     pub weight_bytes: u64,
     /// Whether the file carries a chat template (`messages` records need one).
@@ -248,6 +278,7 @@ pub fn inspect(path: &Path) -> Result<GgufSummary, ModelError> {
         arch: cfg.arch,
         context: cfg.context,
         vocab: cfg.vocab,
+        layers: cfg.layers,
         weight_bytes: file.tensor_bytes(),
         chat_template,
     })

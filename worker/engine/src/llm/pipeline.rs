@@ -20,7 +20,7 @@
 //! ([`Split::restart`]), drawing the same tokens from their seeds.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use minions_schemas::SCHEMA_VERSION;
 use minions_schemas::messages::{
@@ -39,8 +39,9 @@ pub trait StageLink {
     /// Sends a pass to the second stage.
     fn send(&mut self, pass: StagePass) -> Result<(), ModelError>;
     /// Waits for the last stage's next reply; an error (a stage lost, no
-    /// answer in time) ends the epoch.
-    fn recv(&mut self) -> Result<StageReply, ModelError>;
+    /// answer in time) ends the epoch. It may give up early once `stop`
+    /// is set.
+    fn recv(&mut self, stop: &AtomicBool) -> Result<StageReply, ModelError>;
 }
 
 /// A group as its first stage drives it. Pass numbers and sequence ids
@@ -61,6 +62,9 @@ pub struct Split {
     next_seq: u64,
     /// A run left passes in flight: the next one begins a new epoch.
     unsettled: bool,
+    /// Records that were running (admitted, not finished) when the last
+    /// run ended: after a lost stage, those run again from their prompts.
+    pub in_flight: usize,
 }
 
 impl Split {
@@ -74,13 +78,20 @@ impl Split {
             next_pass: 0,
             next_seq: 0,
             unsettled: false,
+            in_flight: 0,
         }
     }
 
     /// Begins a new epoch: every stage drops its caches when the first
     /// pass of it comes, and replies of the old one are ignored.
     pub fn restart(&mut self) {
-        self.epoch += 1;
+        self.begin(self.epoch + 1);
+    }
+
+    /// Begins epoch `epoch` (a re-formed group's), or the next one when
+    /// `epoch` is not newer than the current.
+    pub fn begin(&mut self, epoch: u64) {
+        self.epoch = epoch.max(self.epoch + 1);
         self.next_pass = 0;
         self.next_seq = 0;
         self.unsettled = false;
@@ -127,6 +138,35 @@ pub fn generate_split(
     link: &mut dyn StageLink,
     done: &mut dyn FnMut(usize, Generation),
 ) -> Result<(), ModelError> {
+    let mut micros = Vec::new();
+    let r = drive(
+        first,
+        tokenizer,
+        work,
+        limits,
+        split,
+        control,
+        link,
+        done,
+        &mut micros,
+    );
+    split.in_flight = micros.iter().map(|m| m.seqs.len()).sum();
+    r
+}
+
+/// [`generate_split`]'s loop, its micro-batch groups kept in `micros`.
+#[allow(clippy::too_many_arguments)]
+fn drive(
+    first: &Llama,
+    tokenizer: &GgufTokenizer,
+    work: Vec<Prepared>,
+    limits: GenLimits,
+    split: &mut Split,
+    control: &GenControl,
+    link: &mut dyn StageLink,
+    done: &mut dyn FnMut(usize, Generation),
+    micros: &mut Vec<Micro>,
+) -> Result<(), ModelError> {
     let cfg = first.config();
     if first.layers().start != 0 || first.layers().end == cfg.layers {
         return Err(ModelError::Invalid {
@@ -145,7 +185,7 @@ pub fn generate_split(
     let groups = split.micro_groups.max(1);
     let mut used = 0usize;
     let mut pending: VecDeque<Prepared> = work.into();
-    let mut micros: Vec<Micro> = (0..groups).map(|_| Micro::default()).collect();
+    *micros = (0..groups).map(|_| Micro::default()).collect();
     let mut ended: Vec<u64> = Vec::new();
     split.unsettled = true;
     loop {
@@ -209,11 +249,15 @@ pub fn generate_split(
         if micros.iter().all(|m| m.flight.is_none()) {
             break;
         }
-        let reply = link.recv()?;
+        let reply = match link.recv(&control.stop) {
+            Ok(r) => r,
+            Err(_) if control.stop.load(Ordering::Relaxed) => return Ok(()),
+            Err(e) => return Err(e),
+        };
         if reply.epoch < split.epoch {
             continue;
         }
-        let Some(g) = check(&reply, split, &micros)? else {
+        let Some(g) = check(&reply, split, micros)? else {
             continue;
         };
         let m = &mut micros[g];
@@ -268,7 +312,11 @@ pub fn generate_split(
         let want = pass.pass;
         link.send(pass)?;
         loop {
-            let reply = link.recv()?;
+            let reply = match link.recv(&control.stop) {
+                Ok(r) => r,
+                Err(_) if control.stop.load(Ordering::Relaxed) => return Ok(()),
+                Err(e) => return Err(e),
+            };
             if reply.epoch < split.epoch {
                 continue;
             }
