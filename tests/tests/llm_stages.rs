@@ -619,16 +619,14 @@ mod fleet {
     }
 
     /// The worker (index into `fleet.workers`) whose log says it joined
-    /// a group as stage `stage`, the `nth` time it did.
-    fn stage_worker(fleet: &Fleet, stage: usize, nth: usize) -> Option<usize> {
-        let needle = format!("stage={stage} ");
+    /// `job`'s group as stage `stage`.
+    fn stage_worker(fleet: &Fleet, stage: usize, job: &str) -> Option<usize> {
+        let (at, of) = (format!("stage={stage} "), format!("job={job} "));
         fleet.workers.iter().position(|w| {
             std::fs::read_to_string(&w.log)
                 .unwrap_or_default()
                 .lines()
-                .filter(|l| l.contains("joining a group") && l.contains(&needle))
-                .count()
-                >= nth
+                .any(|l| l.contains("joining a group") && l.contains(&at) && l.contains(&of))
         })
     }
 
@@ -653,8 +651,31 @@ mod fleet {
         let input = fleet.dir.path().join("cases.jsonl");
         write_cases(&input, CASES)?;
         fleet.add_watchdog(&[])?;
-        for _ in 0..3 {
-            fleet.add_worker(&["--slots", "1", "--checkpoint-secs", "1", "--max-seqs", "4"])?;
+        // Each worker's owner, as a file its policy reads.
+        let owned = |fleet: &mut Fleet, i: usize| -> Result<()> {
+            let signal = fleet.dir.path().join(format!("owner{i}"));
+            std::fs::write(&signal, "idle\n")?;
+            let policy = fleet.dir.path().join(format!("policy{i}.toml"));
+            std::fs::write(
+                &policy,
+                format!(
+                    "signals = [\"file:{}\"]\nmin_input_idle_secs = 60\nresume_after_secs = 600\nsample_every_ms = 100\n",
+                    signal.display()
+                ),
+            )?;
+            fleet.add_worker(&[
+                "--slots",
+                "1",
+                "--checkpoint-secs",
+                "1",
+                "--max-seqs",
+                "4",
+                "--policy",
+                &policy.display().to_string(),
+            ])
+        };
+        for i in 1..=3 {
+            owned(fleet, i)?;
         }
         let want = whole_texts(CASES, TOKENS)?;
         let submit = |fleet: &Fleet, job: &str| {
@@ -683,8 +704,8 @@ mod fleet {
             want,
             "the group's texts differ from one worker's"
         );
-        let lead = stage_worker(fleet, 0, 1).ok_or("no worker led the group")?;
-        let served = stage_worker(fleet, 1, 1).ok_or("no worker served a stage")?;
+        let lead = stage_worker(fleet, 0, "split1").ok_or("no worker led the group")?;
+        let served = stage_worker(fleet, 1, "split1").ok_or("no worker served a stage")?;
         eprintln!(
             "split 2 ways over worker{} and worker{}: {CASES} records equal one worker's",
             lead + 1,
@@ -701,8 +722,10 @@ mod fleet {
         let job = submit(fleet, "split2")?;
         let until = Instant::now() + Duration::from_secs(300);
         let (lead, served) = loop {
-            if let (Some(l), Some(s)) = (stage_worker(fleet, 0, 2), stage_worker(fleet, 1, 2))
-                && log_count(&fleet.workers[l].log, "checkpoint written") > before[l]
+            if let (Some(l), Some(s)) = (
+                stage_worker(fleet, 0, "split2"),
+                stage_worker(fleet, 1, "split2"),
+            ) && log_count(&fleet.workers[l].log, "checkpoint written") > before[l]
             {
                 break (l, s);
             }
@@ -745,6 +768,89 @@ mod fleet {
             field(reformed, "recovery_ms="),
             field(ended[0], "in_flight="),
             ended.len()
+        );
+        // The second stage's owner comes back, then the first stage is
+        // killed, in one job: each is replaced by a spare, the first
+        // stage's shard goes back to the queue and resumes from its
+        // checkpoint on the new leader.
+        owned(fleet, 4)?;
+        owned(fleet, 5)?;
+        let before: Vec<usize> = fleet
+            .workers
+            .iter()
+            .map(|w| log_count(&w.log, "checkpoint written"))
+            .collect();
+        let job = submit(fleet, "split3")?;
+        let until = Instant::now() + Duration::from_secs(300);
+        let (lead, served) = loop {
+            if let (Some(l), Some(s)) = (
+                stage_worker(fleet, 0, "split3"),
+                stage_worker(fleet, 1, "split3"),
+            ) && log_count(&fleet.workers[l].log, "checkpoint written") > before[l]
+            {
+                break (l, s);
+            }
+            assert!(Instant::now() < until, "the third group never checkpointed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let back = Instant::now();
+        std::fs::write(
+            fleet.dir.path().join(format!("owner{}", served + 1)),
+            "active\n",
+        )?;
+        while log_count(&fleet.workers[served].log, "left the group") == 0 {
+            assert!(
+                back.elapsed() < Duration::from_secs(10),
+                "the stage was not given back"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let given_back = back.elapsed();
+        let lead_log = fleet.workers[lead].log.clone();
+        let ended_before = log_count(&lead_log, "the group's epoch ended");
+        let checkpoints = log_count(&lead_log, "checkpoint written");
+        let until = Instant::now() + Duration::from_secs(120);
+        while log_count(&lead_log, "the group's epoch ended") == ended_before
+            || log_count(&lead_log, "checkpoint written") == checkpoints
+        {
+            assert!(
+                Instant::now() < until,
+                "the group did not go on after the owner's return"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        fleet.workers[lead].kill();
+        let killed_at = Instant::now();
+        let status = fleet.wait_job(&job, Duration::from_secs(600))?;
+        assert_eq!(status["state"], "done");
+        assert_eq!(
+            texts_of(fleet, &job)?,
+            want,
+            "after an owner's return and a lost leader, the texts differ"
+        );
+        let new_lead = (0..fleet.workers.len())
+            .filter(|&i| i != lead)
+            .find(|&i| {
+                std::fs::read_to_string(&fleet.workers[i].log)
+                    .unwrap_or_default()
+                    .lines()
+                    .any(|l| {
+                        l.contains("joining a group")
+                            && l.contains("stage=0 ")
+                            && l.contains("job=split3 ")
+                    })
+            })
+            .ok_or("no new leader took the group")?;
+        let resumed = std::fs::read_to_string(&fleet.workers[new_lead].log)?
+            .lines()
+            .filter(|l| l.contains("resuming from checkpoint"))
+            .count();
+        eprintln!(
+            "second stage's owner back: the stage was given back in {} ms; then the first stage killed: \
+             the job completed {:.1} s later on worker{} as leader ({resumed} shard(s) resumed from a checkpoint)",
+            given_back.as_millis(),
+            killed_at.elapsed().as_secs_f64(),
+            new_lead + 1
         );
         Ok(())
     }

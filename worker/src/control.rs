@@ -102,6 +102,7 @@ pub(crate) async fn run(
                         }
                         ControlCommand::Evict => {
                             ctx.holds.set_operator(true);
+                            crate::group::leave(&ctx, "evicted");
                             let n = ctx.running.hand_back_all();
                             tracing::warn!(by = %c.by, handed_back = n, "evicted: handing back running shards, pulling nothing new");
                             reply(&ctx, m.reply, "evicted", n).await;

@@ -27,6 +27,20 @@ use crate::context::Ctx;
 use crate::group_part::Part;
 use crate::model::ModelError;
 
+/// Lets go of the part this worker holds in a group, at once (the owner
+/// came back, or an operator evicted it): its layers' memory is freed and
+/// the watchdog gives the part to another worker. A leader's running
+/// shard ends with it and goes back to the queue, its finished records
+/// checkpointed.
+pub(crate) fn leave(ctx: &Ctx, why: &str) {
+    if let Some(held) = ctx.groups.stage() {
+        ctx.groups.replace(None);
+        ctx.sched.set_lead(None);
+        ctx.sched.set_serving(false);
+        tracing::warn!(group = %held.group, stage = held.index, reason = why, "left the group");
+    }
+}
+
 /// Takes group orders until `stop` is cancelled.
 pub(crate) async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
     let id = ctx.identity.worker_id();

@@ -61,6 +61,7 @@ pub(crate) async fn run(ctx: Arc<Ctx>, policy: Policy, stop: CancellationToken) 
         match gate.update(&verdict, Instant::now()) {
             Some(Change::Yield(reason)) => {
                 ctx.holds.set_owner(Some(reason.clone()));
+                crate::group::leave(&ctx, &reason);
                 let n = ctx.running.hand_back_unless_finishing(finish_within);
                 ctx.cache.release();
                 tracing::warn!(reason = %reason, handed_back = n, "yielding to the owner: pulling nothing, shards handed back, models released");
