@@ -697,6 +697,19 @@ mod fleet {
         };
         // A whole job through a group of two processes.
         let job = submit(fleet, "split1")?;
+        // The members say which stage they hold.
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            let list = fleet.cli(&["worker", "list"])?;
+            if list.contains("holds stage 2 of 2 (layers 15..30) of g-split1") {
+                break;
+            }
+            assert!(
+                Instant::now() < until,
+                "worker list never showed the group:\n{list}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         let status = fleet.wait_job(&job, Duration::from_secs(600))?;
         assert_eq!(status["state"], "done");
         assert_eq!(

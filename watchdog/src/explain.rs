@@ -280,6 +280,7 @@ mod tests {
             mem_total_mb: 16_000,
             mem_avail_mb: 8_000,
             mem_budget_mb: 4_000,
+            stage: String::new(),
             last_beat_secs: 0.1,
         }
     }

@@ -39,6 +39,9 @@ pub struct WorkerRow {
     /// Why its machine is quarantined, if it is.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quarantined: Option<String>,
+    /// The stage of a group it holds, if any (a model split by layers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stage: Option<String>,
 }
 
 async fn connect(
@@ -93,6 +96,7 @@ pub async fn list(endpoints: &Endpoints, json: bool) -> anyhow::Result<String> {
                 done: hb.done,
                 last_beat_ms: age,
                 quarantined: q,
+                stage: hb.stage.as_ref().map(|s| s.describe()),
             },
         );
     }
@@ -117,6 +121,11 @@ pub async fn list(endpoints: &Endpoints, json: bool) -> anyhow::Result<String> {
         .collect::<std::collections::BTreeSet<_>>()
         .into_iter()
         .collect();
+    let stages: Vec<String> = rows
+        .iter()
+        .filter(|r| !matches!(r.state.as_str(), "dead" | "left" | "silent"))
+        .filter_map(|r| r.stage.as_ref().map(|s| format!("{} holds {s}", r.worker)))
+        .collect();
     for r in rows {
         out.push_str(&format!(
             "{:<28} {:<20} {:<8} {:<9} {:>7} {:>8} {:>8.1}s  {:<12} {}\n",
@@ -135,6 +144,9 @@ pub async fn list(endpoints: &Endpoints, json: bool) -> anyhow::Result<String> {
         out.push_str(&format!(
             "machine {n} (`minions worker release` lifts it)\n"
         ));
+    }
+    for s in stages {
+        out.push_str(&format!("{s}\n"));
     }
     Ok(out.trim_end().to_owned())
 }

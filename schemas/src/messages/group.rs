@@ -62,6 +62,21 @@ pub struct HeldStage {
     pub end_layer: u32,
 }
 
+impl HeldStage {
+    /// In words, for lists and pages: `stage 2 of 2 (layers 15..30) of
+    /// g-<job>`.
+    pub fn describe(&self) -> String {
+        format!(
+            "stage {} of {} (layers {}..{}) of {}",
+            self.index + 1,
+            self.of,
+            self.first_layer,
+            self.end_layer,
+            self.group
+        )
+    }
+}
+
 /// A member's answer to a [`GroupOrder`]. Limit:
 /// [`crate::limits::MAX_CONTROL_BYTES`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

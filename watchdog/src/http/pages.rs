@@ -285,7 +285,14 @@ fn workers_table(workers: &[WorkerRow], can_act: bool) -> String {
         } else {
             " class=\"owner-away\""
         };
-        let running = if w.running.is_empty() {
+        let running = if !w.stage.is_empty() {
+            let held = format!("<span class=\"stage\">{}</span>", esc(&w.stage));
+            if w.running.is_empty() {
+                held
+            } else {
+                format!("{held}<br>{}", esc(&w.running.join(", ")))
+            }
+        } else if w.running.is_empty() {
             format!("<span class=\"muted\">0 of {}</span>", w.slots)
         } else {
             format!(

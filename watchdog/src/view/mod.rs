@@ -81,6 +81,8 @@ pub struct WorkerRow {
     pub mem_avail_mb: u64,
     /// Memory the owner lends to models, MB (0 = no cap).
     pub mem_budget_mb: u64,
+    /// The stage of a group it holds, in words (empty: none).
+    pub stage: String,
     /// Seconds since its last heartbeat.
     pub last_beat_secs: f64,
 }
@@ -255,6 +257,7 @@ impl View {
                         mem_total_mb: b.mem_total_mb,
                         mem_avail_mb: b.mem_avail_mb,
                         mem_budget_mb: b.mem_budget_mb,
+                        stage: b.stage.as_ref().map(|s| s.describe()).unwrap_or_default(),
                         last_beat_secs: now.saturating_duration_since(t.seen).as_secs_f64(),
                     };
                     (id.clone(), row)

@@ -129,14 +129,7 @@ impl Model for SplitGenerator {
         control: &GenControl,
         done: &mut dyn FnMut(usize, Generation),
     ) -> Result<(), ModelError> {
-        let mut work = Vec::with_capacity(records.len());
-        for (index, record) in records {
-            match self.generator.prepare(*index, record) {
-                Ok(p) => work.push(p),
-                Err(ModelError::BadInput(m)) => done(*index, Generation::failed(m)),
-                Err(e) => return Err(e),
-            }
-        }
+        let work = self.generator.prepare_all(records, done)?;
         let mut held = self.run.lock().unwrap_or_else(|p| p.into_inner());
         let (split, link) = &mut *held;
         let mut finished = HashSet::new();

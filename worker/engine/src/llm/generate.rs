@@ -88,9 +88,49 @@ struct Active {
     bytes: usize,
 }
 
-enum Plan {
+/// What one sequence does in a pass.
+#[derive(Clone)]
+pub(super) enum Plan {
+    /// Reads its last generated token.
     Decode,
+    /// Reads this chunk of its prompt.
     Prefill(std::ops::Range<usize>),
+}
+
+/// Plans one pass over sequences, each given as (prompt tokens read,
+/// prompt length): generated tokens first, then prompt chunks while the
+/// pass has room for `pass_tokens`; a pass always takes at least one
+/// step. Chunks end at multiples of `chunk`, so a shared prefix shortens
+/// only the first, and a prompt is read in the same chunks whatever else
+/// shares its passes.
+pub(super) fn plan_pass(
+    reads: impl Iterator<Item = (usize, usize)> + Clone,
+    pass_tokens: usize,
+    chunk: usize,
+) -> Vec<Option<Plan>> {
+    let mut room = pass_tokens.max(1);
+    let mut plan: Vec<Option<Plan>> = Vec::new();
+    for (read, len) in reads.clone() {
+        if read == len {
+            plan.push(Some(Plan::Decode));
+            room = room.saturating_sub(1);
+        } else {
+            plan.push(None);
+        }
+    }
+    let mut planned_any = plan.iter().any(Option::is_some);
+    for ((read, len), p) in reads.zip(plan.iter_mut()) {
+        if p.is_some() {
+            continue;
+        }
+        let n = (chunk - read % chunk).min(len - read);
+        if n <= room || !planned_any {
+            *p = Some(Plan::Prefill(read..read + n));
+            room = room.saturating_sub(n);
+            planned_any = true;
+        }
+    }
+    plan
 }
 
 /// Runs `work` to the end (or until `control.stop`), handing each finished
@@ -177,31 +217,11 @@ pub fn generate(
         if active.is_empty() {
             return Ok(());
         }
-        // Generated tokens first, then prompt chunks while the pass has room.
-        let mut room = limits.pass_tokens.max(1);
-        let mut plan: Vec<Option<Plan>> = Vec::with_capacity(active.len());
-        for a in &active {
-            if a.read == a.prompt.len() {
-                plan.push(Some(Plan::Decode));
-                room = room.saturating_sub(1);
-            } else {
-                plan.push(None);
-            }
-        }
-        let mut planned_any = plan.iter().any(Option::is_some);
-        for (a, p) in active.iter().zip(plan.iter_mut()) {
-            if p.is_some() {
-                continue;
-            }
-            // Chunks end at multiples of `chunk`, so a shared prefix
-            // shortens only the first.
-            let n = (chunk - a.read % chunk).min(a.prompt.len() - a.read);
-            if n <= room || !planned_any {
-                *p = Some(Plan::Prefill(a.read..a.read + n));
-                room = room.saturating_sub(n);
-                planned_any = true;
-            }
-        }
+        let plan = plan_pass(
+            active.iter().map(|a| (a.read, a.prompt.len())),
+            limits.pass_tokens,
+            chunk,
+        );
         let mut steps = Vec::new();
         let mut stepped = Vec::new();
         for (i, (a, p)) in active.iter_mut().zip(&plan).enumerate() {

@@ -211,6 +211,26 @@ impl GgufGenerator {
     }
 }
 
+impl GgufGenerator {
+    /// [`GgufGenerator::prepare`] for each of `records`; a record that
+    /// cannot run goes to `done` with its error, the others are returned.
+    pub fn prepare_all(
+        &self,
+        records: &[(usize, &GenerationRecord)],
+        done: &mut dyn FnMut(usize, Generation),
+    ) -> Result<Vec<Prepared>, ModelError> {
+        let mut work = Vec::with_capacity(records.len());
+        for (index, record) in records {
+            match self.prepare(*index, record) {
+                Ok(p) => work.push(p),
+                Err(ModelError::BadInput(m)) => done(*index, Generation::failed(m)),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(work)
+    }
+}
+
 impl Model for GgufGenerator {
     fn family(&self) -> ModelFamily {
         ModelFamily::LlmGeneration
@@ -223,14 +243,7 @@ impl Model for GgufGenerator {
         control: &GenControl,
         done: &mut dyn FnMut(usize, Generation),
     ) -> Result<(), ModelError> {
-        let mut work = Vec::with_capacity(records.len());
-        for (index, record) in records {
-            match self.prepare(*index, record) {
-                Ok(p) => work.push(p),
-                Err(ModelError::BadInput(m)) => done(*index, Generation::failed(m)),
-                Err(e) => return Err(e),
-            }
-        }
+        let work = self.prepare_all(records, done)?;
         generate::generate(&self.model, &self.tokenizer, work, limits, control, done)
     }
 

@@ -27,7 +27,7 @@ use minions_schemas::messages::{
     Generation, SamplingParams, StageOpen, StagePass, StageReply, StageStep,
 };
 
-use super::generate::{GenControl, GenLimits, Prepared, advance};
+use super::generate::{GenControl, GenLimits, Plan, Prepared, advance, plan_pass};
 use super::llama::{KvCache, Llama, StageOut, Step};
 use super::tokenizer::GgufTokenizer;
 use crate::ModelError;
@@ -96,12 +96,6 @@ impl Split {
         self.next_seq = 0;
         self.unsettled = false;
     }
-}
-
-#[derive(Clone)]
-enum Plan {
-    Decode,
-    Prefill(std::ops::Range<usize>),
 }
 
 struct Seq {
@@ -382,30 +376,11 @@ fn launch(
     ended: &mut Vec<u64>,
     control: &GenControl,
 ) -> Result<StagePass, ModelError> {
-    let chunk = limits.prefill_chunk.max(1);
-    // Generated tokens first, then prompt chunks while the pass has room.
-    let mut room = limits.pass_tokens.max(1);
-    let mut plan: Vec<Option<Plan>> = Vec::with_capacity(m.seqs.len());
-    for s in &m.seqs {
-        if s.read == s.prompt.len() {
-            plan.push(Some(Plan::Decode));
-            room = room.saturating_sub(1);
-        } else {
-            plan.push(None);
-        }
-    }
-    let mut planned_any = plan.iter().any(Option::is_some);
-    for (s, p) in m.seqs.iter().zip(plan.iter_mut()) {
-        if p.is_some() {
-            continue;
-        }
-        let n = (chunk - s.read % chunk).min(s.prompt.len() - s.read);
-        if n <= room || !planned_any {
-            *p = Some(Plan::Prefill(s.read..s.read + n));
-            room = room.saturating_sub(n);
-            planned_any = true;
-        }
-    }
+    let plan = plan_pass(
+        m.seqs.iter().map(|s| (s.read, s.prompt.len())),
+        limits.pass_tokens,
+        limits.prefill_chunk.max(1),
+    );
     let mut steps = Vec::new();
     let mut wire = Vec::new();
     let mut stepped = Vec::new();
