@@ -74,10 +74,13 @@ pub(super) async fn start(
         .map(|m| (m.end_layer - m.first_layer) as usize)
         .max()
         .unwrap_or(1);
+    // Two micro-batch groups per stage: with one per stage a stage waits
+    // whenever the next is a little slower (BENCHMARKS.md, "A model split
+    // over two processes").
     let split = Split::new(
         &order.group,
         order.epoch << EPOCH_BITS,
-        order.members.len(),
+        2 * order.members.len(),
         widest,
     );
     let model: Arc<dyn Model> = Arc::new(SplitGenerator {
