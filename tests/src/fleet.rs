@@ -426,6 +426,13 @@ impl Fleet {
         Ok(dir)
     }
 
+    /// Pushes the real SmolLM2-135M-Instruct GGUF under `name`.
+    pub fn push_smollm2(&self, name: &str) -> Result<()> {
+        let gguf = crate::real_gguf()?;
+        self.cli(&["model", "push", &gguf.display().to_string(), "--name", name])?;
+        Ok(())
+    }
+
     /// Collects `job` and compares it, row for row and bit for bit, with
     /// the model in `model` run in-process one text at a time (as the
     /// fleet runs shards of one record), at f32.

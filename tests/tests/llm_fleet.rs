@@ -56,17 +56,6 @@ fn write_prompts(path: &Path, n: usize) -> Result<Vec<String>> {
     Ok(ids)
 }
 
-fn push_smollm2(fleet: &Fleet) -> Result<()> {
-    fleet.cli(&[
-        "model",
-        "push",
-        &real_gguf()?.display().to_string(),
-        "--name",
-        "smollm2",
-    ])?;
-    Ok(())
-}
-
 fn read_lines(path: &Path) -> Result<Vec<serde_json::Value>> {
     std::fs::read_to_string(path)?
         .lines()
@@ -98,7 +87,7 @@ async fn a_500_prompt_job_completes_in_input_order() -> Result<()> {
 const PROMPTS: usize = 500;
 
 async fn big_job(fleet: &mut Fleet) -> Result<()> {
-    push_smollm2(fleet)?;
+    fleet.push_smollm2("smollm2")?;
     let input = fleet.dir.path().join("prompts.jsonl");
     let ids = write_prompts(&input, PROMPTS)?;
     fleet.add_watchdog(&[])?;
@@ -168,7 +157,7 @@ async fn disrupted_shard(
     first_worker: &[&str],
     disrupt: impl FnOnce(&mut Fleet) -> Result<()>,
 ) -> Result<Vec<serde_json::Value>> {
-    push_smollm2(fleet)?;
+    fleet.push_smollm2("smollm2")?;
     let input = fleet.dir.path().join(format!("{job}.jsonl"));
     let ids = write_prompts(&input, shard.records)?;
     fleet.add_watchdog(&[])?;
@@ -356,7 +345,7 @@ async fn openai_batch_files_round_trip_and_bad_input_is_named() -> Result<()> {
 }
 
 async fn openai_and_bad_input(fleet: &mut Fleet) -> Result<()> {
-    push_smollm2(fleet)?;
+    fleet.push_smollm2("smollm2")?;
     fleet.add_watchdog(&[])?;
     fleet.add_worker(&["--slots", "1"])?;
     let dir = fleet.dir.path().to_owned();

@@ -313,7 +313,7 @@ mod group {
     }
 
     /// The whole model, loaded once per file.
-    fn generator() -> Result<&'static GgufGenerator> {
+    pub(super) fn generator() -> Result<&'static GgufGenerator> {
         static LOADED: std::sync::OnceLock<GgufGenerator> = std::sync::OnceLock::new();
         if let Some(g) = LOADED.get() {
             return Ok(g);
@@ -584,7 +584,7 @@ mod fleet {
     /// The same cases run on the whole model in this process, greedy as
     /// `submit` asks by default: their texts in input order.
     fn whole_texts(n: usize, max_tokens: u32) -> Result<Vec<String>> {
-        let g = GgufGenerator::load(&real_gguf()?, &Device::Cpu)?;
+        let g = super::group::generator()?;
         let records = chat_records(&greedy_cases()?[..n], max_tokens)?;
         let indexed: Vec<_> = records.iter().enumerate().collect();
         let mut texts = vec![String::new(); n];
@@ -641,13 +641,7 @@ mod fleet {
     async fn split_jobs(fleet: &mut Fleet) -> Result<()> {
         const CASES: usize = 24;
         const TOKENS: u32 = 24;
-        fleet.cli(&[
-            "model",
-            "push",
-            &real_gguf()?.display().to_string(),
-            "--name",
-            "smollm2",
-        ])?;
+        fleet.push_smollm2("smollm2")?;
         let input = fleet.dir.path().join("cases.jsonl");
         write_cases(&input, CASES)?;
         fleet.add_watchdog(&[])?;

@@ -90,24 +90,6 @@ pub(super) async fn start(
     Ok((model, regroup))
 }
 
-/// [`NatsLink::regrouped`] within `wait`, giving up once `stop` is set.
-fn regrouped(
-    link: &mut NatsLink,
-    wait: std::time::Duration,
-    stop: &std::sync::atomic::AtomicBool,
-) -> Option<u64> {
-    let until = std::time::Instant::now() + wait;
-    loop {
-        let left = until.saturating_duration_since(std::time::Instant::now());
-        if let Some(e) = link.regrouped(left.min(std::time::Duration::from_millis(100))) {
-            return Some(e);
-        }
-        if left.is_zero() || link.closed() || stop.load(std::sync::atomic::Ordering::Relaxed) {
-            return None;
-        }
-    }
-}
-
 /// Tells a first stage's generation loop that its group was re-formed as
 /// `order` (a lost member replaced): the epoch in flight ends, and the
 /// records left run again through the new members.
@@ -174,7 +156,7 @@ impl Model for SplitGenerator {
                     } else {
                         std::time::Duration::ZERO
                     };
-                    match regrouped(link, wait, &control.stop) {
+                    match link.regrouped(wait, &control.stop) {
                         Some(epoch) => {
                             split.begin(epoch);
                             failures = 0;

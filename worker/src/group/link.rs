@@ -105,41 +105,58 @@ impl NatsLink {
     }
 
     /// The epoch of a re-formed group, when one came already or comes
-    /// within `wait`; reply parts meanwhile are of the old epoch and
-    /// dropped.
-    pub(crate) fn regrouped(&mut self, wait: Duration) -> Option<u64> {
+    /// within `wait` (sooner nothing once `stop` is set or the group was
+    /// let go); reply parts meanwhile are of the old epoch and dropped.
+    pub(crate) fn regrouped(&mut self, wait: Duration, stop: &AtomicBool) -> Option<u64> {
         if let Some(e) = self.regrouped.take() {
             return Some(e);
         }
         let until = std::time::Instant::now() + wait;
         loop {
-            let left = until.saturating_duration_since(std::time::Instant::now());
-            let msg = if left.is_zero() {
-                match self.replies.try_recv() {
-                    Ok(m) => m,
-                    Err(mpsc::TryRecvError::Empty) => return None,
-                    Err(mpsc::TryRecvError::Disconnected) => {
-                        self.closed = true;
-                        return None;
-                    }
+            match self.next_msg(until, stop) {
+                Waited::Msg(LinkMsg::Regroup { epoch, next }) => {
+                    self.regroup_to(next);
+                    return Some(epoch);
                 }
-            } else {
-                match self.replies.recv_timeout(left) {
-                    Ok(m) => m,
-                    Err(mpsc::RecvTimeoutError::Timeout) => return None,
-                    Err(mpsc::RecvTimeoutError::Disconnected) => {
-                        self.closed = true;
-                        return None;
-                    }
-                }
-            };
-            if let LinkMsg::Regroup { epoch, next } = msg {
-                self.next = next;
-                self.reader = ReplyReader::default();
-                return Some(epoch);
+                Waited::Msg(LinkMsg::Part(_)) => {}
+                Waited::TimedOut | Waited::Stopped | Waited::Closed => return None,
             }
         }
     }
+
+    /// Points passes at a re-formed group's second stage.
+    fn regroup_to(&mut self, next: String) {
+        self.next = next;
+        self.reader = ReplyReader::default();
+    }
+
+    /// The next message before `until`, looking at `stop` every
+    /// [`POLL`] (a shard handed back stops within it).
+    fn next_msg(&mut self, until: std::time::Instant, stop: &AtomicBool) -> Waited {
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                return Waited::Stopped;
+            }
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            match self.replies.recv_timeout(left.min(POLL)) {
+                Ok(m) => return Waited::Msg(m),
+                Err(mpsc::RecvTimeoutError::Timeout) if left <= POLL => return Waited::TimedOut,
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    self.closed = true;
+                    return Waited::Closed;
+                }
+            }
+        }
+    }
+}
+
+/// What a wait on the link's messages came to.
+enum Waited {
+    Msg(LinkMsg),
+    TimedOut,
+    Stopped,
+    Closed,
 }
 
 impl StageLink for NatsLink {
@@ -159,36 +176,27 @@ impl StageLink for NatsLink {
     fn recv(&mut self, stop: &AtomicBool) -> Result<StageReply, ModelError> {
         let until = std::time::Instant::now() + REPLY_WAIT;
         loop {
-            if stop.load(Ordering::Relaxed) {
-                return Err(ModelError::StageLost("stopped".into()));
-            }
-            let left = until.saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() {
-                return Err(ModelError::StageLost(format!(
-                    "no reply from the last stage in {} s",
-                    REPLY_WAIT.as_secs()
-                )));
-            }
-            let msg = match self.replies.recv_timeout(left.min(POLL)) {
-                Ok(m) => m,
-                Err(mpsc::RecvTimeoutError::Timeout) => continue,
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    self.closed = true;
-                    return Err(ModelError::StageLost("the group was let go".into()));
-                }
-            };
-            match msg {
-                LinkMsg::Part(part) => {
+            match self.next_msg(until, stop) {
+                Waited::Msg(LinkMsg::Part(part)) => {
                     if let Some(r) = self.reader.take(&part)? {
                         return Ok(r);
                     }
                 }
-                LinkMsg::Regroup { epoch, next } => {
-                    self.next = next;
-                    self.reader = ReplyReader::default();
+                Waited::Msg(LinkMsg::Regroup { epoch, next }) => {
+                    self.regroup_to(next);
                     self.regrouped = Some(epoch);
                     return Err(ModelError::StageLost(format!(
                         "the group was re-formed (epoch {epoch})"
+                    )));
+                }
+                Waited::Stopped => return Err(ModelError::StageLost("stopped".into())),
+                Waited::Closed => {
+                    return Err(ModelError::StageLost("the group was let go".into()));
+                }
+                Waited::TimedOut => {
+                    return Err(ModelError::StageLost(format!(
+                        "no reply from the last stage in {} s",
+                        REPLY_WAIT.as_secs()
                     )));
                 }
             }
