@@ -541,6 +541,13 @@ pub struct SubmitArgs {
     /// run again from their prompts. Default: one worker per shard.
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..=4), help_heading = "Sharing the fleet")]
     pub stages: Option<u32>,
+    /// Each stage's share of the layers, first stage first, comma-separated
+    /// (e.g. `7,23` for 7 layers on the first stage and 23 on the second of
+    /// a 30-layer model; shares are scaled to the layer count). Implies
+    /// `--stages` with as many stages. For a first stage on a slower or
+    /// busier machine. Default: shares follow the memory each member lends.
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..), help_heading = "Sharing the fleet")]
+    pub split: Vec<u32>,
 }
 
 /// `--priority` values.

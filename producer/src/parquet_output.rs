@@ -227,6 +227,7 @@ mod tests {
             submitter: String::new(),
             verify_ppm: None,
             layers: None,
+            stage_split: Vec::new(),
             v: SCHEMA_VERSION,
             job: JobId::new("pq")?,
             model_name: ModelName::new("tiny")?,

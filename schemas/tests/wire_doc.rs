@@ -589,6 +589,7 @@ fn job_spec(ids: &Ids, family: ModelFamily, precision: Precision) -> JobSpec {
         submitter: "ana@mac-07".into(),
         verify_ppm: None,
         layers: Some(30),
+        stage_split: vec![7, 23],
         v: SCHEMA_VERSION,
         job: ids.job.clone(),
         model_name: ids.name.clone(),

@@ -428,6 +428,7 @@ pub fn write_bench_spec(store: &Path, job: &JobId, shards: u32) -> Result<()> {
         submitter: String::new(),
         verify_ppm: None,
         layers: None,
+        stage_split: Vec::new(),
         v: SCHEMA_VERSION,
         job: job.clone(),
         model_name: ModelName::new("bench")?,

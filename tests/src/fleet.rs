@@ -426,6 +426,26 @@ impl Fleet {
         Ok(dir)
     }
 
+    /// The worker (index into `workers`) whose log says it joined `job`'s
+    /// group as stage `stage` (0 leads); the first such when several did.
+    pub fn stage_worker(&self, stage: usize, job: &str) -> Option<usize> {
+        self.stage_workers(stage, job).into_iter().next()
+    }
+
+    /// Every worker (index into `workers`) whose log says it joined
+    /// `job`'s group as stage `stage`, in worker order.
+    pub fn stage_workers(&self, stage: usize, job: &str) -> Vec<usize> {
+        let (at, of) = (format!("stage={stage} "), format!("job={job} "));
+        (0..self.workers.len())
+            .filter(|&i| {
+                std::fs::read_to_string(&self.workers[i].log)
+                    .unwrap_or_default()
+                    .lines()
+                    .any(|l| l.contains("joining a group") && l.contains(&at) && l.contains(&of))
+            })
+            .collect()
+    }
+
     /// Pushes the real SmolLM2-135M-Instruct GGUF under `name`.
     pub fn push_smollm2(&self, name: &str) -> Result<()> {
         let gguf = crate::real_gguf()?;

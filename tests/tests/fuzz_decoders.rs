@@ -110,6 +110,7 @@ fn spec() -> R<JobSpec> {
         submitter: String::new(),
         verify_ppm: None,
         layers: None,
+        stage_split: Vec::new(),
         v: SCHEMA_VERSION,
         job: job()?,
         model_name: ModelName::new("minilm")?,

@@ -618,18 +618,6 @@ mod fleet {
         Ok(texts)
     }
 
-    /// The worker (index into `fleet.workers`) whose log says it joined
-    /// `job`'s group as stage `stage`.
-    fn stage_worker(fleet: &Fleet, stage: usize, job: &str) -> Option<usize> {
-        let (at, of) = (format!("stage={stage} "), format!("job={job} "));
-        fleet.workers.iter().position(|w| {
-            std::fs::read_to_string(&w.log)
-                .unwrap_or_default()
-                .lines()
-                .any(|l| l.contains("joining a group") && l.contains(&at) && l.contains(&of))
-        })
-    }
-
     #[tokio::test(flavor = "multi_thread")]
     async fn a_job_split_over_worker_processes_equals_one_worker_and_outlives_a_lost_stage()
     -> Result<()> {
@@ -657,7 +645,11 @@ mod fleet {
                     signal.display()
                 ),
             )?;
+            // Each lends less than the model needs (113 MB, as submit
+            // estimates it) and more than half of it.
             fleet.add_worker(&[
+                "--lend-memory-mb",
+                "80",
                 "--slots",
                 "1",
                 "--checkpoint-secs",
@@ -672,25 +664,53 @@ mod fleet {
             owned(fleet, i)?;
         }
         let want = whole_texts(CASES, TOKENS)?;
-        let submit = |fleet: &Fleet, job: &str| {
-            fleet.cli(&[
+        let submit_with = |fleet: &Fleet, job: &str, extra: &[&str]| {
+            let input = input.display().to_string();
+            let tokens = TOKENS.to_string();
+            let mut args = vec![
                 "submit",
                 "--model",
                 "smollm2",
                 "--input",
-                &input.display().to_string(),
+                &input,
                 "--shard-size",
                 "12",
                 "--max-tokens",
-                &TOKENS.to_string(),
-                "--stages",
-                "2",
+                &tokens,
                 "--job",
                 job,
-            ])
+            ];
+            args.extend(extra);
+            fleet.cli(&args)
         };
-        // A whole job through a group of two processes.
-        let job = submit(fleet, "split1")?;
+        let submit = |fleet: &Fleet, job: &str| submit_with(fleet, job, &["--stages", "2"]);
+        // A group larger than the fleet: the job page says why it waits.
+        let wide = submit_with(fleet, "wide", &["--stages", "4"])?;
+        let page = format!("{}/api/jobs/{wide}", fleet.dashboards[0]);
+        let until = Instant::now() + Duration::from_secs(30);
+        let why = loop {
+            let (code, body) = minions_tests::web::get(&page)?;
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            let texts: Vec<String> = v["waiting_because"]
+                .as_array()
+                .map(|a| a.iter().map(|r| r["text"].to_string()).collect())
+                .unwrap_or_default();
+            if code == 200
+                && let Some(t) = texts.iter().find(|t| t.contains("waiting for a group"))
+            {
+                break t.clone();
+            }
+            assert!(
+                Instant::now() < until,
+                "the job page never said it waits for a group: {texts:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        eprintln!("a job asking for 4 stages of 3 workers: {why}");
+        fleet.cli(&["cancel", &wide])?;
+        // A whole job through a group of two processes, formed unasked:
+        // no worker lends enough for the whole model.
+        let job = submit_with(fleet, "split1", &[])?;
         // The members say which stage they hold.
         let until = Instant::now() + Duration::from_secs(60);
         loop {
@@ -711,10 +731,14 @@ mod fleet {
             want,
             "the group's texts differ from one worker's"
         );
-        let lead = stage_worker(fleet, 0, "split1").ok_or("no worker led the group")?;
-        let served = stage_worker(fleet, 1, "split1").ok_or("no worker served a stage")?;
+        let lead = fleet
+            .stage_worker(0, "split1")
+            .ok_or("no worker led the group")?;
+        let served = fleet
+            .stage_worker(1, "split1")
+            .ok_or("no worker served a stage")?;
         eprintln!(
-            "split 2 ways over worker{} and worker{}: {CASES} records equal one worker's",
+            "split 2 ways, unasked, over worker{} and worker{}: {CASES} records equal one worker's",
             lead + 1,
             served + 1
         );
@@ -730,8 +754,8 @@ mod fleet {
         let until = Instant::now() + Duration::from_secs(300);
         let (lead, served) = loop {
             if let (Some(l), Some(s)) = (
-                stage_worker(fleet, 0, "split2"),
-                stage_worker(fleet, 1, "split2"),
+                fleet.stage_worker(0, "split2"),
+                fleet.stage_worker(1, "split2"),
             ) && log_count(&fleet.workers[l].log, "checkpoint written") > before[l]
             {
                 break (l, s);
@@ -791,8 +815,8 @@ mod fleet {
         let until = Instant::now() + Duration::from_secs(300);
         let (lead, served) = loop {
             if let (Some(l), Some(s)) = (
-                stage_worker(fleet, 0, "split3"),
-                stage_worker(fleet, 1, "split3"),
+                fleet.stage_worker(0, "split3"),
+                fleet.stage_worker(1, "split3"),
             ) && log_count(&fleet.workers[l].log, "checkpoint written") > before[l]
             {
                 break (l, s);
@@ -835,18 +859,10 @@ mod fleet {
             want,
             "after an owner's return and a lost leader, the texts differ"
         );
-        let new_lead = (0..fleet.workers.len())
-            .filter(|&i| i != lead)
-            .find(|&i| {
-                std::fs::read_to_string(&fleet.workers[i].log)
-                    .unwrap_or_default()
-                    .lines()
-                    .any(|l| {
-                        l.contains("joining a group")
-                            && l.contains("stage=0 ")
-                            && l.contains("job=split3 ")
-                    })
-            })
+        let new_lead = fleet
+            .stage_workers(0, "split3")
+            .into_iter()
+            .find(|&i| i != lead)
             .ok_or("no new leader took the group")?;
         let resumed = std::fs::read_to_string(&fleet.workers[new_lead].log)?
             .lines()

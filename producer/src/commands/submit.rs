@@ -100,9 +100,34 @@ fn sharing(endpoints: &Endpoints, args: &SubmitArgs, model_bytes: u64) -> anyhow
         needs: minions_schemas::messages::Requirements {
             memory_mb: args.memory_mb.unwrap_or(estimate),
             devices: args.devices.iter().map(|d| d.as_str().to_owned()).collect(),
-            stages: args.stages.unwrap_or(0),
+            stages: stages(args)?,
         },
     })
+}
+
+/// The stages `--stages` and `--split` ask for (0: one worker).
+fn stages(args: &SubmitArgs) -> anyhow::Result<u32> {
+    let split = u32::try_from(args.split.len()).unwrap_or(u32::MAX);
+    match (args.stages, split) {
+        (s, 0) => Ok(s.unwrap_or(0)),
+        (_, 1) | (_, 5..) => anyhow::bail!(
+            "--split {}: give 2 to 4 shares, one per stage",
+            join(&args.split)
+        ),
+        (Some(s), n) if s != n => anyhow::bail!(
+            "--split {} names {n} stages but --stages is {s}",
+            join(&args.split)
+        ),
+        (_, n) => Ok(n),
+    }
+}
+
+fn join(shares: &[u32]) -> String {
+    shares
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Submits a job whose records come from `input` (`args.input` is not
@@ -138,7 +163,9 @@ pub async fn submit(
             Some(_) => {}
         }
     }
-    let split_layers = if sharing.needs.stages > 1 {
+    // A generation job's layer count lets the watchdog split it over a
+    // group: asked for, or when no one worker lends enough.
+    let split_layers = if record.family == minions_schemas::messages::ModelFamily::LlmGeneration {
         record.layers
     } else {
         None
@@ -286,6 +313,7 @@ pub async fn submit(
         needs: sharing.needs,
         verify_ppm: args.verify.map(|v| (v * 1e6).round() as u32),
         layers: split_layers,
+        stage_split: args.split.clone(),
     };
     // A resubmit goes on with the stored spec, as retry, reconcile and the
     // watchdog do: its tasks and its consumer are the job's first ones.
@@ -741,6 +769,38 @@ async fn write_spec(store: &dyn ObjectStore, spec: &JobSpec) -> anyhow::Result<O
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn split_shares_set_the_stages_and_must_agree_with_them() -> anyhow::Result<()> {
+        use clap::Parser as _;
+        let parse = |extra: &[&str]| -> anyhow::Result<SubmitArgs> {
+            let mut args = vec!["minions", "submit", "--model", "m", "--input", "x.jsonl"];
+            args.extend(extra);
+            match crate::cli::Cli::try_parse_from(args)?.command {
+                crate::cli::Command::Submit(a) => Ok(a),
+                _ => bail!("not a submit"),
+            }
+        };
+        assert_eq!(stages(&parse(&[])?)?, 0);
+        assert_eq!(stages(&parse(&["--stages", "3"])?)?, 3);
+        assert_eq!(stages(&parse(&["--split", "7,23"])?)?, 2);
+        assert_eq!(stages(&parse(&["--split", "1,1,1", "--stages", "3"])?)?, 3);
+        let e = stages(&parse(&["--split", "1,1,1", "--stages", "2"])?)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("names 3 stages but --stages is 2"), "{e}");
+        let e = stages(&parse(&["--split", "30"])?)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("give 2 to 4 shares"), "{e}");
+        assert!(
+            parse(&["--split", "0,30"]).is_err(),
+            "a share of 0 is refused"
+        );
+        Ok(())
+    }
 
     #[test]
     fn cuts_records_into_numbered_shards() -> anyhow::Result<()> {

@@ -79,6 +79,12 @@ pub struct JobSpec {
     /// ([`super::Requirements::stages`]); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layers: Option<u32>,
+    /// Each stage's share of the layers, first stage first, as the
+    /// submitter asked (`submit --split`; as many as `needs.stages`, none
+    /// zero); empty: the watchdog shares layers by the memory each member
+    /// lends.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stage_split: Vec<u32>,
 }
 
 /// The team of a job submitted without one.
@@ -134,6 +140,7 @@ pub fn test_spec_of(job: &str, shards: u32, records: u64) -> Result<JobSpec, cra
         submitter: String::new(),
         verify_ppm: None,
         layers: None,
+        stage_split: Vec::new(),
         v: crate::SCHEMA_VERSION,
         job: crate::JobId::new(job)?,
         model_name: crate::ModelName::new("m")?,

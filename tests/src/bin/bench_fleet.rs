@@ -691,6 +691,7 @@ async fn scale(n: usize, secs: u64) -> Result<String> {
         submitter: String::new(),
         verify_ppm: None,
         layers: None,
+        stage_split: Vec::new(),
         v: SCHEMA_VERSION,
         job: job.clone(),
         model_name: minions_schemas::ModelName::new("noop")?,

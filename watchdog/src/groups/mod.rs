@@ -12,7 +12,9 @@
 //!   layers and drop their caches; the leader runs the records in flight
 //!   again);
 //! - a job without a group gets one when enough idle workers lend enough
-//!   memory; why not is kept for the job's "why is it waiting";
+//!   memory; why not is kept for the job's "why is it waiting". A
+//!   generation job that no able worker lends enough for gets one
+//!   without asking: the smallest group (2 to 4) whose shares fit;
 //! - a worker whose heartbeat shows a part in a group this watchdog did
 //!   not form (or no longer counts it in) is told to let it go.
 //!
@@ -26,7 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use minions_schemas::messages::{
-    GroupAnswer, GroupMember, GroupOrder, JobSpec, Schedule, WorkerState,
+    GroupAnswer, GroupMember, GroupOrder, JobSpec, Requirements, Schedule, WorkerState,
 };
 use minions_schemas::{JobId, SCHEMA_VERSION, WorkerId, decode, encode, limits, subjects};
 use object_store::ObjectStore;
@@ -66,6 +68,14 @@ struct Formed {
     broken_since: Option<Instant>,
 }
 
+/// What a job's spec says about its group.
+#[derive(Debug, Clone)]
+struct SpecFacts {
+    layers: u32,
+    need_mb: u64,
+    split: Vec<u32>,
+}
+
 /// What the former knows between passes.
 struct Former {
     client: async_nats::Client,
@@ -73,8 +83,8 @@ struct Former {
     view: Arc<View>,
     settings: GroupSettings,
     formed: HashMap<JobId, Formed>,
-    /// Jobs' layers and memory need, from their specs.
-    specs: HashMap<JobId, Option<(u32, u64)>>,
+    /// Jobs' layers, memory need and asked split, from their specs.
+    specs: HashMap<JobId, Option<SpecFacts>>,
     /// Workers that refused an order, kept out for a while.
     refused: HashMap<WorkerId, Instant>,
     /// Workers told to let a stray part go, and when.
@@ -122,6 +132,8 @@ struct Fleet {
     able: HashSet<WorkerId>,
     /// Each worker's group, as its heartbeat shows.
     parts: Vec<(WorkerId, String)>,
+    /// What each able worker lends (MB, 0 = unknown) and its device.
+    lenders: Vec<(u64, String)>,
 }
 
 impl Former {
@@ -135,6 +147,7 @@ impl Former {
         let mut idle = Vec::new();
         let mut able = HashSet::new();
         let mut parts = Vec::new();
+        let mut lenders = Vec::new();
         for (id, t) in reg.iter() {
             if let Some(s) = &t.beat.stage {
                 parts.push((id.clone(), s.group.clone()));
@@ -149,6 +162,12 @@ impl Former {
                 continue;
             }
             able.insert(id.clone());
+            let lend_mb = if t.beat.lend_mb > 0 {
+                t.beat.lend_mb
+            } else {
+                t.beat.mem_budget_mb
+            };
+            lenders.push((lend_mb, t.beat.device.clone()));
             let refused = self
                 .refused
                 .get(id)
@@ -158,26 +177,44 @@ impl Former {
                 && !in_groups.contains(id)
                 && !refused
             {
-                let lend_mb = if t.beat.lend_mb > 0 {
-                    t.beat.lend_mb
-                } else {
-                    t.beat.mem_budget_mb
-                };
                 idle.push(Candidate {
                     worker: id.clone(),
                     lend_mb,
+                    device: t.beat.device.clone(),
                 });
             }
         }
-        Fleet { idle, able, parts }
+        Fleet {
+            idle,
+            able,
+            parts,
+            lenders,
+        }
     }
 
     async fn pass(&mut self, schedule: &Schedule) {
-        let wanted: HashMap<JobId, (u32, Option<u64>)> = schedule
+        // Jobs that run on groups: those that ask for one, those on one
+        // already, and those no able worker can run alone (the smallest
+        // group that holds them, when their model has layers to split).
+        let lenders = self.fleet().lenders;
+        let wanted: HashMap<JobId, (Option<u32>, Requirements)> = schedule
             .jobs
             .iter()
-            .filter(|j| j.needs.stages > 1 && j.pending + j.running > 0)
-            .map(|j| (j.job.clone(), (j.needs.stages, Some(j.needs.memory_mb))))
+            .filter(|j| j.pending + j.running > 0)
+            .filter_map(|j| {
+                let stages = if j.needs.stages > 1 {
+                    Some(j.needs.stages)
+                } else if let Some(g) = self.formed.get(&j.job) {
+                    Some(g.order.members.len() as u32)
+                } else if !lenders.is_empty()
+                    && !lenders.iter().any(|(mb, dev)| j.needs.met_by(*mb, dev))
+                {
+                    None
+                } else {
+                    return None;
+                };
+                Some((j.job.clone(), (stages, j.needs.clone())))
+            })
             .collect();
         // Groups whose job is over.
         let over: Vec<JobId> = self
@@ -191,18 +228,35 @@ impl Former {
                 tracing::info!(job = %job, group = %g.order.group, "the job is over; its group is released");
                 self.release(&g.order, &g.order.members).await;
             }
+            self.view.set_on_group(&job, false);
             self.specs.remove(&job);
         }
+        self.specs.retain(|j, _| wanted.contains_key(j));
         self.mend().await;
-        for (job, (stages, _)) in &wanted {
+        for (job, (stages, needs)) in &wanted {
             if self.formed.contains_key(job) {
                 continue;
             }
-            let Some((layers, need_mb)) = self.spec(job).await else {
+            let Some(SpecFacts {
+                layers,
+                need_mb,
+                split,
+            }) = self.spec(job, stages.is_some()).await
+            else {
                 continue;
             };
-            let fleet = self.fleet();
-            let members = match plan::form(*stages as usize, layers, need_mb, &fleet.idle) {
+            let mut fleet = self.fleet();
+            // Members run on the devices the job allows.
+            let on_device = Requirements {
+                devices: needs.devices.clone(),
+                ..Requirements::default()
+            };
+            fleet.idle.retain(|c| on_device.met_by(0, &c.device));
+            let formed = match stages {
+                Some(n) => plan::form(*n as usize, layers, need_mb, &fleet.idle, &split),
+                None => plan::smallest(layers, need_mb, &fleet.idle),
+            };
+            let members = match formed {
                 Ok(m) => m,
                 Err(why) => {
                     self.view.set_group_wait(job, Some(why));
@@ -228,6 +282,7 @@ impl Former {
                     members = %describe(&order.members), ms = started.elapsed().as_millis() as u64,
                     "group formed");
                 self.view.set_group_wait(job, None);
+                self.view.set_on_group(job, true);
                 self.formed.insert(
                     job.clone(),
                     Formed {
@@ -313,21 +368,30 @@ impl Former {
         }
     }
 
-    /// The job's layers and memory need, from its spec (read once).
-    async fn spec(&mut self, job: &JobId) -> Option<(u32, u64)> {
+    /// The job's layers, memory need and asked split, from its spec (read
+    /// once). A job that `asked` for a group and has no layer count is
+    /// told why it waits; one formed for because nothing holds it alone
+    /// (an embedding job, say) just is not.
+    async fn spec(&mut self, job: &JobId, asked: bool) -> Option<SpecFacts> {
         if let Some(s) = self.specs.get(job) {
-            return *s;
+            return s.clone();
         }
         let spec: Option<JobSpec> = crate::orphans::read_spec(self.store.as_ref(), job).await;
-        let got = spec.and_then(|s| s.layers.map(|l| (l, s.needs.memory_mb)));
-        if got.is_none() {
+        let got = spec.and_then(|s| {
+            s.layers.map(|layers| SpecFacts {
+                layers,
+                need_mb: s.needs.memory_mb,
+                split: s.stage_split,
+            })
+        });
+        if got.is_none() && asked {
             tracing::warn!(job = %job, "a job asks for a group but its spec names no layer count");
             self.view.set_group_wait(
                 job,
                 Some("its spec names no layer count; push the model again and resubmit".into()),
             );
         }
-        self.specs.insert(job.clone(), got);
+        self.specs.insert(job.clone(), got.clone());
         got
     }
 

@@ -19,10 +19,13 @@ pub struct Candidate {
     pub worker: WorkerId,
     /// Memory it lends, MB (0 = unknown, taken as enough).
     pub lend_mb: u64,
+    /// Its device (`cpu`, `cuda:0`, …).
+    pub device: String,
 }
 
 /// `layers` split over members lending `lends` MB, in order: each range
-/// after the one before, none empty (when `layers >= lends.len()`).
+/// after the one before, none empty (when `layers >= lends.len()`);
+/// weights that sum to `layers` give exactly those counts.
 pub fn ranges(layers: u32, lends: &[u64]) -> Vec<Range<u32>> {
     let n = lends.len() as u32;
     if n == 0 {
@@ -34,13 +37,19 @@ pub fn ranges(layers: u32, lends: &[u64]) -> Vec<Range<u32>> {
         lends.iter().map(|&l| l as f64).collect()
     };
     let total: f64 = weights.iter().sum();
-    // One layer each, then the rest by largest remainder.
-    let spare = layers.saturating_sub(n);
+    // Each its floor of the exact share (at least one), then the rest by
+    // largest remainder; shares that sum to `layers` come out exact.
     let ideal: Vec<f64> = weights
         .iter()
-        .map(|w| w / total * f64::from(spare))
+        .map(|w| w / total * f64::from(layers))
         .collect();
-    let mut counts: Vec<u32> = ideal.iter().map(|x| 1 + x.floor() as u32).collect();
+    let mut counts: Vec<u32> = ideal.iter().map(|x| (x.floor() as u32).max(1)).collect();
+    while counts.iter().sum::<u32>() > layers.max(n) {
+        let Some(most) = (0..counts.len()).max_by_key(|&i| (counts[i], usize::MAX - i)) else {
+            break;
+        };
+        counts[most] -= 1;
+    }
     let mut left = layers.saturating_sub(counts.iter().sum());
     let mut order: Vec<usize> = (0..lends.len()).collect();
     order.sort_by(|&a, &b| {
@@ -76,12 +85,15 @@ fn fits(c: &Candidate, need_mb: u64, held: u32, layers: u32) -> bool {
 
 /// A new group of `stages` members from `idle`, those lending the most
 /// first; or why none forms, in words a user reads ("no group of 2
-/// workers lends 40000 MB").
+/// workers lends 40000 MB"). `split` (empty, or one share per stage)
+/// fixes each stage's share of the layers; the largest shares go to the
+/// members lending the most.
 pub fn form(
     stages: usize,
     layers: u32,
     need_mb: u64,
     idle: &[Candidate],
+    split: &[u32],
 ) -> Result<Vec<GroupMember>, String> {
     if (layers as usize) < stages {
         return Err(format!(
@@ -99,9 +111,24 @@ pub fn form(
             by_lend.len()
         ));
     }
-    let chosen = &by_lend[..stages];
+    let mut chosen = by_lend[..stages].to_vec();
     let lends: Vec<u64> = chosen.iter().map(|c| c.lend_mb).collect();
-    let split = ranges(layers, &lends);
+    let split = if split.len() == stages {
+        let shares: Vec<u64> = split.iter().map(|&s| u64::from(s.max(1))).collect();
+        let fixed = ranges(layers, &shares);
+        // Stage positions by share, largest first, take the members by
+        // lent memory, largest first.
+        let mut places: Vec<usize> = (0..stages).collect();
+        places.sort_by(|&a, &b| fixed[b].len().cmp(&fixed[a].len()).then(a.cmp(&b)));
+        let mut placed = chosen.clone();
+        for (c, &at) in chosen.iter().zip(&places) {
+            placed[at] = c;
+        }
+        chosen = placed;
+        fixed
+    } else {
+        ranges(layers, &lends)
+    };
     for (c, r) in chosen.iter().zip(&split) {
         if !fits(c, need_mb, r.len() as u32, layers) {
             return Err(format!(
@@ -119,6 +146,28 @@ pub fn form(
             end_layer: r.end,
         })
         .collect())
+}
+
+/// Most stages a group has.
+pub const MOST_STAGES: usize = 4;
+
+/// The smallest group (2 to [`MOST_STAGES`] members) from `idle` whose
+/// shares of a model no one worker holds fit; or why none forms.
+pub fn smallest(layers: u32, need_mb: u64, idle: &[Candidate]) -> Result<Vec<GroupMember>, String> {
+    for n in 2..=MOST_STAGES.min(layers as usize) {
+        if let Ok(m) = form(n, layers, need_mb, idle, &[]) {
+            return Ok(m);
+        }
+    }
+    let lent: u64 = {
+        let mut l: Vec<u64> = idle.iter().map(|c| c.lend_mb).collect();
+        l.sort_unstable_by(|a, b| b.cmp(a));
+        l.iter().take(MOST_STAGES).sum()
+    };
+    Err(format!(
+        "no worker lends the {need_mb} MB it needs, and no group of up to {MOST_STAGES} idle workers does ({} idle, lending {lent} MB together at most); it runs when workers that lend enough are idle",
+        idle.len()
+    ))
 }
 
 /// A worker from `idle` to take over `range` of a group: the one lending
@@ -146,7 +195,27 @@ mod tests {
         Candidate {
             worker: WorkerId::new(name).unwrap_or_else(|e| panic!("{e}")),
             lend_mb,
+            device: "cpu".into(),
         }
+    }
+
+    #[test]
+    fn a_model_no_worker_holds_gets_the_smallest_group_that_does() {
+        let idle = [
+            cand("a-1", 12_000),
+            cand("b-1", 12_000),
+            cand("c-1", 12_000),
+            cand("d-1", 12_000),
+        ];
+        let two = smallest(80, 20_000, &idle).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(two.len(), 2);
+        let three = smallest(80, 30_000, &idle).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(three.len(), 3);
+        let e = smallest(80, 60_000, &idle).err().unwrap_or_default();
+        assert!(
+            e.contains("no group of up to 4 idle workers does (4 idle, lending 48000 MB"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -175,6 +244,24 @@ mod tests {
     }
 
     #[test]
+    fn an_asked_split_fixes_the_ranges_and_big_shares_go_to_big_lenders() {
+        let idle = [cand("a-1", 1000), cand("b-1", 3000), cand("c-1", 2000)];
+        let g = form(2, 30, 100, &idle, &[7, 23]).unwrap_or_else(|e| panic!("{e}"));
+        let got: Vec<_> = g
+            .iter()
+            .map(|m| (m.worker.to_string(), m.first_layer, m.end_layer))
+            .collect();
+        assert_eq!(got, [("c-1".into(), 0, 7), ("b-1".into(), 7, 30)]);
+        let g = form(3, 30, 100, &idle, &[1, 1, 1]).unwrap_or_else(|e| panic!("{e}"));
+        let got: Vec<_> = g.iter().map(|m| (m.first_layer, m.end_layer)).collect();
+        assert_eq!(got, [(0, 10), (10, 20), (20, 30)]);
+        // A share a member cannot hold: no group.
+        let tight = [cand("a-1", 600), cand("b-1", 600)];
+        assert!(form(2, 30, 1000, &tight, &[1, 1]).is_ok());
+        assert!(form(2, 30, 1000, &tight, &[1, 3]).is_err());
+    }
+
+    #[test]
     fn a_group_forms_only_where_every_share_fits() {
         let idle = [
             cand("a-1", 30_000),
@@ -182,7 +269,7 @@ mod tests {
             cand("c-1", 10_000),
         ];
         // 40 GB over the two lending most: 24 and 16 GB shares.
-        let g = form(2, 80, 40_000, &idle).unwrap_or_else(|e| panic!("{e}"));
+        let g = form(2, 80, 40_000, &idle, &[]).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(g.len(), 2);
         assert_eq!(g[0].worker.as_str(), "a-1");
         assert_eq!(
@@ -190,10 +277,10 @@ mod tests {
             (0, 48, 80)
         );
         // 60 GB: no two lend enough.
-        let e = form(2, 80, 60_000, &idle).err().unwrap_or_default();
+        let e = form(2, 80, 60_000, &idle, &[]).err().unwrap_or_default();
         assert!(e.contains("no group of 2 workers lends 60000 MB"), "{e}");
         // Too few idle workers.
-        let e = form(4, 80, 10, &idle).err().unwrap_or_default();
+        let e = form(4, 80, 10, &idle, &[]).err().unwrap_or_default();
         assert!(e.contains("3 idle worker(s) of the 4"), "{e}");
         // A replacement for a 15-layer share of a 30-layer, 300 MB model
         // (150 MB): the smallest that fits.

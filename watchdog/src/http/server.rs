@@ -183,11 +183,17 @@ async fn job_view(
             .iter()
             .find(|j| j.job == id)
             .map_or(0, |j| j.needs.stages);
-        facts.sharing = if split > 1 {
-            h.view.group_wait(&id)
-        } else {
-            crate::schedule::why_waiting(&schedule, &id, &lenders)
+        // A job on a group (asked for, or formed because no one worker
+        // holds its model) waits as its group does.
+        let grouped = split > 1 || h.view.on_group(&id);
+        facts.sharing = match h.view.group_wait(&id) {
+            Some(why) => Some(why),
+            None if grouped => None,
+            None => crate::schedule::why_waiting(&schedule, &id, &lenders),
         };
+        if grouped {
+            facts.model_mb = None;
+        }
     }
     let reasons = explain::explain(&p, &facts, &workers, &h.view.queue());
     Ok((p, reasons))

@@ -46,6 +46,8 @@ pub struct View {
     actions: Mutex<std::collections::VecDeque<OperatorAction>>,
     /// Why jobs split by layers wait for their group, by job.
     group_waits: Mutex<std::collections::HashMap<minions_schemas::JobId, String>>,
+    /// Jobs running on a group the former formed.
+    on_groups: Mutex<std::collections::HashSet<minions_schemas::JobId>>,
 }
 
 /// One worker as the dashboard shows it.
@@ -147,6 +149,7 @@ impl View {
             quarantined: Mutex::new(BTreeMap::new()),
             actions: Mutex::new(std::collections::VecDeque::new()),
             group_waits: Mutex::new(std::collections::HashMap::new()),
+            on_groups: Mutex::new(std::collections::HashSet::new()),
         }
     }
 
@@ -161,6 +164,21 @@ impl View {
                 w.remove(job);
             }
         }
+    }
+
+    /// Records whether `job` runs on a group (formed, not yet released).
+    pub fn set_on_group(&self, job: &minions_schemas::JobId, on: bool) {
+        let mut g = lock(&self.on_groups);
+        if on {
+            g.insert(job.clone());
+        } else {
+            g.remove(job);
+        }
+    }
+
+    /// Whether `job` runs on a group.
+    pub fn on_group(&self, job: &minions_schemas::JobId) -> bool {
+        lock(&self.on_groups).contains(job)
     }
 
     /// Why `job` waits for its group, if it does.
