@@ -72,3 +72,39 @@ pub fn generate_all(
         .map(|(i, g)| g.ok_or_else(|| format!("record {i} got no result").into()))
         .collect()
 }
+
+/// `n` one-turn chat prompts ("Explain the moon in two sentences.", …):
+/// 80 distinct, repeated past that; the generation benchmarks' prompts.
+pub fn chat_prompts(n: usize) -> Vec<String> {
+    let topics = [
+        "the moon",
+        "coffee",
+        "volcanoes",
+        "jazz",
+        "honeybees",
+        "winter",
+        "bread",
+        "the ocean",
+        "binary search",
+        "lighthouses",
+        "friendship",
+        "electricity",
+        "maps",
+        "tea",
+        "snow",
+        "rivers",
+        "the Roman Empire",
+        "photosynthesis",
+        "a rainy day",
+        "the number zero",
+    ];
+    let asks = [
+        "Explain {} in two sentences.",
+        "Give me three facts about {}.",
+        "Write a short poem about {}.",
+        "Describe {} to a child.",
+    ];
+    (0..n)
+        .map(|i| asks[(i / topics.len()) % asks.len()].replace("{}", topics[i % topics.len()]))
+        .collect()
+}

@@ -37,7 +37,7 @@ pub use corpus::write_corpus;
 pub use error::{BoxError, Result};
 pub use events::job_events;
 pub use fleet::Fleet;
-pub use greedy::{chat_records, generate_all, greedy_cases};
+pub use greedy::{chat_prompts, chat_records, generate_all, greedy_cases};
 pub use locate::{bin, tool, workspace_root};
 pub use models::{SLOW, real_gguf, real_model_dir, slow_model, tiny_model};
 pub use nats::{NatsServer, role_password, role_passwords};

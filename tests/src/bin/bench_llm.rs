@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use minions_tests::bench::{arg, flag, help, machine, num, utc_now, write_section};
 use minions_tests::ports::wait_logged_port;
-use minions_tests::{Fleet, Proc, Result, out, real_gguf};
+use minions_tests::{Fleet, Proc, Result, chat_prompts, out, real_gguf};
 use minions_worker::model::llm::GgufGenerator;
 use minions_worker::model::llm::llama::{Llama, Step, argmax};
 
@@ -44,40 +44,6 @@ Usage: bench_llm --llama-bin DIR [--write] [FLAGS]
   --width LIST      with --ours-only: sequences per pass to measure (1,32)
   --write           put the Markdown into BENCHMARKS.md between its markers
 ";
-
-fn prompts(n: usize) -> Vec<String> {
-    let topics = [
-        "the moon",
-        "coffee",
-        "volcanoes",
-        "jazz",
-        "honeybees",
-        "winter",
-        "bread",
-        "the ocean",
-        "binary search",
-        "lighthouses",
-        "friendship",
-        "electricity",
-        "maps",
-        "tea",
-        "snow",
-        "rivers",
-        "the Roman Empire",
-        "photosynthesis",
-        "a rainy day",
-        "the number zero",
-    ];
-    let asks = [
-        "Explain {} in two sentences.",
-        "Give me three facts about {}.",
-        "Write a short poem about {}.",
-        "Describe {} to a child.",
-    ];
-    (0..n)
-        .map(|i| asks[(i / topics.len()) % asks.len()].replace("{}", topics[i % topics.len()]))
-        .collect()
-}
 
 /// llama-server at `--parallel p` driven by `p` client threads: generated
 /// tokens/s over all prompts.
@@ -361,7 +327,7 @@ fn main() -> Result<()> {
         .map(|s| s.trim().parse())
         .collect::<std::result::Result<_, _>>()?;
     let model = real_gguf()?;
-    let qs = prompts(n);
+    let qs = chat_prompts(n);
     if flag("--engine-only") {
         let bb = batched_bench(&bin, &model, workers)?;
         let g = GgufGenerator::load(&model, &candle_core::Device::Cpu)?;
