@@ -559,6 +559,7 @@ fn model_file() -> ModelFile {
         name: "model.safetensors".into(),
         bytes: 90_868_376,
         sha256: "cd".repeat(32),
+        chunks: vec!["ab".repeat(32); 6],
     }
 }
 
@@ -751,6 +752,7 @@ fn check_all(c: &mut Checker) -> Res {
             of: 2,
             first_layer: 15,
             end_layer: 30,
+            layer_ns: 41_250,
         }),
     })?;
 

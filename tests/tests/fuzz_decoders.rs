@@ -425,6 +425,7 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
                 name: (*f).into(),
                 bytes: 1234,
                 sha256: "ef".repeat(32),
+                chunks: vec!["12".repeat(32)],
             })
             .collect(),
     };

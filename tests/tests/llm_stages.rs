@@ -737,10 +737,36 @@ mod fleet {
         let served = fleet
             .stage_worker(1, "split1")
             .ok_or("no worker served a stage")?;
+        // Each member fetched only the pieces of the file its layers need.
+        let sliced: Vec<String> = [lead, served]
+            .iter()
+            .map(|&w| {
+                let log = std::fs::read_to_string(&fleet.workers[w].log).unwrap_or_default();
+                let line = log
+                    .lines()
+                    .find(|l| l.contains("a stage's slice of the model is ready"))
+                    .unwrap_or_default()
+                    .to_owned();
+                let field = |k: &str| {
+                    line.split_whitespace()
+                        .find_map(|x| x.strip_prefix(k))
+                        .unwrap_or("?")
+                        .to_owned()
+                };
+                format!("{} of {} pieces", field("pieces="), field("of="))
+            })
+            .collect();
+        assert!(
+            sliced.iter().all(|s| !s.starts_with('?')),
+            "a member did not fetch a slice: {sliced:?}"
+        );
         eprintln!(
-            "split 2 ways, unasked, over worker{} and worker{}: {CASES} records equal one worker's",
+            "split 2 ways, unasked, over worker{} and worker{}: {CASES} records equal one worker's; \
+             the members fetched {} and {} of the file",
             lead + 1,
-            served + 1
+            served + 1,
+            sliced[0],
+            sliced[1]
         );
         // The second stage killed (SIGKILL) once the group has checkpointed
         // records: the spare takes its layers and the job completes, each
@@ -792,6 +818,20 @@ mod fleet {
                 .unwrap_or("?")
                 .to_owned()
         };
+        // Its members had run split1's passes: their measured pace set
+        // the layers (the logs show members as worker[first..end]).
+        let formed = watchdog
+            .lines()
+            .find(|l| l.contains("group formed") && l.contains("g-split2"))
+            .ok_or("no group formed for split2")?;
+        eprintln!(
+            "the second group, by the members' measured pace: {}",
+            formed
+                .split("members=")
+                .nth(1)
+                .and_then(|m| m.split(" ms=").next())
+                .unwrap_or("?")
+        );
         eprintln!(
             "second stage killed: the job completed {:.1} s later; the watchdog replaced it {} ms after it saw it lost; \
              the first stage ran {} record(s) in flight again ({} epoch(s) ended)",

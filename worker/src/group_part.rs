@@ -9,6 +9,7 @@ use minions_schemas::messages::{GroupOrder, HeldStage};
 use tokio_util::sync::CancellationToken;
 
 use crate::model::Model;
+use crate::model::llm::pace::Pace;
 
 /// Points a part at a re-formed group: the order and this worker's place
 /// in it.
@@ -26,6 +27,8 @@ pub(crate) struct Part {
     pub(crate) regroup: Regroup,
     /// Ends the part's tasks (the stage served, the replies read).
     pub(crate) stop: CancellationToken,
+    /// How fast it runs its layers.
+    pub(crate) pace: Arc<Pace>,
 }
 
 /// This worker's group, if any.
@@ -47,7 +50,10 @@ impl Groups {
     /// The stage held, for the heartbeat.
     pub(crate) fn stage(&self) -> Option<HeldStage> {
         let part = self.part.lock().unwrap_or_else(|p| p.into_inner());
-        part.as_ref().map(|p| p.held.clone())
+        part.as_ref().map(|p| HeldStage {
+            layer_ns: p.pace.ns_per_layer_token(),
+            ..p.held.clone()
+        })
     }
 
     /// Takes a newer epoch of the group held when this worker keeps the

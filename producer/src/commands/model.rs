@@ -7,7 +7,9 @@
 use std::path::Path;
 
 use anyhow::{Context, bail};
-use minions_schemas::messages::{ModelFamily, ModelFile, ModelManifest, ModelRecord};
+use minions_schemas::messages::{
+    MODEL_CHUNK_BYTES, ModelFamily, ModelFile, ModelManifest, ModelRecord,
+};
 use minions_schemas::time::now_ms;
 use minions_schemas::{ModelName, SCHEMA_VERSION, encode, keys};
 use object_store::ObjectStoreExt;
@@ -67,13 +69,40 @@ fn is_gguf(name: &str) -> bool {
         .is_some_and(|x| x.eq_ignore_ascii_case("gguf"))
 }
 
-fn hash_file(path: &Path) -> anyhow::Result<(u64, String)> {
-    let mut f =
-        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let mut h = Sha256::new();
-    let n =
-        std::io::copy(&mut f, &mut h).with_context(|| format!("cannot read {}", path.display()))?;
-    Ok((n, hex::encode(h.finalize())))
+/// The file's size and SHA-256, and with `chunked` the SHA-256 of each
+/// [`MODEL_CHUNK_BYTES`] piece (for a group's stage to fetch only some).
+fn hash_file(path: &Path, chunked: bool) -> anyhow::Result<(u64, String, Vec<String>)> {
+    use std::io::Read as _;
+    let f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut f = std::io::BufReader::with_capacity(1 << 20, f);
+    let mut whole = Sha256::new();
+    let mut chunks = Vec::new();
+    let mut n = 0u64;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let mut piece = Sha256::new();
+        let mut got = 0u64;
+        while got < MODEL_CHUNK_BYTES {
+            let want = (MODEL_CHUNK_BYTES - got).min(buf.len() as u64) as usize;
+            let r = f
+                .read(&mut buf[..want])
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            if r == 0 {
+                break;
+            }
+            whole.update(&buf[..r]);
+            piece.update(&buf[..r]);
+            got += r as u64;
+        }
+        n += got;
+        if got > 0 && chunked {
+            chunks.push(hex::encode(piece.finalize()));
+        }
+        if got < MODEL_CHUNK_BYTES {
+            break;
+        }
+    }
+    Ok((n, hex::encode(whole.finalize()), chunks))
 }
 
 /// Runs `minions model push`; prints the model hash on stdout.
@@ -141,11 +170,14 @@ pub async fn push(endpoints: &Endpoints, args: ModelPushArgs) -> anyhow::Result<
     let mut files = Vec::new();
     for n in &names {
         let path = dir.join(n);
-        let (bytes, sha256) = tokio::task::spawn_blocking(move || hash_file(&path)).await??;
+        let chunked = is_gguf(n);
+        let (bytes, sha256, chunks) =
+            tokio::task::spawn_blocking(move || hash_file(&path, chunked)).await??;
         files.push(ModelFile {
             name: n.clone(),
             bytes,
             sha256,
+            chunks,
         });
     }
     let manifest = ModelManifest {

@@ -60,6 +60,11 @@ pub struct HeldStage {
     pub first_layer: u32,
     /// See [`HeldStage::first_layer`].
     pub end_layer: u32,
+    /// Mean nanoseconds its passes took per layer per token so far (0: none
+    /// measured yet): the watchdog gives faster members more layers when
+    /// it forms a group.
+    #[serde(default)]
+    pub layer_ns: u32,
 }
 
 impl HeldStage {

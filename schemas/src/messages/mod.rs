@@ -40,7 +40,7 @@ pub use heartbeat::{Heartbeat, InFlight, PowerReading};
 pub use job_manifest::{JobManifest, ManifestShard};
 pub use job_request::{JobAction, JobAnswer, JobRequest};
 pub use job_spec::{DEFAULT_TEAM, InputDescription, JobSpec};
-pub use model::{ModelFamily, ModelFile, ModelManifest, ModelRecord, Precision};
+pub use model::{MODEL_CHUNK_BYTES, ModelFamily, ModelFile, ModelManifest, ModelRecord, Precision};
 pub use provenance::{DEVICE_PATH_KERNEL, Provenance};
 pub use quarantine::Quarantine;
 pub use schedule::{Priority, QueuedJob, Requirements, Schedule, TeamPolicy, TeamShare};

@@ -129,6 +129,27 @@ pub struct ModelFile {
     pub bytes: u64,
     /// SHA-256 of the content, hex.
     pub sha256: String,
+    /// SHA-256 (hex) of each [`MODEL_CHUNK_BYTES`] piece of the file in
+    /// order, the last one shorter where the size is not a multiple; set
+    /// for GGUF files, so a group's stage fetches and checks only the
+    /// pieces that hold its layers. Empty: the file is fetched whole.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chunks: Vec<String>,
+}
+
+/// The piece of a model file each [`ModelFile::chunks`] hash covers.
+pub const MODEL_CHUNK_BYTES: u64 = 16 << 20;
+
+impl ModelFile {
+    /// Pieces a file of `bytes` is cut into for [`ModelFile::chunks`].
+    pub fn chunk_count(bytes: u64) -> u64 {
+        bytes.div_ceil(MODEL_CHUNK_BYTES)
+    }
+
+    /// Whether `chunks` holds one hash per piece of the file (or none).
+    pub fn chunks_agree(&self) -> bool {
+        self.chunks.is_empty() || self.chunks.len() as u64 == Self::chunk_count(self.bytes)
+    }
 }
 
 /// A model's content: its family and files. The model's hash is the SHA-256
@@ -204,6 +225,7 @@ mod tests {
                     name: (*n).into(),
                     bytes: 1,
                     sha256: (*h).into(),
+                    chunks: Vec::new(),
                 })
                 .collect(),
         }

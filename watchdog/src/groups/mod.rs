@@ -12,7 +12,9 @@
 //!   layers and drop their caches; the leader runs the records in flight
 //!   again);
 //! - a job without a group gets one when enough idle workers lend enough
-//!   memory; why not is kept for the job's "why is it waiting". A
+//!   memory (layers in proportion to the members' measured pace as
+//!   stages where all have one and the shares fit, else to the memory
+//!   they lend); why not is kept for the job's "why is it waiting". A
 //!   generation job that no able worker lends enough for gets one
 //!   without asking: the smallest group (2 to 4) whose shares fit;
 //! - a worker whose heartbeat shows a part in a group this watchdog did
@@ -89,6 +91,8 @@ struct Former {
     refused: HashMap<WorkerId, Instant>,
     /// Workers told to let a stray part go, and when.
     released: HashMap<WorkerId, Instant>,
+    /// Each worker's last measured pace as a stage, ns per layer-token.
+    paces: HashMap<WorkerId, u32>,
 }
 
 /// Forms and mends groups until `stop`.
@@ -108,6 +112,7 @@ pub async fn run(
         specs: HashMap::new(),
         refused: HashMap::new(),
         released: HashMap::new(),
+        paces: HashMap::new(),
     };
     let mut tick = tokio::time::interval(f.settings.every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -137,6 +142,18 @@ struct Fleet {
 }
 
 impl Former {
+    /// Keeps the pace each member's heartbeat shows.
+    fn note_paces(&mut self) {
+        let reg = self.view.registry();
+        for (id, t) in reg.iter() {
+            if let Some(s) = &t.beat.stage
+                && s.layer_ns > 0
+            {
+                self.paces.insert(id.clone(), s.layer_ns);
+            }
+        }
+    }
+
     fn fleet(&self) -> Fleet {
         let in_groups: HashSet<&WorkerId> = self
             .formed
@@ -181,6 +198,7 @@ impl Former {
                     worker: id.clone(),
                     lend_mb,
                     device: t.beat.device.clone(),
+                    layer_ns: self.paces.get(id).copied().unwrap_or(0),
                 });
             }
         }
@@ -196,6 +214,7 @@ impl Former {
         // Jobs that run on groups: those that ask for one, those on one
         // already, and those no able worker can run alone (the smallest
         // group that holds them, when their model has layers to split).
+        self.note_paces();
         let lenders = self.fleet().lenders;
         let wanted: HashMap<JobId, (Option<u32>, Requirements)> = schedule
             .jobs

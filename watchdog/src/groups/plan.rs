@@ -21,6 +21,9 @@ pub struct Candidate {
     pub lend_mb: u64,
     /// Its device (`cpu`, `cuda:0`, …).
     pub device: String,
+    /// Nanoseconds per layer per token it took as a stage (0: never
+    /// measured).
+    pub layer_ns: u32,
 }
 
 /// `layers` split over members lending `lends` MB, in order: each range
@@ -127,7 +130,7 @@ pub fn form(
         chosen = placed;
         fixed
     } else {
-        ranges(layers, &lends)
+        by_speed(layers, need_mb, &chosen).unwrap_or_else(|| ranges(layers, &lends))
     };
     for (c, r) in chosen.iter().zip(&split) {
         if !fits(c, need_mb, r.len() as u32, layers) {
@@ -146,6 +149,27 @@ pub fn form(
             end_layer: r.end,
         })
         .collect())
+}
+
+/// Ranges in proportion to each member's measured speed, when every
+/// member has one and every share fits what it lends; `None` otherwise
+/// (the caller shares by lent memory).
+fn by_speed(layers: u32, need_mb: u64, chosen: &[&Candidate]) -> Option<Vec<Range<u32>>> {
+    if chosen.iter().any(|c| c.layer_ns == 0) {
+        return None;
+    }
+    // Speeds scaled to whole numbers: the slowest member weighs 1000.
+    let slowest = chosen.iter().map(|c| c.layer_ns).max()?;
+    let speeds: Vec<u64> = chosen
+        .iter()
+        .map(|c| u64::from(slowest) * 1000 / u64::from(c.layer_ns).max(1))
+        .collect();
+    let r = ranges(layers, &speeds);
+    chosen
+        .iter()
+        .zip(&r)
+        .all(|(c, r)| fits(c, need_mb, r.len() as u32, layers))
+        .then_some(r)
 }
 
 /// Most stages a group has.
@@ -196,7 +220,31 @@ mod tests {
             worker: WorkerId::new(name).unwrap_or_else(|e| panic!("{e}")),
             lend_mb,
             device: "cpu".into(),
+            layer_ns: 0,
         }
+    }
+
+    #[test]
+    fn measured_speed_shares_layers_where_memory_allows() {
+        let fast = |name: &str, lend_mb: u64, layer_ns: u32| Candidate {
+            layer_ns,
+            ..cand(name, lend_mb)
+        };
+        // Twice as fast: twice the layers.
+        let idle = [fast("a-1", 8000, 1000), fast("b-1", 8000, 2000)];
+        let g = form(2, 30, 1000, &idle, &[]).unwrap_or_else(|e| panic!("{e}"));
+        let got: Vec<_> = g.iter().map(|m| (m.first_layer, m.end_layer)).collect();
+        assert_eq!(got, [(0, 20), (20, 30)]);
+        // Unless the fast one cannot hold 20 of 30 layers of 1000 MB: then
+        // by lent memory.
+        let idle = [fast("a-1", 600, 1000), fast("b-1", 600, 2000)];
+        let g = form(2, 30, 1000, &idle, &[]).unwrap_or_else(|e| panic!("{e}"));
+        let got: Vec<_> = g.iter().map(|m| (m.first_layer, m.end_layer)).collect();
+        assert_eq!(got, [(0, 15), (15, 30)]);
+        // One never measured: by lent memory.
+        let idle = [fast("a-1", 8000, 1000), fast("b-1", 8000, 0)];
+        let g = form(2, 30, 1000, &idle, &[]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(g[0].end_layer, 15);
     }
 
     #[test]

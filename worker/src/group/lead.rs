@@ -10,7 +10,6 @@
 //! their seeds.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use minions_schemas::messages::{Generation, GenerationRecord, GroupOrder, ModelFamily};
@@ -19,8 +18,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::link::{LinkMsg, NatsLink};
 use crate::context::Ctx;
+use crate::model::llm::pace::Pace;
 use crate::model::llm::pipeline::{Split, generate_split};
-use crate::model::llm::{GenControl, GenLimits, GgufGenerator};
+use crate::model::llm::{GenControl, GenLimits, GgufGenerator, GgufPieces};
 use crate::model::{Model, ModelError};
 
 /// Runs of the records left in the same group, each in a new epoch, before
@@ -42,21 +42,22 @@ struct SplitGenerator {
 }
 
 /// Loads the first stage for `order` (layers `range` of the model in
-/// `dir`) and opens its link; the link's listener ends with `stop`.
-/// Returns the model and the way to tell it of a re-formed group
-/// ([`regroup`]).
+/// `pieces`) and opens its link; the link's listener ends with `stop`.
+/// Returns the model, the way to tell it of a re-formed group
+/// ([`regroup`]) and how fast it runs its layers.
 pub(super) async fn start(
     ctx: &Arc<Ctx>,
     order: &GroupOrder,
-    dir: PathBuf,
+    pieces: GgufPieces,
     range: std::ops::Range<usize>,
     stop: CancellationToken,
-) -> Result<(Arc<dyn Model>, std::sync::mpsc::Sender<LinkMsg>), ModelError> {
+) -> Result<(Arc<dyn Model>, std::sync::mpsc::Sender<LinkMsg>, Arc<Pace>), ModelError> {
     let (device, path) = (ctx.cache.device().clone(), ctx.cache.engine_path());
-    let generator =
-        tokio::task::spawn_blocking(move || GgufGenerator::load_stage(&dir, &device, path, range))
-            .await
-            .map_err(|e| ModelError::Compute(candle_core::Error::Msg(e.to_string())))??;
+    let generator = tokio::task::spawn_blocking(move || {
+        GgufGenerator::load_stage_pieces(&pieces, &device, path, range)
+    })
+    .await
+    .map_err(|e| ModelError::Compute(candle_core::Error::Msg(e.to_string())))??;
     let layers = generator.model().config().layers as u32;
     let last = order.members.last().map_or(0, |m| m.end_layer);
     if last != layers {
@@ -83,11 +84,12 @@ pub(super) async fn start(
         2 * order.members.len(),
         widest,
     );
+    let pace = split.pace.clone();
     let model: Arc<dyn Model> = Arc::new(SplitGenerator {
         generator,
         run: Mutex::new((split, link)),
     });
-    Ok((model, regroup))
+    Ok((model, regroup, pace))
 }
 
 /// Tells a first stage's generation loop that its group was re-formed as

@@ -125,7 +125,10 @@ async fn take(ctx: &Arc<Ctx>, order: &GroupOrder) -> Result<(String, u64), Model
             "group re-formed; this stage goes on");
         return Ok((format!("stage {index}: re-formed, layers kept"), 0));
     }
-    let (_, dir) = ctx.cache.files(&order.model_hash).await?;
+    let pieces = ctx
+        .cache
+        .stage_pieces(&order.model_hash, range.clone())
+        .await?;
     let stop = CancellationToken::new();
     tracing::info!(group = %order.group, epoch = order.epoch, stage = index, layers = ?range,
         job = %order.job, by = %order.by, "joining a group");
@@ -133,21 +136,23 @@ async fn take(ctx: &Arc<Ctx>, order: &GroupOrder) -> Result<(String, u64), Model
     ctx.groups.replace(None);
     ctx.sched.set_lead(None);
     ctx.sched.set_serving(false);
-    let (model, regroup, weight_bytes): (_, crate::group_part::Regroup, _) = if index == 0 {
-        let (model, to) = lead::start(ctx, order, dir, range, stop.clone()).await?;
+    let (model, regroup, weight_bytes, pace): (_, crate::group_part::Regroup, _, _) = if index == 0
+    {
+        let (model, to, pace) = lead::start(ctx, order, pieces, range, stop.clone()).await?;
         let bytes = model.memory_bytes();
         let to = std::sync::Mutex::new(to);
         let regroup = Box::new(move |o: &GroupOrder, _: usize| {
             let to = to.lock().unwrap_or_else(|p| p.into_inner());
             lead::regroup(&to, o);
         });
-        (Some(model), regroup, bytes)
+        (Some(model), regroup, bytes, pace)
     } else {
-        let (targets, bytes) = serve::start(ctx, order, index, dir, range, stop.clone()).await?;
+        let (targets, bytes, pace) =
+            serve::start(ctx, order, index, pieces, range, stop.clone()).await?;
         let regroup = Box::new(move |o: &GroupOrder, i: usize| {
             targets.send_replace(serve::Targets::of(o, i));
         });
-        (None, regroup, bytes)
+        (None, regroup, bytes, pace)
     };
     let leads = model.is_some();
     ctx.groups.replace(Some(Part {
@@ -158,11 +163,13 @@ async fn take(ctx: &Arc<Ctx>, order: &GroupOrder) -> Result<(String, u64), Model
             of: order.members.len() as u32,
             first_layer: m.first_layer,
             end_layer: m.end_layer,
+            layer_ns: 0,
         },
         job: order.job.clone(),
         model,
         regroup,
         stop,
+        pace,
     }));
     if leads {
         ctx.sched.set_lead(Some(order.job.clone()));

@@ -4,7 +4,6 @@
 //! next stage, or, from the last, back to the first. Everything ends, and
 //! the layers' memory is freed, when the part's `stop` fires.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -16,9 +15,10 @@ use tokio_util::sync::CancellationToken;
 use crate::context::Ctx;
 use crate::model::ModelError;
 use crate::model::llm::llama::Llama;
+use crate::model::llm::pace::Pace;
 use crate::model::llm::stage::StageServer;
 use crate::model::llm::stage_wire::{Outgoing, StageEnd, Taken};
-use crate::model::llm::{GgufFile, find_gguf};
+use crate::model::llm::{GgufFile, GgufPieces};
 
 /// Where a stage's output goes: the next stage's subject (the first
 /// stage's reply subject from the last), and the first stage's, for
@@ -41,20 +41,20 @@ impl Targets {
     }
 }
 
-/// Loads stage `index` of `order` (layers `range` of the model in `dir`)
+/// Loads stage `index` of `order` (layers `range` of the model in `pieces`)
 /// and serves it until `stop`; returns the way to point it at new
-/// members, and the bytes its weights take.
+/// members, the bytes its weights take and how fast it runs its layers.
 pub(super) async fn start(
     ctx: &Arc<Ctx>,
     order: &GroupOrder,
     index: usize,
-    dir: PathBuf,
+    pieces: GgufPieces,
     range: std::ops::Range<usize>,
     stop: CancellationToken,
-) -> Result<(tokio::sync::watch::Sender<Targets>, u64), ModelError> {
+) -> Result<(tokio::sync::watch::Sender<Targets>, u64, Arc<Pace>), ModelError> {
     let (device, path) = (ctx.cache.device().clone(), ctx.cache.engine_path());
     let (model, weight_bytes) = tokio::task::spawn_blocking(move || {
-        let mut file = GgufFile::open(&find_gguf(&dir)?)?;
+        let mut file = GgufFile::open_pieces(&pieces)?;
         let all = file.tensor_bytes();
         let model = Llama::load_stage(&mut file, &device, path, range)?;
         let layers = model.config().layers.max(1) as u64;
@@ -64,6 +64,7 @@ pub(super) async fn start(
     .await
     .map_err(|e| ModelError::Compute(candle_core::Error::Msg(e.to_string())))??;
     let mut end = StageEnd::new(StageServer::new(model, &order.group)?, index);
+    let pace = end.pace();
     let (targets, to) = tokio::sync::watch::channel(Targets::of(order, index));
     let lost = |e: &dyn std::fmt::Display| ModelError::StageLost(format!("serving a stage: {e}"));
     let mut passes = ctx
@@ -124,5 +125,5 @@ pub(super) async fn start(
         }
         tracing::info!(group = %group, "stage let go");
     });
-    Ok((targets, weight_bytes))
+    Ok((targets, weight_bytes, pace))
 }

@@ -17,6 +17,8 @@ use tokio::sync::OnceCell;
 
 use super::{Model, ModelError};
 
+mod slice;
+
 /// A store failure while fetching a model.
 fn store_err(e: object_store::Error) -> ModelError {
     ModelError::Store(Box::new(e))
@@ -168,15 +170,6 @@ impl ModelCache {
             })
             .await?;
         Ok(model.clone())
-    }
-
-    /// The folder of model `hash` on disk, fetched and verified on first
-    /// use, and its manifest (for a group's stage, which loads only part
-    /// of it).
-    pub async fn files(&self, hash: &ModelHash) -> Result<(ModelManifest, PathBuf), ModelError> {
-        let manifest = self.fetch_manifest(hash).await?;
-        let dir = self.fetch_files(hash, &manifest).await?;
-        Ok((manifest, dir))
     }
 
     /// The models loaded now (any precision): a worker prefers jobs that

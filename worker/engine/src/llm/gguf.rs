@@ -25,6 +25,20 @@ pub struct GgufFile {
     path: PathBuf,
     content: Content,
     reader: BufReader<File>,
+    /// The byte ranges the file holds, where it is a stage's slice (the
+    /// rest was never fetched); `None`: all of it.
+    present: Option<Vec<std::ops::Range<u64>>>,
+}
+
+/// A GGUF file on disk: whole, or a group stage's slice of one that holds
+/// only `present` (sorted, merged byte ranges) and reads as zeros
+/// elsewhere; a tensor outside them is refused, never read.
+#[derive(Debug, Clone)]
+pub struct GgufPieces {
+    /// The file.
+    pub path: PathBuf,
+    /// The byte ranges it holds; `None`: all of it.
+    pub present: Option<Vec<std::ops::Range<u64>>>,
 }
 
 fn invalid(path: &Path, reason: impl std::fmt::Display) -> ModelError {
@@ -80,7 +94,32 @@ impl GgufFile {
             path: path.to_owned(),
             content,
             reader,
+            present: None,
         })
+    }
+
+    /// Opens `pieces`: a whole file as [`GgufFile::open`] does, a slice
+    /// with its header inside what it holds.
+    pub fn open_pieces(pieces: &GgufPieces) -> Result<Self, ModelError> {
+        let path = &pieces.path;
+        if let Some(present) = &pieces.present {
+            // The header is read before anything else: it must be there.
+            let header = 0..1;
+            if !crate::llm::gguf_slice::covered(present, &header) {
+                return Err(invalid(path, "the slice does not hold the file's header"));
+            }
+        }
+        let mut f = Self::open(path)?;
+        if let Some(present) = &pieces.present
+            && !crate::llm::gguf_slice::covered(present, &(0..f.content.tensor_data_offset))
+        {
+            return Err(invalid(
+                path,
+                "the slice does not hold the file's whole header",
+            ));
+        }
+        f.present = pieces.present.clone();
+        Ok(f)
     }
 
     /// The file's path, for errors.
@@ -208,8 +247,19 @@ impl GgufFile {
 
     /// Reads tensor `name` onto `device`.
     pub fn tensor(&mut self, name: &str, device: &Device) -> Result<QTensor, ModelError> {
-        if !self.has_tensor(name) {
+        let Some(info) = self.content.tensor_infos.get(name) else {
             return Err(invalid(&self.path, format!("tensor {name} is missing")));
+        };
+        if let Some(present) = &self.present {
+            let block = info.ggml_dtype.block_size().max(1);
+            let bytes = (info.shape.elem_count() / block * info.ggml_dtype.type_size()) as u64;
+            let start = self.content.tensor_data_offset + info.offset;
+            if !crate::llm::gguf_slice::covered(present, &(start..start + bytes)) {
+                return Err(invalid(
+                    &self.path,
+                    format!("tensor {name} is not in this stage's slice of the file"),
+                ));
+            }
         }
         self.content
             .tensor(&mut self.reader, name, device)

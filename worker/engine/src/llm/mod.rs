@@ -17,7 +17,9 @@ mod attention;
 pub mod chat;
 pub mod generate;
 pub mod gguf;
+pub mod gguf_slice;
 pub mod llama;
+pub mod pace;
 pub mod pipeline;
 pub mod sampler;
 pub mod stage;
@@ -31,7 +33,7 @@ use minions_schemas::messages::{Generation, GenerationRecord, ModelFamily, Promp
 
 pub use chat::{ChatMessage, ChatTemplate};
 pub use generate::{GenControl, GenLimits, Prepared};
-pub use gguf::{GgufFile, LlamaConfig};
+pub use gguf::{GgufFile, GgufPieces, LlamaConfig};
 pub use llama::Llama;
 pub use tokenizer::GgufTokenizer;
 
@@ -88,7 +90,16 @@ impl GgufGenerator {
         device: &Device,
         engine_path: EnginePath,
     ) -> Result<Self, ModelError> {
-        Self::load_part(dir, device, engine_path, None)
+        let path = find_gguf(dir)?;
+        Self::load_part(
+            &GgufPieces {
+                path,
+                present: None,
+            },
+            device,
+            engine_path,
+            None,
+        )
     }
 
     /// Loads the tokenizer and one stage of the model in `dir`: the layers
@@ -99,17 +110,37 @@ impl GgufGenerator {
         engine_path: EnginePath,
         range: std::ops::Range<usize>,
     ) -> Result<Self, ModelError> {
-        Self::load_part(dir, device, engine_path, Some(range))
+        let path = find_gguf(dir)?;
+        Self::load_part(
+            &GgufPieces {
+                path,
+                present: None,
+            },
+            device,
+            engine_path,
+            Some(range),
+        )
+    }
+
+    /// As [`GgufGenerator::load_stage`], from `pieces`: the whole file or
+    /// a stage's slice of it that holds what `range` reads.
+    pub fn load_stage_pieces(
+        pieces: &GgufPieces,
+        device: &Device,
+        engine_path: EnginePath,
+        range: std::ops::Range<usize>,
+    ) -> Result<Self, ModelError> {
+        Self::load_part(pieces, device, engine_path, Some(range))
     }
 
     fn load_part(
-        dir: &Path,
+        pieces: &GgufPieces,
         device: &Device,
         engine_path: EnginePath,
         range: Option<std::ops::Range<usize>>,
     ) -> Result<Self, ModelError> {
-        let path = find_gguf(dir)?;
-        let mut file = GgufFile::open(&path)?;
+        let path = &pieces.path;
+        let mut file = GgufFile::open_pieces(pieces)?;
         let tokenizer = GgufTokenizer::from_gguf(&file)?;
         let template = match file.metadata().get("tokenizer.chat_template") {
             Some(_) => Some(ChatTemplate::new(

@@ -65,6 +65,8 @@ pub struct Split {
     /// Records that were running (admitted, not finished) when the last
     /// run ended: after a lost stage, those run again from their prompts.
     pub in_flight: usize,
+    /// How fast the first stage runs its own layers.
+    pub pace: std::sync::Arc<super::pace::Pace>,
 }
 
 impl Split {
@@ -79,6 +81,7 @@ impl Split {
             next_seq: 0,
             unsettled: false,
             in_flight: 0,
+            pace: Default::default(),
         }
     }
 
@@ -406,7 +409,13 @@ fn launch(
         steps.push(Step { cache, tokens });
         stepped.push((i, sample));
     }
-    let hidden = match first.forward_stage(&mut steps, None, false)? {
+    let rows: u64 = steps.iter().map(|s| s.tokens.len() as u64).sum();
+    let started = std::time::Instant::now();
+    let out = first.forward_stage(&mut steps, None, false)?;
+    split
+        .pace
+        .record(started.elapsed(), first.layers().len(), rows);
+    let hidden = match out {
         StageOut::Hidden(h) => h.flatten_all()?.to_vec1::<f32>()?,
         StageOut::Logits(_) => {
             return Err(ModelError::Invalid {

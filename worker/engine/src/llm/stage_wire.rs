@@ -73,6 +73,8 @@ pub struct StageEnd {
     parts: Assembler,
     /// Which stage this is, for refusals (1 for the second).
     index: usize,
+    /// How fast it runs its layers.
+    pace: std::sync::Arc<super::pace::Pace>,
 }
 
 impl StageEnd {
@@ -83,7 +85,13 @@ impl StageEnd {
             server,
             parts: Assembler::default(),
             index,
+            pace: Default::default(),
         }
+    }
+
+    /// How fast this stage runs its layers, shared (for the heartbeat).
+    pub fn pace(&self) -> std::sync::Arc<super::pace::Pace> {
+        self.pace.clone()
     }
 
     /// The stage behind it.
@@ -111,7 +119,13 @@ impl StageEnd {
             Ok(p) => p,
             Err(e) => return self.refuse(epoch, pass, e.to_string()),
         };
-        match self.server.run(p) {
+        let (rows, started) = (p.rows(), std::time::Instant::now());
+        let ran = self.server.run(p);
+        if ran.is_ok() {
+            self.pace
+                .record(started.elapsed(), self.server.layers().len(), rows);
+        }
+        match ran {
             Ok(StageAnswer::Forward(next)) => Ok(Taken::Send(Outgoing::Next(pass_parts(&next)?))),
             Ok(StageAnswer::Reply(reply)) => Ok(Taken::Send(Outgoing::First(reply_parts(&reply)?))),
             Err(r @ StageRefusal::Stale { .. }) => Ok(Taken::Dropped(r.to_string())),
