@@ -7,6 +7,10 @@
 # CI never build llama.cpp.
 #   bash deploy/llama_cpp.sh              # prints .tools/llama.cpp/build/bin
 #   bash deploy/llama_cpp.sh --reference  # prints .tools/llama.cpp/build-v3/bin
+#   bash deploy/llama_cpp.sh --rpc        # prints .tools/llama.cpp/build-rpc/bin
+# --rpc builds, for this CPU, with llama.cpp's RPC backend (-DGGML_RPC=ON):
+# ggml-rpc-server and llama-batched-bench, whose --rpc splits a model's layers
+# over rpc-servers (the peer figure for a model split across machines).
 # The default build is tuned for this CPU (-march=native), what a user
 # deploys and what the benchmarks compare with. --reference builds for
 # x86-64-v3 (AVX2, FMA, F16C; no AVX-512), whatever the CPU: the reference
@@ -22,8 +26,13 @@ if [[ "${1:-}" == "--reference" ]]; then
   build="build-v3"
   isa=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
 fi
-bin="$dest/$build/bin"
 targets=(llama-tokenize llama-perplexity llama-batched-bench llama-server)
+if [[ "${1:-}" == "--rpc" ]]; then
+  build="build-rpc"
+  isa=(-DGGML_NATIVE=ON -DGGML_RPC=ON)
+  targets=(ggml-rpc-server llama-batched-bench)
+fi
+bin="$dest/$build/bin"
 if [[ -f "$dest/.built-$build-$version" ]]; then
   echo "$bin"
   exit 0
