@@ -249,7 +249,7 @@ pub fn why_waiting(schedule: &Schedule, job: &JobId, workers: &[(u64, String)]) 
     if q.pending == 0 {
         return None;
     }
-    if !workers.is_empty() && !workers.iter().any(|(mb, dev)| q.needs.met_by(*mb, dev)) {
+    if !workers.is_empty() && !q.needs.met_by_any(workers) {
         let devices = if q.needs.devices.is_empty() {
             String::new()
         } else {

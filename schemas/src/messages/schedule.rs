@@ -75,6 +75,12 @@ impl Requirements {
         let dev_ok = self.devices.is_empty() || self.devices.iter().any(|d| d == kind);
         mem_ok && dev_ok
     }
+
+    /// Whether any of `lenders` (memory lent in MB, device) can run the
+    /// job alone ([`Requirements::met_by`]).
+    pub fn met_by_any(&self, lenders: &[(u64, String)]) -> bool {
+        lenders.iter().any(|(mb, dev)| self.met_by(*mb, dev))
+    }
 }
 
 /// A team's standing in the fleet's policy, stored in the teams bucket

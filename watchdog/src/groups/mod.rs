@@ -225,9 +225,7 @@ impl Former {
                     Some(j.needs.stages)
                 } else if let Some(g) = self.formed.get(&j.job) {
                     Some(g.order.members.len() as u32)
-                } else if !lenders.is_empty()
-                    && !lenders.iter().any(|(mb, dev)| j.needs.met_by(*mb, dev))
-                {
+                } else if !lenders.is_empty() && !j.needs.met_by_any(&lenders) {
                     None
                 } else {
                     return None;

@@ -41,6 +41,16 @@ pub struct GgufPieces {
     pub present: Option<Vec<std::ops::Range<u64>>>,
 }
 
+impl GgufPieces {
+    /// The whole file at `path`.
+    pub fn whole(path: PathBuf) -> Self {
+        Self {
+            path,
+            present: None,
+        }
+    }
+}
+
 fn invalid(path: &Path, reason: impl std::fmt::Display) -> ModelError {
     ModelError::Invalid {
         family: "llm-generation",
@@ -71,13 +81,10 @@ impl GgufFile {
             )
         })?;
         for (name, info) in &content.tensor_infos {
-            let elems = info.shape.elem_count();
-            let block = info.ggml_dtype.block_size();
-            let bytes = (elems / block.max(1)) * info.ggml_dtype.type_size();
             let end = content
                 .tensor_data_offset
                 .checked_add(info.offset)
-                .and_then(|o| o.checked_add(bytes as u64));
+                .and_then(|o| o.checked_add(stored_bytes(info)));
             match end {
                 Some(end) if end <= len => {}
                 _ => {
@@ -251,10 +258,8 @@ impl GgufFile {
             return Err(invalid(&self.path, format!("tensor {name} is missing")));
         };
         if let Some(present) = &self.present {
-            let block = info.ggml_dtype.block_size().max(1);
-            let bytes = (info.shape.elem_count() / block * info.ggml_dtype.type_size()) as u64;
             let start = self.content.tensor_data_offset + info.offset;
-            if !crate::llm::gguf_slice::covered(present, &(start..start + bytes)) {
+            if !crate::llm::gguf_slice::covered(present, &(start..start + stored_bytes(info))) {
                 return Err(invalid(
                     &self.path,
                     format!("tensor {name} is not in this stage's slice of the file"),
@@ -268,15 +273,14 @@ impl GgufFile {
 
     /// Bytes of all tensors together (what the weights take in memory).
     pub fn tensor_bytes(&self) -> u64 {
-        self.content
-            .tensor_infos
-            .values()
-            .map(|i| {
-                let block = i.ggml_dtype.block_size().max(1);
-                (i.shape.elem_count() / block * i.ggml_dtype.type_size()) as u64
-            })
-            .sum()
+        self.content.tensor_infos.values().map(stored_bytes).sum()
     }
+}
+
+/// Bytes a tensor takes in the file (and quantized, in memory).
+pub(crate) fn stored_bytes(info: &candle_core::quantized::gguf_file::TensorInfo) -> u64 {
+    let block = info.ggml_dtype.block_size().max(1);
+    (info.shape.elem_count() / block * info.ggml_dtype.type_size()) as u64
 }
 
 /// A llama-family transformer's shape, from `<arch>.*` metadata.

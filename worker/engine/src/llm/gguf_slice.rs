@@ -51,10 +51,8 @@ impl GgufLayout {
         };
         let mut tensors = Vec::with_capacity(content.tensor_infos.len());
         for (name, info) in &content.tensor_infos {
-            let block = info.ggml_dtype.block_size().max(1);
-            let bytes = (info.shape.elem_count() / block * info.ggml_dtype.type_size()) as u64;
             let start = content.tensor_data_offset.checked_add(info.offset);
-            let end = start.and_then(|s| s.checked_add(bytes));
+            let end = start.and_then(|s| s.checked_add(super::gguf::stored_bytes(info)));
             match (start, end) {
                 (Some(s), Some(e)) if e <= file_len => tensors.push((name.clone(), s..e)),
                 _ => {

@@ -90,12 +90,8 @@ impl GgufGenerator {
         device: &Device,
         engine_path: EnginePath,
     ) -> Result<Self, ModelError> {
-        let path = find_gguf(dir)?;
         Self::load_part(
-            &GgufPieces {
-                path,
-                present: None,
-            },
+            &GgufPieces::whole(find_gguf(dir)?),
             device,
             engine_path,
             None,
@@ -110,15 +106,11 @@ impl GgufGenerator {
         engine_path: EnginePath,
         range: std::ops::Range<usize>,
     ) -> Result<Self, ModelError> {
-        let path = find_gguf(dir)?;
-        Self::load_part(
-            &GgufPieces {
-                path,
-                present: None,
-            },
+        Self::load_stage_pieces(
+            &GgufPieces::whole(find_gguf(dir)?),
             device,
             engine_path,
-            Some(range),
+            range,
         )
     }
 

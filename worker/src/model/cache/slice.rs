@@ -47,10 +47,7 @@ impl ModelCache {
             .is_ok_and(|m| m.len() == file.bytes);
         if file.chunks.is_empty() || cached {
             let dir = self.fetch_files(hash, &manifest).await?;
-            return Ok(GgufPieces {
-                path: dir.join(&file.name),
-                present: None,
-            });
+            return Ok(GgufPieces::whole(dir.join(&file.name)));
         }
         if !file.chunks_agree() {
             return Err(bad(format!(
@@ -66,15 +63,16 @@ impl ModelCache {
         let path = dir.join(format!("{}.slice", file.name));
         let slice = Slice::open(&path, file.bytes)?;
         let mut fetched = 0u64;
-        // The header: pieces from the start until it reads whole.
-        let mut k = 1u64;
+        // The header: pieces from the start, one more each time, until it
+        // reads whole.
+        let mut k = 0u64;
         let layout = loop {
-            fetched += self.ensure(hash, file, &slice, (0..k).collect()).await?;
+            fetched += self.ensure(hash, file, &slice, BTreeSet::from([k])).await?;
+            k += 1;
             let end = (k * MODEL_CHUNK_BYTES).min(file.bytes);
             let prefix = slice.read(0..end)?;
-            match GgufLayout::read(&prefix, file.bytes)? {
-                Some(l) => break l,
-                None => k += 1,
+            if let Some(l) = GgufLayout::read(&prefix, file.bytes)? {
+                break l;
             }
         };
         let ranges = layout.stage_ranges(layers.clone());
@@ -84,7 +82,9 @@ impl ModelCache {
             .flat_map(|r| r.start / MODEL_CHUNK_BYTES..=(r.end - 1) / MODEL_CHUNK_BYTES)
             .collect();
         let wanted = pieces.len();
-        fetched += self.ensure(hash, file, &slice, pieces).await?;
+        // The header's pieces are checked already.
+        let rest = pieces.into_iter().filter(|&i| i >= k).collect();
+        fetched += self.ensure(hash, file, &slice, rest).await?;
         tracing::info!(model = hash.short(), layers = ?layers, pieces = wanted,
             of = file.chunks.len(), fetched, "a stage's slice of the model is ready");
         Ok(GgufPieces {
