@@ -11,6 +11,7 @@
 //! Layout:
 //! - `bert`, `encoder` — the sentence-embedding family (BERT, mean pooled).
 //! - [`llm`] — the LLM generation family (GGUF, llama architecture).
+//! - [`speech`] — the speech-to-text family (Whisper).
 //! - `kernels` — our CPU kernels behind candle's custom-op interface.
 //! - [`device`](select_device) — which candle device a worker runs on.
 //! - [`EnginePath`] — our CPU kernels, or the code a GPU runs, on the CPU.
@@ -25,6 +26,7 @@ mod engine_path;
 mod error;
 mod kernels;
 pub mod llm;
+pub mod speech;
 pub mod tiny;
 
 use std::path::Path;
