@@ -8,6 +8,7 @@
 pub mod audio;
 pub mod ct2;
 pub mod decode;
+mod host_attention;
 pub mod mel;
 pub mod transcribe;
 pub mod whisper;

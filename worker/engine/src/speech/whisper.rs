@@ -22,6 +22,9 @@ use std::path::Path;
 use candle_core::{D, DType, Device, IndexOp, Tensor};
 
 use super::ct2::{Ct2File, FAMILY};
+use super::host_attention::{
+    KvHost, attend as attend_host, encoder_attention, logits as logits_host,
+};
 use crate::ModelError;
 use crate::kernels::{Activation, DenseWeight, NormParams, dense_linear, layer_norm};
 
@@ -241,6 +244,9 @@ pub struct Whisper {
     dec_pos: Tensor,
     dec_layers: Vec<DecoderLayer>,
     dec_norm: Norm,
+    /// The embedding table on the host, `(vocab, d)` row-major, where the
+    /// decoder's steps run on the host ([`super::host_attention`]).
+    embed_host: Option<Vec<f32>>,
 }
 
 /// The decoder's state for a batch of windows: the encoder's keys and
@@ -252,8 +258,18 @@ pub struct DecodeState {
     cross: Vec<(Tensor, Tensor)>,
     /// Per layer, the keys and values of the positions so far.
     cache: Vec<Option<(Tensor, Tensor)>>,
+    /// The same on the host, where the steps run there.
+    host: Option<HostKv>,
     /// Positions decoded so far.
     pos: usize,
+}
+
+/// The decoder's keys and values on the host, per layer.
+struct HostKv {
+    /// Over the encoder's output.
+    cross: Vec<KvHost>,
+    /// Over the positions so far, room for the whole text context.
+    cache: Vec<KvHost>,
 }
 
 impl DecodeState {
@@ -378,6 +394,15 @@ impl Whisper {
             embed: ld.t("decoder/embeddings/weight", &[vocab, d])?,
             dec_pos: ld.t("decoder/position_encodings/encodings", &[text_ctx, d])?,
             dec_norm: ld.norm("decoder/layer_norm", d)?,
+            embed_host: if host {
+                Some(
+                    ld.t("decoder/embeddings/weight", &[vocab, d])?
+                        .flatten_all()?
+                        .to_vec1()?,
+                )
+            } else {
+                None
+            },
             enc_layers,
             dec_layers,
             dims,
@@ -426,9 +451,14 @@ impl Whisper {
         for l in &self.enc_layers {
             let h = l.attn_norm.forward(&x)?;
             let qkv = l.qkv.forward(&h, Activation::None, None)?;
-            // 1,500 positions a window: products over whole heads (gemm),
-            // not the packed kernel made for short texts.
-            let a = full_attention(&qkv.reshape((b, ctx, 3 * d))?, heads)?.reshape((b * ctx, d))?;
+            // 1,500 positions a window: blocks of queries against every
+            // key, not the packed kernel made for short texts.
+            let a = if self.embed_host.is_some() {
+                let a = encoder_attention(&qkv.flatten_all()?.to_vec1()?, ctx, heads, d / heads);
+                Tensor::from_vec(a, (b * ctx, d), &self.device)?
+            } else {
+                full_attention(&qkv.reshape((b, ctx, 3 * d))?, heads)?.reshape((b * ctx, d))?
+            };
             x = l.out.forward(&a, Activation::None, Some(&x))?;
             let h = l.ffn_norm.forward(&x)?;
             let h = l.fc1.forward(&h, Activation::Gelu, None)?;
@@ -454,9 +484,35 @@ impl Whisper {
                 Ok((k, v))
             })
             .collect::<candle_core::Result<Vec<_>>>()?;
+        if self.embed_host.is_some() {
+            let hd = d / heads;
+            let host = |t: &Tensor| t.flatten_all()?.to_vec1::<f32>();
+            let cross = cross
+                .iter()
+                .map(|(k, v)| {
+                    Ok(KvHost {
+                        k: host(k)?,
+                        v: host(v)?,
+                        heads,
+                        cap: ctx,
+                        hd,
+                    })
+                })
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            let cache = (0..self.dec_layers.len())
+                .map(|_| KvHost::new(b, heads, self.dims.text_ctx, hd))
+                .collect();
+            return Ok(DecodeState {
+                cross: Vec::new(),
+                cache: Vec::new(),
+                host: Some(HostKv { cross, cache }),
+                pos: 0,
+            });
+        }
         Ok(DecodeState {
             cross,
             cache: vec![None; self.dec_layers.len()],
+            host: None,
             pos: 0,
         })
     }
@@ -510,6 +566,12 @@ impl Whisper {
             .broadcast_add(&pos)?
             .reshape((b * n, d))?
             .contiguous()?;
+        if let (Some(hs), Some(table)) = (st.host.as_mut(), self.embed_host.as_ref()) {
+            return self.step_host(hs, table, st.pos, x, b, n).map(|l| {
+                st.pos += n;
+                l
+            });
+        }
         let mask = causal_mask(n, st.pos, &self.device)?;
         for (i, l) in self.dec_layers.iter().enumerate() {
             let h = l.self_norm.forward(&x)?;
@@ -550,9 +612,51 @@ impl Whisper {
         Ok(logits.to_dtype(DType::F32)?.to_vec2()?)
     }
 
+    /// [`Self::step`] on the host: the layers' products through our op,
+    /// attention and logits over plain slices.
+    fn step_host(
+        &self,
+        hs: &mut HostKv,
+        table: &[f32],
+        pos: usize,
+        mut x: Tensor,
+        b: usize,
+        n: usize,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let d = self.dims.d_model;
+        let ctx = self.dims.audio_ctx;
+        let dev = &self.device;
+        let host = |t: &Tensor| t.flatten_all()?.to_vec1::<f32>();
+        for (i, l) in self.dec_layers.iter().enumerate() {
+            let h = l.self_norm.forward(&x)?;
+            let qkv = host(&l.self_qkv.forward(&h, Activation::None, None)?)?;
+            hs.cache[i].append(&qkv, n, pos);
+            let a = attend_host(&qkv, 3 * d, n, &hs.cache[i], &|j| pos + j + 1);
+            let a = Tensor::from_vec(a, (b * n, d), dev)?;
+            x = l.self_out.forward(&a, Activation::None, Some(&x))?;
+            let h = l.cross_norm.forward(&x)?;
+            let q = host(&l.cross_q.forward(&h, Activation::None, None)?)?;
+            let a = attend_host(&q, d, n, &hs.cross[i], &|_| ctx);
+            let a = Tensor::from_vec(a, (b * n, d), dev)?;
+            x = l.cross_out.forward(&a, Activation::None, Some(&x))?;
+            let h = l.ffn_norm.forward(&x)?;
+            let h = l.fc1.forward(&h, Activation::Gelu, None)?;
+            x = l.fc2.forward(&h, Activation::None, Some(&x))?;
+        }
+        let last = x.reshape((b, n, d))?.i((.., n - 1))?.contiguous()?;
+        let last = host(&self.dec_norm.forward(&last)?)?;
+        Ok(logits_host(&last, table, d))
+    }
+
     /// Keeps only `rows` (indices into the state's current rows, in the
     /// order given) of a decoder state: finished windows stop costing work.
     pub fn keep_rows(&self, st: &mut DecodeState, rows: &[usize]) -> Result<(), ModelError> {
+        if let Some(h) = &mut st.host {
+            for kv in h.cross.iter_mut().chain(h.cache.iter_mut()) {
+                kv.keep(rows);
+            }
+            return Ok(());
+        }
         let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
         let idx = Tensor::from_vec(idx, rows.len(), &self.device)?;
         let pick = |t: &Tensor| t.index_select(&idx, 0);
