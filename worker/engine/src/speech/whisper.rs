@@ -567,10 +567,9 @@ impl Whisper {
             .reshape((b * n, d))?
             .contiguous()?;
         if let (Some(hs), Some(table)) = (st.host.as_mut(), self.embed_host.as_ref()) {
-            return self.step_host(hs, table, st.pos, x, b, n).map(|l| {
-                st.pos += n;
-                l
-            });
+            let logits = self.step_host(hs, table, st.pos, x, b, n)?;
+            st.pos += n;
+            return Ok(logits);
         }
         let mask = causal_mask(n, st.pos, &self.device)?;
         for (i, l) in self.dec_layers.iter().enumerate() {
