@@ -290,10 +290,16 @@ fn ids() -> Res<Ids> {
 }
 
 fn every_family() -> Vec<ModelFamily> {
-    let all = vec![ModelFamily::BertEmbedding, ModelFamily::LlmGeneration];
+    let all = vec![
+        ModelFamily::BertEmbedding,
+        ModelFamily::LlmGeneration,
+        ModelFamily::WhisperSpeech,
+    ];
     for f in &all {
         match f {
-            ModelFamily::BertEmbedding | ModelFamily::LlmGeneration => {}
+            ModelFamily::BertEmbedding
+            | ModelFamily::LlmGeneration
+            | ModelFamily::WhisperSpeech => {}
         }
     }
     all

@@ -3,13 +3,14 @@
 //! recorded once by tests/fixtures/speech/make_goldens.py in
 //! tests/fixtures/speech/whisper_goldens.json: greedy tokens on every short
 //! clip without timestamps, word error rates, and segment timestamps of the
-//! files over 60 s transcribed window by window.
+//! files over 60 s transcribed window by window. Also: `model push` checks
+//! a speech model folder and refuses a damaged one, naming the file.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use candle_core::Device;
-use minions_tests::{Result, real_whisper, speech_clips, workspace_root};
+use minions_tests::{Result, minions, real_whisper, speech_clips, workspace_root};
 use minions_worker::model::EnginePath;
 use minions_worker::model::speech::SpeechModel;
 use minions_worker::model::speech::audio::{AudioLimits, decode};
@@ -269,4 +270,76 @@ fn tiny_en_matches_ctranslate2() -> Result<()> {
 #[test]
 fn base_matches_ctranslate2() -> Result<()> {
     check_model("base")
+}
+
+/// `model push` of the real tiny.en folder is accepted as a speech model;
+/// the same folder with `model.bin` cut short is refused, naming the file
+/// and what is wrong; `submit` says speech jobs do not run yet.
+#[test]
+fn push_checks_speech_models() -> Result<()> {
+    let src = real_whisper("tiny.en")?;
+    let dir = tempfile::tempdir()?;
+    let env = vec![(
+        "MINIONS_STORE".to_string(),
+        format!("file://{}", dir.path().join("store").display()),
+    )];
+    let good = dir.path().join("tiny");
+    let bad = dir.path().join("cut");
+    for d in [&good, &bad] {
+        std::fs::create_dir(d)?;
+        for f in [
+            "model.bin",
+            "config.json",
+            "tokenizer.json",
+            "vocabulary.txt",
+        ] {
+            std::fs::copy(src.join(f), d.join(f))?;
+        }
+    }
+    let cut = std::fs::OpenOptions::new()
+        .write(true)
+        .open(bad.join("model.bin"))?;
+    cut.set_len(cut.metadata()?.len() / 2)?;
+    let out = minions(
+        &[
+            "model",
+            "push",
+            &good.display().to_string(),
+            "--name",
+            "tiny",
+        ],
+        &env,
+    )?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("Whisper model checked"), "{err}");
+    let out = minions(&["model", "list"], &env)?;
+    let list = String::from_utf8_lossy(&out.stdout);
+    assert!(list.contains("whisper-speech"), "{list}");
+    let out = minions(
+        &["model", "push", &bad.display().to_string(), "--name", "cut"],
+        &env,
+    )?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("model.bin") && err.contains("truncated"),
+        "{err}"
+    );
+    let input = dir.path().join("in.jsonl");
+    std::fs::write(&input, "{\"id\": 1, \"text\": \"x\"}\n")?;
+    let out = minions(
+        &[
+            "submit",
+            "--model",
+            "tiny",
+            "--input",
+            &input.display().to_string(),
+        ],
+        &env,
+    )?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("whisper-speech"), "{err}");
+    Ok(())
 }

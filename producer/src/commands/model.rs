@@ -167,6 +167,22 @@ pub async fn push(endpoints: &Endpoints, args: ModelPushArgs) -> anyhow::Result<
         context = Some(u32::try_from(summary.context).unwrap_or(u32::MAX));
         layers = Some(u32::try_from(summary.layers).unwrap_or(u32::MAX));
     }
+    if family == ModelFamily::WhisperSpeech {
+        let d = dir.clone();
+        let summary =
+            tokio::task::spawn_blocking(move || minions_engine::speech::SpeechModel::inspect(&d))
+                .await?
+                .map_err(anyhow::Error::new)
+                .context("the model cannot be pushed")?;
+        tracing::info!(
+            width = summary.dims.d_model,
+            encoder_layers = summary.dims.encoder_layers,
+            decoder_layers = summary.dims.decoder_layers,
+            vocab = summary.dims.vocab,
+            languages = summary.languages,
+            "Whisper model checked"
+        );
+    }
     let mut files = Vec::new();
     for n in &names {
         let path = dir.join(n);
@@ -286,6 +302,27 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(err.contains(".gguf"), "{err}");
+    }
+
+    #[test]
+    fn detects_whisper_folders() {
+        let names: Vec<String> = [
+            "config.json",
+            "model.bin",
+            "tokenizer.json",
+            "vocabulary.txt",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert!(matches!(
+            detect_family(&names),
+            Ok(ModelFamily::WhisperSpeech)
+        ));
+        let err = detect_family(&names[..3])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("missing: vocabulary.txt"), "{err}");
     }
 
     #[test]

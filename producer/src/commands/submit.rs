@@ -141,6 +141,12 @@ pub async fn submit(
     let store = minions_endpoints::store::open(&endpoints.store_url())?;
     let model_name = ModelName::new(&args.model).context("--model")?;
     let record = model_record(store.as_ref(), &model_name).await?;
+    if record.family == minions_schemas::messages::ModelFamily::WhisperSpeech {
+        anyhow::bail!(
+            "model {} is a whisper-speech model: `model push` checks and stores speech models, but this release's workers do not run transcription jobs yet",
+            args.model
+        );
+    }
     let sharing = sharing(endpoints, args, record.bytes)?;
     if sharing.needs.stages > 1 {
         if record.family != minions_schemas::messages::ModelFamily::LlmGeneration {

@@ -14,6 +14,10 @@ pub enum ModelFamily {
     /// A language model in one GGUF file (llama architecture), generating
     /// text for prompts or chat messages.
     LlmGeneration,
+    /// Whisper speech to text, in CTranslate2's folder format (`model.bin`,
+    /// `config.json`, `tokenizer.json`, `vocabulary.txt`). Workers do not
+    /// take its jobs yet; `model push` checks and stores it.
+    WhisperSpeech,
 }
 
 impl ModelFamily {
@@ -22,11 +26,16 @@ impl ModelFamily {
         match self {
             Self::BertEmbedding => "bert-embedding",
             Self::LlmGeneration => "llm-generation",
+            Self::WhisperSpeech => "whisper-speech",
         }
     }
 
     /// Every family, for detection and help texts.
-    pub const ALL: [ModelFamily; 2] = [Self::BertEmbedding, Self::LlmGeneration];
+    pub const ALL: [ModelFamily; 3] = [
+        Self::BertEmbedding,
+        Self::LlmGeneration,
+        Self::WhisperSpeech,
+    ];
 
     /// The files a model folder of this family must hold by name (a
     /// generation model instead holds exactly one `.gguf` file).
@@ -34,6 +43,12 @@ impl ModelFamily {
         match self {
             Self::BertEmbedding => &["config.json", "tokenizer.json", "model.safetensors"],
             Self::LlmGeneration => &[],
+            Self::WhisperSpeech => &[
+                "model.bin",
+                "config.json",
+                "tokenizer.json",
+                "vocabulary.txt",
+            ],
         }
     }
 

@@ -152,6 +152,8 @@ pub fn load(
         ModelFamily::LlmGeneration => {
             Ok(Arc::new(llm::GgufGenerator::load_with(dir, device, path)?))
         }
+        // Speech models run in f32 whatever the job asks.
+        ModelFamily::WhisperSpeech => Ok(Arc::new(speech::SpeechModel::load(dir, device, path)?)),
     }
 }
 

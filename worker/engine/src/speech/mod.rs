@@ -68,17 +68,7 @@ impl SpeechModel {
     pub fn load(dir: &Path, device: &Device, path: EnginePath) -> Result<Self, ModelError> {
         let whisper = Whisper::load(dir, device, path.host_kernels(device))?;
         let specials = Specials::load(dir, whisper.dims().vocab)?;
-        let tpath = dir.join("tokenizer.json");
-        let len = std::fs::metadata(&tpath)
-            .map_err(|e| ct2_invalid(format!("cannot read tokenizer.json: {e}")))?
-            .len();
-        if len > MAX_TOKENIZER_BYTES {
-            return Err(ct2_invalid(format!(
-                "tokenizer.json is {len} bytes, over {MAX_TOKENIZER_BYTES}"
-            )));
-        }
-        let tokenizer = Tokenizer::from_file(&tpath)
-            .map_err(|e| ct2_invalid(format!("tokenizer.json: {e}")))?;
+        let tokenizer = load_tokenizer(dir)?;
         let mel = MelFrontEnd::new(whisper.dims().n_mels)
             .map_err(|e| ct2_invalid(format!("model.bin: {e}")))?;
         Ok(Self {
@@ -86,6 +76,21 @@ impl SpeechModel {
             mel,
             specials,
             tokenizer,
+        })
+    }
+
+    /// Checks a model folder without building the network, as `model push`
+    /// does before storing it: `model.bin` parses as CTranslate2's Whisper
+    /// spec with every size readable, and the vocabulary, `config.json` and
+    /// `tokenizer.json` agree with it. Returns the sizes.
+    pub fn inspect(dir: &Path) -> Result<SpeechSummary, ModelError> {
+        let f = ct2::Ct2File::open(&dir.join("model.bin"))?;
+        let dims = whisper::WhisperDims::read(&f)?;
+        let specials = Specials::load(dir, dims.vocab)?;
+        load_tokenizer(dir)?;
+        Ok(SpeechSummary {
+            languages: specials.languages.len(),
+            dims,
         })
     }
 
@@ -164,6 +169,35 @@ impl SpeechModel {
             windows: t.windows,
         })
     }
+}
+
+/// What [`SpeechModel::inspect`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpeechSummary {
+    /// The network's sizes.
+    pub dims: whisper::WhisperDims,
+    /// Languages the model names (0 for an English-only model).
+    pub languages: usize,
+}
+
+impl crate::Model for SpeechModel {
+    fn family(&self) -> minions_schemas::messages::ModelFamily {
+        minions_schemas::messages::ModelFamily::WhisperSpeech
+    }
+}
+
+/// `dir/tokenizer.json`, size-checked.
+fn load_tokenizer(dir: &Path) -> Result<Tokenizer, ModelError> {
+    let tpath = dir.join("tokenizer.json");
+    let len = std::fs::metadata(&tpath)
+        .map_err(|e| ct2_invalid(format!("cannot read tokenizer.json: {e}")))?
+        .len();
+    if len > MAX_TOKENIZER_BYTES {
+        return Err(ct2_invalid(format!(
+            "tokenizer.json is {len} bytes, over {MAX_TOKENIZER_BYTES}"
+        )));
+    }
+    Tokenizer::from_file(&tpath).map_err(|e| ct2_invalid(format!("tokenizer.json: {e}")))
 }
 
 fn ct2_invalid(reason: String) -> ModelError {

@@ -54,6 +54,63 @@ pub struct WhisperDims {
     pub text_ctx: usize,
 }
 
+impl WhisperDims {
+    /// Reads the sizes from a parsed `model.bin`, refusing a file that is
+    /// not CTranslate2's Whisper spec or lacks what the sizes come from.
+    pub fn read(f: &Ct2File) -> Result<Self, ModelError> {
+        if f.spec != "WhisperSpec" {
+            return Err(invalid(format!(
+                "model.bin holds a {} model, not Whisper",
+                f.spec
+            )));
+        }
+        let shape = |name: &str| {
+            f.var(name)
+                .map(|v| v.dims.clone())
+                .ok_or_else(|| invalid(format!("model.bin lacks {name}")))
+        };
+        let conv1 = shape("encoder/conv1/weight")?;
+        let embed_dims = shape("decoder/embeddings/weight")?;
+        let audio_pos = shape("encoder/position_encodings/encodings")?;
+        let text_pos = shape("decoder/position_encodings/encodings")?;
+        let (Some(&d), Some(&n_mels), Some(&vocab), Some(&audio_ctx), Some(&text_ctx)) = (
+            conv1.first(),
+            conv1.get(1),
+            embed_dims.first(),
+            audio_pos.first(),
+            text_pos.first(),
+        ) else {
+            return Err(invalid("model.bin has malformed shapes".into()));
+        };
+        let ld = Loader {
+            f,
+            dev: &Device::Cpu,
+            host: false,
+        };
+        let dims = Self {
+            n_mels,
+            d_model: d,
+            encoder_heads: ld.heads("encoder/num_heads", d)?,
+            decoder_heads: ld.heads("decoder/num_heads", d)?,
+            encoder_layers: ld.layers("encoder"),
+            decoder_layers: ld.layers("decoder"),
+            vocab,
+            audio_ctx,
+            text_ctx,
+        };
+        if dims.encoder_layers == 0 || dims.decoder_layers == 0 {
+            return Err(invalid("model.bin has no encoder or decoder layers".into()));
+        }
+        // The encoder halves the mel frames: a window is 2·audio_ctx frames.
+        if audio_ctx != 1500 || text_ctx == 0 {
+            return Err(invalid(format!(
+                "model.bin has {audio_ctx} encoder positions and {text_ctx} decoder positions; Whisper has 1500 and 448"
+            )));
+        }
+        Ok(dims)
+    }
+}
+
 fn invalid(reason: String) -> ModelError {
     ModelError::Invalid {
         family: FAMILY,
@@ -290,49 +347,20 @@ impl Whisper {
 
     /// Builds the model from a parsed file.
     pub fn from_file(f: &Ct2File, device: &Device, host: bool) -> Result<Self, ModelError> {
-        if f.spec != "WhisperSpec" {
-            return Err(invalid(format!(
-                "model.bin holds a {} model, not Whisper",
-                f.spec
-            )));
-        }
-        let shape = |name: &str| {
-            f.var(name)
-                .map(|v| v.dims.clone())
-                .ok_or_else(|| invalid(format!("model.bin lacks {name}")))
-        };
-        let conv1 = shape("encoder/conv1/weight")?;
-        let embed_dims = shape("decoder/embeddings/weight")?;
-        let audio_pos = shape("encoder/position_encodings/encodings")?;
-        let text_pos = shape("decoder/position_encodings/encodings")?;
-        let (Some(&d), Some(&n_mels), Some(&vocab), Some(&audio_ctx), Some(&text_ctx)) = (
-            conv1.first(),
-            conv1.get(1),
-            embed_dims.first(),
-            audio_pos.first(),
-            text_pos.first(),
-        ) else {
-            return Err(invalid("model.bin has malformed shapes".into()));
-        };
+        let dims = WhisperDims::read(f)?;
+        let d = dims.d_model;
+        let (n_mels, vocab) = (dims.n_mels, dims.vocab);
+        let (audio_ctx, text_ctx) = (dims.audio_ctx, dims.text_ctx);
         let ld = Loader {
             f,
             dev: device,
             host,
         };
-        let dims = WhisperDims {
-            n_mels,
-            d_model: d,
-            encoder_heads: ld.heads("encoder/num_heads", d)?,
-            decoder_heads: ld.heads("decoder/num_heads", d)?,
-            encoder_layers: ld.layers("encoder"),
-            decoder_layers: ld.layers("decoder"),
-            vocab,
-            audio_ctx,
-            text_ctx,
+        let shape = |name: &str| {
+            f.var(name)
+                .map(|v| v.dims.clone())
+                .ok_or_else(|| invalid(format!("model.bin lacks {name}")))
         };
-        if dims.encoder_layers == 0 || dims.decoder_layers == 0 {
-            return Err(invalid("model.bin has no encoder or decoder layers".into()));
-        }
         let ffn = shape("encoder/layer_0/ffn/linear_0/weight")?
             .first()
             .copied()
