@@ -295,8 +295,9 @@ pub struct Whisper {
     enc_pos: Tensor,
     enc_layers: Vec<EncoderLayer>,
     enc_norm: Norm,
-    /// `(vocab, d)`: token embeddings and the output projection.
-    embed: Tensor,
+    /// `(vocab, d)`: token embeddings and the output projection, off the
+    /// host path (on it, `embed_host` holds the table instead).
+    embed: Option<Tensor>,
     /// `(text_ctx, d)`.
     dec_pos: Tensor,
     dec_layers: Vec<DecoderLayer>,
@@ -419,7 +420,11 @@ impl Whisper {
             conv2_b: ld.t("encoder/conv2/bias", &[d])?.reshape((1, d, 1))?,
             enc_pos: ld.t("encoder/position_encodings/encodings", &[audio_ctx, d])?,
             enc_norm: ld.norm("encoder/layer_norm", d)?,
-            embed: ld.t("decoder/embeddings/weight", &[vocab, d])?,
+            embed: if host {
+                None
+            } else {
+                Some(ld.t("decoder/embeddings/weight", &[vocab, d])?)
+            },
             dec_pos: ld.t("decoder/position_encodings/encodings", &[text_ctx, d])?,
             dec_norm: ld.norm("decoder/layer_norm", d)?,
             embed_host: if host {
@@ -568,11 +573,11 @@ impl Whisper {
                 self.dims.text_ctx
             )));
         }
-        if st
-            .cross
-            .first()
-            .is_some_and(|(k, _)| k.dim(0).ok() != Some(b))
-        {
+        let state_rows = match &st.host {
+            Some(h) => h.cross.first().map(KvHost::rows),
+            None => st.cross.first().and_then(|(k, _)| k.dim(0).ok()),
+        };
+        if state_rows.is_some_and(|r| r != b) {
             return Err(ModelError::BadInput(format!(
                 "{b} token rows for a state of another batch"
             )));
@@ -585,11 +590,21 @@ impl Whisper {
                 "token {bad} past the vocabulary"
             )));
         }
-        let ids = Tensor::from_vec(ids, b * n, &self.device)?;
+        let rows = match (&self.embed, &self.embed_host) {
+            (_, Some(table)) => {
+                let mut v = Vec::with_capacity(b * n * d);
+                for &t in &ids {
+                    v.extend_from_slice(&table[t as usize * d..(t as usize + 1) * d]);
+                }
+                Tensor::from_vec(v, (b * n, d), &self.device)?
+            }
+            (Some(e), None) => e.index_select(&Tensor::from_vec(ids, b * n, &self.device)?, 0)?,
+            (None, None) => {
+                return Err(ModelError::BadInput("a model without embeddings".into()));
+            }
+        };
         let pos = self.dec_pos.narrow(0, st.pos, n)?;
-        let mut x = self
-            .embed
-            .index_select(&ids, 0)?
+        let mut x = rows
             .reshape((b, n, d))?
             .broadcast_add(&pos)?
             .reshape((b * n, d))?
@@ -635,7 +650,10 @@ impl Whisper {
         // Only each row's last position needs logits.
         let last = x.reshape((b, n, d))?.i((.., n - 1))?.contiguous()?;
         let last = self.dec_norm.forward(&last)?;
-        let logits = last.matmul(&self.embed.t()?)?;
+        let Some(embed) = &self.embed else {
+            return Err(ModelError::BadInput("a model without embeddings".into()));
+        };
+        let logits = last.matmul(&embed.t()?)?;
         Ok(logits.to_dtype(DType::F32)?.to_vec2()?)
     }
 
@@ -737,4 +755,115 @@ fn full_attention(qkv: &Tensor, heads: usize) -> candle_core::Result<Tensor> {
     let qkv = qkv.reshape((b, t, 3, heads, d / heads))?;
     let part = |i: usize| qkv.i((.., .., i))?.transpose(1, 2)?.contiguous();
     attend(&part(0)?, &part(1)?, &part(2)?, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::speech::ct2::tests::write;
+
+    /// A random-weight Whisper in CTranslate2's layout: width 8, 2 heads,
+    /// one layer each side, 4 mel bins, a vocabulary of 40, 12 positions.
+    fn tiny() -> Ct2File {
+        let (d, mels, vocab, text) = (8u32, 4u32, 40u32, 12u32);
+        let mut seed = 7u32;
+        let mut vals = |n: u32| -> Vec<u8> {
+            (0..n)
+                .flat_map(|_| {
+                    seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                    (((seed >> 16) % 2001) as f32 / 1000.0 - 1.0).to_le_bytes()
+                })
+                .collect()
+        };
+        let mut vars: Vec<(String, Vec<u32>, u8, Vec<u8>)> = Vec::new();
+        let mut add = |name: String, dims: Vec<u32>| {
+            let n = dims.iter().product();
+            vars.push((name, dims, 0, vals(n)));
+        };
+        let lin = |add: &mut dyn FnMut(String, Vec<u32>), p: &str, out: u32, inp: u32| {
+            add(format!("{p}/weight"), vec![out, inp]);
+            add(format!("{p}/bias"), vec![out]);
+        };
+        let norm = |add: &mut dyn FnMut(String, Vec<u32>), p: &str| {
+            add(format!("{p}/gamma"), vec![d]);
+            add(format!("{p}/beta"), vec![d]);
+        };
+        add("encoder/conv1/weight".into(), vec![d, mels, 3]);
+        add("encoder/conv1/bias".into(), vec![d]);
+        add("encoder/conv2/weight".into(), vec![d, d, 3]);
+        add("encoder/conv2/bias".into(), vec![d]);
+        add("encoder/position_encodings/encodings".into(), vec![1500, d]);
+        add("decoder/embeddings/weight".into(), vec![vocab, d]);
+        add("decoder/position_encodings/encodings".into(), vec![text, d]);
+        for side in ["encoder", "decoder"] {
+            let p = format!("{side}/layer_0");
+            norm(&mut add, &format!("{p}/self_attention/layer_norm"));
+            lin(&mut add, &format!("{p}/self_attention/linear_0"), 3 * d, d);
+            lin(&mut add, &format!("{p}/self_attention/linear_1"), d, d);
+            norm(&mut add, &format!("{p}/ffn/layer_norm"));
+            lin(&mut add, &format!("{p}/ffn/linear_0"), 4 * d, d);
+            lin(&mut add, &format!("{p}/ffn/linear_1"), d, 4 * d);
+            norm(&mut add, &format!("{side}/layer_norm"));
+        }
+        let p = "decoder/layer_0/attention";
+        norm(&mut add, &format!("{p}/layer_norm"));
+        lin(&mut add, &format!("{p}/linear_0"), d, d);
+        lin(&mut add, &format!("{p}/linear_1"), 2 * d, d);
+        lin(&mut add, &format!("{p}/linear_2"), d, d);
+        vars.push(("encoder/num_heads".into(), vec![], 1, vec![2]));
+        vars.push(("decoder/num_heads".into(), vec![], 1, vec![2]));
+        let refs: Vec<(&str, Vec<u32>, u8, Vec<u8>)> = vars
+            .iter()
+            .map(|(n, d, t, b)| (n.as_str(), d.clone(), *t, b.clone()))
+            .collect();
+        let bytes = write(&refs, &[]);
+        match Ct2File::parse(bytes) {
+            Ok(f) => f,
+            Err(e) => panic!("the test model does not parse: {e}"),
+        }
+    }
+
+    /// Our host kernels and candle's ops (what a GPU runs) give the same
+    /// logits, step by step, rows kept and dropped alike.
+    #[test]
+    fn host_and_device_paths_agree() -> Result<(), ModelError> {
+        let f = tiny();
+        let dev = Device::Cpu;
+        let host = Whisper::from_file(&f, &dev, true)?;
+        let plain = Whisper::from_file(&f, &dev, false)?;
+        assert_eq!(host.dims().encoder_layers, 1);
+        let mel = Tensor::randn(0f32, 1.0, (2, 4, 3000), &dev)?;
+        let (eh, ep) = (host.encode(&mel)?, plain.encode(&mel)?);
+        let diff = (&eh - &ep)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(diff < 1e-4, "encoder outputs differ by {diff}");
+        let (mut sh, mut sp) = (host.start(&eh)?, plain.start(&ep)?);
+        let close = |a: &[Vec<f32>], b: &[Vec<f32>]| {
+            a.iter()
+                .flatten()
+                .zip(b.iter().flatten())
+                .all(|(x, y)| (x - y).abs() < 1e-4)
+        };
+        let prompt = vec![vec![1, 2, 3]; 2];
+        assert!(close(
+            &host.step(&mut sh, &prompt)?,
+            &plain.step(&mut sp, &prompt)?
+        ));
+        let next = vec![vec![5], vec![9]];
+        assert!(close(
+            &host.step(&mut sh, &next)?,
+            &plain.step(&mut sp, &next)?
+        ));
+        host.keep_rows(&mut sh, &[1])?;
+        plain.keep_rows(&mut sp, &[1])?;
+        let one = vec![vec![11]];
+        assert!(close(
+            &host.step(&mut sh, &one)?,
+            &plain.step(&mut sp, &one)?
+        ));
+        // A step of the wrong batch, or past the positions, is refused.
+        assert!(host.step(&mut sh, &next).is_err());
+        assert!(plain.step(&mut sp, &next).is_err());
+        assert!(host.step(&mut sh, &[vec![1; 8]]).is_err());
+        Ok(())
+    }
 }
