@@ -19,7 +19,7 @@
 
 use std::path::Path;
 
-use candle_core::{D, DType, Device, IndexOp, Tensor};
+use candle_core::{DType, Device, IndexOp, Tensor};
 
 use super::ct2::{Ct2File, FAMILY};
 use super::host_attention::{
@@ -29,7 +29,7 @@ use crate::ModelError;
 use crate::kernels::{Activation, DenseWeight, NormParams, dense_linear, layer_norm};
 
 /// Layer norms' ε in Whisper.
-const LN_EPS: f64 = 1e-5;
+const LN_EPS: f32 = 1e-5;
 
 /// The model's sizes, read from the tensors' shapes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -170,12 +170,7 @@ impl Norm {
         if let Some(p) = &self.host {
             return layer_norm(&x.contiguous()?, p);
         }
-        let mean = x.mean_keepdim(D::Minus1)?;
-        let xc = x.broadcast_sub(&mean)?;
-        let var = xc.sqr()?.mean_keepdim(D::Minus1)?;
-        xc.broadcast_div(&(var + LN_EPS)?.sqrt()?)?
-            .broadcast_mul(&self.gamma)?
-            .broadcast_add(&self.beta)
+        candle_nn::ops::layer_norm(x, &self.gamma, &self.beta, LN_EPS)
     }
 }
 
@@ -226,11 +221,7 @@ impl Loader<'_> {
         let gamma = self.t(&format!("{prefix}/gamma"), &[d])?;
         let beta = self.t(&format!("{prefix}/beta"), &[d])?;
         let host = if self.host {
-            Some(NormParams::new(
-                gamma.to_vec1()?,
-                beta.to_vec1()?,
-                LN_EPS as f32,
-            )?)
+            Some(NormParams::new(gamma.to_vec1()?, beta.to_vec1()?, LN_EPS)?)
         } else {
             None
         };
@@ -295,16 +286,12 @@ pub struct Whisper {
     enc_pos: Tensor,
     enc_layers: Vec<EncoderLayer>,
     enc_norm: Norm,
-    /// `(vocab, d)`: token embeddings and the output projection, off the
-    /// host path (on it, `embed_host` holds the table instead).
-    embed: Option<Tensor>,
+    /// `(vocab, d)`: token embeddings and the output projection.
+    embed: Table,
     /// `(text_ctx, d)`.
     dec_pos: Tensor,
     dec_layers: Vec<DecoderLayer>,
     dec_norm: Norm,
-    /// The embedding table on the host, `(vocab, d)` row-major, where the
-    /// decoder's steps run on the host ([`super::host_attention`]).
-    embed_host: Option<Vec<f32>>,
 }
 
 /// The decoder's state for a batch of windows: the encoder's keys and
@@ -320,6 +307,16 @@ pub struct DecodeState {
     host: Option<HostKv>,
     /// Positions decoded so far.
     pos: usize,
+}
+
+/// The embedding table, where the decoder's steps read it: a candle tensor,
+/// or plain values when the steps run on the host
+/// ([`super::host_attention`]).
+enum Table {
+    /// `(vocab, d)` on the model's device.
+    Candle(Tensor),
+    /// `(vocab, d)` row-major on the host.
+    Host(Vec<f32>),
 }
 
 /// The decoder's keys and values on the host, per layer.
@@ -420,22 +417,16 @@ impl Whisper {
             conv2_b: ld.t("encoder/conv2/bias", &[d])?.reshape((1, d, 1))?,
             enc_pos: ld.t("encoder/position_encodings/encodings", &[audio_ctx, d])?,
             enc_norm: ld.norm("encoder/layer_norm", d)?,
-            embed: if host {
-                None
-            } else {
-                Some(ld.t("decoder/embeddings/weight", &[vocab, d])?)
+            embed: {
+                let t = ld.t("decoder/embeddings/weight", &[vocab, d])?;
+                if host {
+                    Table::Host(t.flatten_all()?.to_vec1()?)
+                } else {
+                    Table::Candle(t)
+                }
             },
             dec_pos: ld.t("decoder/position_encodings/encodings", &[text_ctx, d])?,
             dec_norm: ld.norm("decoder/layer_norm", d)?,
-            embed_host: if host {
-                Some(
-                    ld.t("decoder/embeddings/weight", &[vocab, d])?
-                        .flatten_all()?
-                        .to_vec1()?,
-                )
-            } else {
-                None
-            },
             enc_layers,
             dec_layers,
             dims,
@@ -486,7 +477,7 @@ impl Whisper {
             let qkv = l.qkv.forward(&h, Activation::None, None)?;
             // 1,500 positions a window: blocks of queries against every
             // key, not the packed kernel made for short texts.
-            let a = if self.embed_host.is_some() {
+            let a = if matches!(self.embed, Table::Host(_)) {
                 let a = encoder_attention(&qkv.flatten_all()?.to_vec1()?, ctx, heads, d / heads);
                 Tensor::from_vec(a, (b * ctx, d), &self.device)?
             } else {
@@ -517,7 +508,7 @@ impl Whisper {
                 Ok((k, v))
             })
             .collect::<candle_core::Result<Vec<_>>>()?;
-        if self.embed_host.is_some() {
+        if matches!(self.embed, Table::Host(_)) {
             let hd = d / heads;
             let host = |t: &Tensor| t.flatten_all()?.to_vec1::<f32>();
             let cross = cross
@@ -590,18 +581,15 @@ impl Whisper {
                 "token {bad} past the vocabulary"
             )));
         }
-        let rows = match (&self.embed, &self.embed_host) {
-            (_, Some(table)) => {
+        let rows = match &self.embed {
+            Table::Host(table) => {
                 let mut v = Vec::with_capacity(b * n * d);
                 for &t in &ids {
                     v.extend_from_slice(&table[t as usize * d..(t as usize + 1) * d]);
                 }
                 Tensor::from_vec(v, (b * n, d), &self.device)?
             }
-            (Some(e), None) => e.index_select(&Tensor::from_vec(ids, b * n, &self.device)?, 0)?,
-            (None, None) => {
-                return Err(ModelError::BadInput("a model without embeddings".into()));
-            }
+            Table::Candle(e) => e.index_select(&Tensor::from_vec(ids, b * n, &self.device)?, 0)?,
         };
         let pos = self.dec_pos.narrow(0, st.pos, n)?;
         let mut x = rows
@@ -609,7 +597,7 @@ impl Whisper {
             .broadcast_add(&pos)?
             .reshape((b * n, d))?
             .contiguous()?;
-        if let (Some(hs), Some(table)) = (st.host.as_mut(), self.embed_host.as_ref()) {
+        if let (Some(hs), Table::Host(table)) = (st.host.as_mut(), &self.embed) {
             let logits = self.step_host(hs, table, st.pos, x, b, n)?;
             st.pos += n;
             return Ok(logits);
@@ -650,8 +638,10 @@ impl Whisper {
         // Only each row's last position needs logits.
         let last = x.reshape((b, n, d))?.i((.., n - 1))?.contiguous()?;
         let last = self.dec_norm.forward(&last)?;
-        let Some(embed) = &self.embed else {
-            return Err(ModelError::BadInput("a model without embeddings".into()));
+        let Table::Candle(embed) = &self.embed else {
+            return Err(ModelError::BadInput(
+                "a host model's state on the candle path".into(),
+            ));
         };
         let logits = last.matmul(&embed.t()?)?;
         Ok(logits.to_dtype(DType::F32)?.to_vec2()?)
