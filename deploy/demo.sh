@@ -5,14 +5,22 @@
 #   ./deploy/demo.sh        embeds a corpus of 12,000 sentences with
 #                           all-MiniLM-L6-v2 into .minions-demo/vectors.npy;
 #   ./deploy/demo.sh llm    answers 200 chat prompts with SmolLM2-135M-Instruct
-#                           (GGUF, Q4_1) into .minions-demo/answers.jsonl.
+#                           (GGUF, Q4_1) into .minions-demo/answers.jsonl;
+#   ./deploy/demo.sh speech transcribes a folder of recordings (Debian's
+#                           pocketsphinx clips, two of them over a minute)
+#                           with Whisper tiny.en into
+#                           .minions-demo/transcripts.jsonl and SubRip files
+#                           in .minions-demo/subs/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source deploy/tools.sh
 MODE="${1:-embed}"
-if [[ "$MODE" != "embed" && "$MODE" != "llm" ]]; then
-  echo "usage: deploy/demo.sh [embed|llm]" >&2
+if [[ "$MODE" != "embed" && "$MODE" != "llm" && "$MODE" != "speech" ]]; then
+  echo "usage: deploy/demo.sh [embed|llm|speech]" >&2
   exit 2
+fi
+if [[ "$MODE" == "speech" ]]; then
+  source deploy/speech_assets.sh
 fi
 N="${MINIONS_DEMO_SENTENCES:-12000}"
 [[ "$MODE" == "llm" ]] && N="${MINIONS_DEMO_PROMPTS:-200}"
@@ -39,6 +47,10 @@ for i in range(int(sys.argv[1])):
     q = asks[i % len(asks)].format(topics[i % len(topics)])
     print(json.dumps({"id": f"q{i}", "messages": [{"role": "user", "content": q}]}))
 PY
+elif [[ "$MODE" == "speech" ]]; then
+  echo "== gathering the recordings into .minions-demo/recordings/" >&2
+  rm -rf "$DEMO/recordings"
+  cp -r "$MINIONS_SPEECH_CLIPS" "$DEMO/recordings"
 else
   echo "== writing a corpus of $N sentences" >&2
   "$PWD/.tools/venv/bin/python" deploy/make_corpus.py "$N" > "$DEMO/corpus.jsonl"
@@ -72,6 +84,8 @@ echo "   nats-server at $MINIONS_NATS_URL" >&2
 echo "== pushing the model" >&2
 if [[ "$MODE" == "llm" ]]; then
   "$BIN/minions" model push "$MINIONS_TEST_GGUF" --name smollm2 2>/dev/null >/dev/null
+elif [[ "$MODE" == "speech" ]]; then
+  "$BIN/minions" model push "$MINIONS_WHISPER_TINY_EN" --name whisper 2>/dev/null >/dev/null
 else
   "$BIN/minions" model push "$MINIONS_TEST_MODEL_DIR" --name minilm 2>/dev/null >/dev/null
 fi
@@ -81,6 +95,8 @@ echo "== submitting" >&2
 START=$(date +%s)
 if [[ "$MODE" == "llm" ]]; then
   JOB="$("$BIN/minions" submit --model smollm2 --input "$DEMO/prompts.jsonl" --shard-size 25 --max-tokens 48 2>/dev/null)"
+elif [[ "$MODE" == "speech" ]]; then
+  JOB="$("$BIN/minions" submit --model whisper --input "$DEMO/recordings/" --shard-size 4 2>/dev/null)"
 else
   JOB="$("$BIN/minions" submit --model minilm --input "$DEMO/corpus.jsonl" --shard-size 256 2>/dev/null)"
 fi
@@ -99,6 +115,18 @@ if [[ "$MODE" == "llm" ]]; then
   echo "Answered $N chat prompts with SmolLM2-135M-Instruct on 2 local workers in $((END - START)) s."
   echo "Answers (one JSON line per prompt, in input order): .minions-demo/answers.jsonl; the first three:"
   head -3 "$DEMO/answers.jsonl"
+  exit 0
+fi
+if [[ "$MODE" == "speech" ]]; then
+  "$BIN/minions" collect "$JOB" --output "$DEMO/transcripts.jsonl"
+  rm -rf "$DEMO/subs"
+  "$BIN/minions" collect "$JOB" --output "$DEMO/subs" --format srt
+  END=$(date +%s)
+  FILES=$(wc -l < "$DEMO/transcripts.jsonl")
+  echo
+  echo "Transcribed $FILES recordings with Whisper tiny.en on 2 local workers in $((END - START)) s."
+  echo "Transcripts (one JSON line per file, in path order): .minions-demo/transcripts.jsonl; subtitles: .minions-demo/subs/"
+  grep -h '"goforward.wav"\|"long/librivox_70s.wav"' "$DEMO/transcripts.jsonl" | cut -c1-300
   exit 0
 fi
 "$BIN/minions" collect "$JOB" --output "$DEMO/vectors.npy"

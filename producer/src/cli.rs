@@ -85,7 +85,7 @@ impl Endpoints {
 pub enum Command {
     /// Submit a job: cut a JSON Lines or Parquet file into shards and queue
     /// them. Prints the job id.
-    Submit(SubmitArgs),
+    Submit(Box<SubmitArgs>),
     /// Show a job's progress once: pending / running / done / failed, rate, ETA.
     Status(StatusArgs),
     /// List the fleet's jobs, newest first: id, team, submitter, model,
@@ -443,9 +443,10 @@ pub struct SubmitArgs {
     #[arg(long)]
     pub job: Option<String>,
     /// Records per shard: one shard is the unit of retry and of work handed
-    /// to one worker.
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    pub shard_size: u32,
+    /// to one worker. Default: 256 records; 8 audio files for a speech
+    /// model.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub shard_size: Option<u32>,
     /// JSON field, or Parquet column, holding the text (a Parquet column
     /// of strings: Utf8, LargeUtf8 or Utf8View, dictionary-encoded or not).
     #[arg(long, default_value = "text")]
@@ -548,6 +549,54 @@ pub struct SubmitArgs {
     /// busier machine. Default: shares follow the memory each member lends.
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..), help_heading = "Sharing the fleet")]
     pub split: Vec<u32>,
+    /// Speech models, when --input is a folder (local, or `s3://bucket/
+    /// prefix/`): the files to transcribe, by a pattern on their path below
+    /// it (`*.wav`, `calls/**/*.mp3`). Default: every file with an audio
+    /// extension (wav, flac, mp3, ogg, oga, m4a, mp4, aac).
+    #[arg(long, help_heading = "Speech")]
+    pub glob: Option<String>,
+    /// Speech models: the spoken language's code (`en`, `de`, …) unless a
+    /// record says (`"language"`). Default: detected per file from its
+    /// first 30 seconds (multilingual models), English for English-only
+    /// models.
+    #[arg(long, help_heading = "Speech")]
+    pub language: Option<String>,
+    /// Speech models: write what is said (`transcribe`), or an English
+    /// translation of it (`translate`, multilingual models), unless a record
+    /// says (`"task"`).
+    #[arg(long, value_enum, default_value_t = SpeechTaskArg::Transcribe, help_heading = "Speech")]
+    pub task: SpeechTaskArg,
+    /// Speech models: `segment` cuts each transcript into timed segments
+    /// (what subtitles need); `none` writes one segment per 30 seconds.
+    #[arg(long, value_enum, default_value_t = TimestampsArg::Segment, help_heading = "Speech")]
+    pub timestamps: TimestampsArg,
+}
+
+/// `--task` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SpeechTaskArg {
+    /// Text in the language spoken.
+    Transcribe,
+    /// English text, whatever the language spoken.
+    Translate,
+}
+
+impl From<SpeechTaskArg> for minions_schemas::messages::SpeechTask {
+    fn from(t: SpeechTaskArg) -> Self {
+        match t {
+            SpeechTaskArg::Transcribe => Self::Transcribe,
+            SpeechTaskArg::Translate => Self::Translate,
+        }
+    }
+}
+
+/// `--timestamps` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TimestampsArg {
+    /// Timed segments.
+    Segment,
+    /// One segment per 30-second window.
+    None,
 }
 
 /// `--priority` values.
@@ -742,6 +791,11 @@ pub struct CollectArgs {
     /// for a record that could not run); `openai` writes OpenAI Batch API
     /// output lines (`custom_id`, `response.body.choices[0].message.content`,
     /// `usage`), which tools made for OpenAI's batches read as they are.
+    /// Speech jobs: `jsonl` writes `{"id", "text", "language", "segments":
+    /// [{"start", "end", "text"}], "duration"}` (and "error" for a file that
+    /// could not be transcribed); `srt` and `vtt` write one subtitle file
+    /// per audio file into the folder --output names, named after the
+    /// file's id.
     #[arg(long, value_enum, default_value_t = CollectFormat::Jsonl)]
     pub format: CollectFormat,
 }
@@ -753,6 +807,10 @@ pub enum CollectFormat {
     Jsonl,
     /// OpenAI Batch API output lines.
     Openai,
+    /// SubRip subtitles, one file per audio file (speech jobs).
+    Srt,
+    /// WebVTT subtitles, one file per audio file (speech jobs).
+    Vtt,
 }
 
 /// `minions model ...`

@@ -225,6 +225,7 @@ pub fn text_record(
             id,
             text,
             generation: None,
+            audio: None,
         }),
         Some(d) => {
             let mut obj = serde_json::Map::new();
@@ -234,6 +235,7 @@ pub fn text_record(
                 id,
                 text: String::new(),
                 generation: Some(record),
+                audio: None,
             })
         }
     }

@@ -18,6 +18,8 @@ pub struct Record {
     pub text: String,
     /// The prompt and sampling settings (generation jobs).
     pub generation: Option<GenerationRecord>,
+    /// The audio file (speech jobs).
+    pub audio: Option<minions_schemas::messages::AudioRecord>,
 }
 
 /// A problem with one input line.
@@ -155,6 +157,7 @@ impl<R: BufRead> JsonlReader<R> {
                 id,
                 text: String::new(),
                 generation: Some(record),
+                audio: None,
             });
         }
         let text = match obj.get(&self.text_field) {
@@ -201,6 +204,7 @@ impl<R: BufRead> JsonlReader<R> {
             id,
             text,
             generation: None,
+            audio: None,
         })
     }
 }
@@ -338,6 +342,7 @@ mod tests {
             r.next_record()?,
             Some(Record {
                 generation: None,
+                audio: None,
                 id: Some("7".into()),
                 text: "a".into()
             })

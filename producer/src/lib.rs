@@ -25,4 +25,5 @@ pub mod parquet_input;
 pub mod parquet_output;
 pub mod progress;
 pub mod prompts;
+pub mod speech_input;
 pub mod store_io;

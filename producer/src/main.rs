@@ -29,7 +29,7 @@ async fn run(mut cli: Cli) -> anyhow::Result<()> {
     minions_endpoints::config_file::apply(&mut e.nats, &mut e.store, &mut e.security)?;
     let ep = &cli.endpoints;
     match cli.command {
-        Command::Submit(args) => out(commands::submit::run(ep, args).await?.job.as_str()),
+        Command::Submit(args) => out(commands::submit::run(ep, *args).await?.job.as_str()),
         Command::Status(args) => out(&commands::status::run(ep, &args).await?.1),
         Command::Jobs(args) => out(&commands::jobs::run(ep, &args).await?.1),
         Command::Audit(args) => out(&commands::audit::run(ep, &args).await?),

@@ -289,6 +289,7 @@ mod tests {
                 }),
                 texts: Vec::new(),
                 records: Vec::new(),
+                audio: Vec::new(),
             };
             put(
                 &store,

@@ -51,3 +51,8 @@ pub const MAX_STAGE_PASS_BYTES: usize = 96 * 1024 * 1024;
 /// One part of a stage frame ([`crate::stage_frames`]), under NATS's
 /// default 1 MiB payload.
 pub const MAX_STAGE_PART_BYTES: usize = 1024 * 1024;
+/// Largest audio file a speech job takes (submit refuses larger ones; a
+/// worker fails such a file alone).
+pub const MAX_AUDIO_BYTES: u64 = 1 << 30;
+/// Largest list of audio files (a speech job's JSON Lines input).
+pub const MAX_AUDIO_LIST_BYTES: u64 = 64 * 1024 * 1024;

@@ -102,6 +102,15 @@ pub struct Progress {
     /// Tokens generated per second since the first shard started.
     #[serde(default)]
     pub token_rate: f64,
+    /// Seconds of audio transcribed so far (speech jobs): finished shards'
+    /// plus what running shards reported last.
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub audio_secs: f64,
+    /// Seconds of audio transcribed per second of wall time since the
+    /// first shard started (the fleet's real-time factor, inverted: 60
+    /// means an hour of audio a minute).
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub audio_rate: f64,
     /// Results a watchdog rejected: `done` events not backed by their
     /// output (forged or corrupt); each such shard ran again.
     #[serde(default)]
@@ -181,6 +190,8 @@ struct ShardState {
     running: bool,
     /// Tokens generated: the done event's, or the running delivery's last report.
     tokens: u64,
+    /// Audio transcribed, ms: likewise.
+    audio_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -213,6 +224,7 @@ struct Totals {
     records_done: u64,
     redeliveries: u64,
     tokens: u64,
+    audio_ms: u64,
 }
 
 /// A job's events folded so far; apply events one by one, read
@@ -273,6 +285,7 @@ impl Serialize for SavedShardsRef<'_> {
             failed: &s.fold.failed,
             attempts: s.fold.attempts,
             tokens: s.tokens,
+            audio_ms: s.audio_ms,
             done_tag: s.fold.counted.unwrap_or(0),
             verified: s.fold.verified,
             round: s.fold.round,
@@ -315,6 +328,8 @@ struct SavedShardRef<'a> {
     #[serde(skip_serializing_if = "shard::is_zero")]
     tokens: u64,
     #[serde(skip_serializing_if = "shard::is_zero")]
+    audio_ms: u64,
+    #[serde(skip_serializing_if = "shard::is_zero")]
     done_tag: u64,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     verified: bool,
@@ -343,6 +358,8 @@ struct SavedShard {
     attempts: u64,
     #[serde(default)]
     tokens: u64,
+    #[serde(default)]
+    audio_ms: u64,
     #[serde(default)]
     done_tag: u64,
     #[serde(default)]
@@ -377,6 +394,7 @@ impl SavedShard {
             },
             running: self.running,
             tokens: self.tokens,
+            audio_ms: self.audio_ms,
         }
     }
 }
@@ -486,6 +504,7 @@ impl JobFold {
                 .redeliveries
                 .saturating_add(s.fold.attempts.saturating_sub(1));
             totals.tokens = totals.tokens.saturating_add(s.tokens);
+            totals.audio_ms = totals.audio_ms.saturating_add(s.audio_ms);
             tally.shard(Counts::default(), s.fold.counts());
             match s.class() {
                 Class::Done => totals.records_done += spec.shard_rows(i),
@@ -545,16 +564,22 @@ impl JobFold {
         let Some(s) = Self::shard_of(&self.spec, &mut self.shards, e) else {
             return Vec::new();
         };
-        let was = (s.class(), s.fold.attempts, s.tokens);
+        let was = (s.class(), s.fold.attempts, s.tokens, s.audio_ms);
         match &e.kind {
             EventKind::Started => {
                 self.first_start = Some(self.first_start.map_or(e.at_ms, |t| t.min(e.at_ms)));
                 if !s.fold.is_done() {
                     s.running = true;
                     s.tokens = 0;
+                    s.audio_ms = 0;
                 }
             }
-            EventKind::Progress { tokens, .. } if !s.fold.is_done() => s.tokens = *tokens,
+            EventKind::Progress {
+                tokens, audio_ms, ..
+            } if !s.fold.is_done() => {
+                s.tokens = *tokens;
+                s.audio_ms = *audio_ms;
+            }
             EventKind::Requeued | EventKind::Failed { .. } => s.running = false,
             EventKind::HandedBack { .. } => {
                 s.running = false;
@@ -566,6 +591,7 @@ impl JobFold {
         if step.effects.contains(&Effect::Withdrawn) {
             s.running = false;
             s.tokens = 0;
+            s.audio_ms = 0;
         }
         self.after(e, was, step)
     }
@@ -577,7 +603,7 @@ impl JobFold {
         let Some(s) = Self::shard_of(&self.spec, &mut self.shards, e) else {
             return Vec::new();
         };
-        let was = (s.class(), s.fold.attempts, s.tokens);
+        let was = (s.class(), s.fold.attempts, s.tokens, s.audio_ms);
         let step = s.fold.backed(e);
         self.after(e, was, step)
     }
@@ -598,17 +624,23 @@ impl JobFold {
     }
 
     /// Brings the totals up to date after shard `e.shard` stepped from
-    /// `was` (class, attempts, tokens); returns the step's effects.
-    fn after(&mut self, e: &ShardEvent, was: (Class, u64, u64), step: Step) -> Vec<Effect> {
+    /// `was` (class, attempts, tokens, audio ms); returns the step's
+    /// effects.
+    fn after(&mut self, e: &ShardEvent, was: (Class, u64, u64, u64), step: Step) -> Vec<Effect> {
         let Some(s) = Self::shard_of(&self.spec, &mut self.shards, e) else {
             return Vec::new();
         };
-        if let EventKind::Done { tokens, .. } = &e.kind
+        if let EventKind::Done {
+            tokens, audio_ms, ..
+        } = &e.kind
             && step.before.done == 0
             && step.after.done == 1
         {
             if *tokens > 0 {
                 s.tokens = *tokens;
+            }
+            if *audio_ms > 0 {
+                s.audio_ms = *audio_ms;
             }
             s.running = false;
             self.last_done = Some(self.last_done.map_or(e.at_ms, |t| t.max(e.at_ms)));
@@ -620,6 +652,7 @@ impl JobFold {
         let after = s.class();
         let t = &mut self.totals;
         t.tokens = t.tokens - was.2 + s.tokens;
+        t.audio_ms = t.audio_ms - was.3 + s.audio_ms;
         t.redeliveries += s.fold.attempts.saturating_sub(1) - was.1.saturating_sub(1);
         if after == Class::Failed {
             let reason = s.fold.failure().unwrap_or_default().to_owned();
@@ -691,6 +724,8 @@ impl JobFold {
             created_ms: spec.created_ms,
             tokens: self.totals.tokens,
             token_rate: 0.0,
+            audio_secs: self.totals.audio_ms as f64 / 1000.0,
+            audio_rate: 0.0,
             team: spec.team.clone(),
             priority: spec.priority,
             preemptible: spec.preemptible,
@@ -725,6 +760,7 @@ impl JobFold {
             let secs = (end.saturating_sub(start) as f64 / 1000.0).max(0.001);
             p.rate = p.records_done as f64 / secs;
             p.token_rate = p.tokens as f64 / secs;
+            p.audio_rate = p.audio_secs / secs;
             if p.rate > 0.0 {
                 let left = spec.records.saturating_sub(p.records_done) as f64;
                 p.eta_secs = Some(left / p.rate);
@@ -732,6 +768,10 @@ impl JobFold {
         }
         p
     }
+}
+
+fn is_zero_f64(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// Folds events (in stream order) into progress; `now_ms` is the clock.
@@ -792,6 +832,13 @@ impl Progress {
             out.push_str(&format!(
                 "  tokens   {} generated, {:.1} tokens/s\n",
                 self.tokens, self.token_rate
+            ));
+        }
+        if self.audio_secs > 0.0 {
+            out.push_str(&format!(
+                "  audio    {} transcribed, {:.1}× real time\n",
+                human_secs(self.audio_secs),
+                self.audio_rate
             ));
         }
         if self.redeliveries > 0 || self.handed_back > 0 {

@@ -29,6 +29,10 @@ use minions_schemas::messages::{
     ShardEvent, ShardInput, ShardOutput, ShardTask, StageOpen, StagePass, StageReply, StageStep,
     SubmitClaim, TeamPolicy, TeamShare, VerdictOutcome, WorkerRecord, WorkerState,
 };
+use minions_schemas::messages::{
+    AudioRecord, PartialTranscription, SpeechOptions, SpeechTask, TokenSegment, TranscriptSegment,
+    Transcription,
+};
 use minions_schemas::{JobId, ModelHash, ModelName, SCHEMA_VERSION, WorkerId, codec};
 use serde::Serialize;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -37,8 +41,9 @@ type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
 /// Map keys whose string values are enum tags (internally or adjacently
 /// tagged enums' tags, and fields holding a plain string enum).
-const TAG_KEYS: [&str; 8] = [
+const TAG_KEYS: [&str; 9] = [
     "kind",
+    "task",
     "outcome",
     "type",
     "family",
@@ -401,11 +406,13 @@ fn every_event_kind() -> Vec<EventKind> {
             already_done: false,
             sha256: "3b".repeat(32),
             tokens: 12,
+            audio_ms: 61_250,
             made_by: Some(provenance()),
         },
         EventKind::Progress {
             records: 100,
             tokens: 3000,
+            audio_ms: 30_000,
         },
         EventKind::Requeued,
         EventKind::HandedBack {
@@ -495,6 +502,33 @@ fn every_prompt() -> Vec<Prompt> {
     all
 }
 
+fn audio_record(task: SpeechTask) -> AudioRecord {
+    AudioRecord {
+        key: format!("jobs/j/audio/{}.mp3", "ab".repeat(32)),
+        bytes: 1_234_567,
+        name: "0016.mp3".into(),
+        options: SpeechOptions {
+            language: Some("de".into()),
+            task,
+            timestamps: true,
+        },
+    }
+}
+
+fn transcription() -> Transcription {
+    Transcription {
+        text: "Hello there.".into(),
+        language: Some("en".into()),
+        segments: vec![TranscriptSegment {
+            start: 0.0,
+            end: 1.52,
+            text: " Hello there.".into(),
+        }],
+        duration: 1.6,
+        error: Some("none: every Option is set in samples".into()),
+    }
+}
+
 fn every_payload() -> Vec<OutputPayload> {
     let all = vec![
         OutputPayload::Embeddings {
@@ -504,10 +538,15 @@ fn every_payload() -> Vec<OutputPayload> {
         OutputPayload::Generations {
             records: every_finish_reason().into_iter().map(generation).collect(),
         },
+        OutputPayload::Transcripts {
+            records: vec![transcription(), Transcription::failed("bad.wav: not audio")],
+        },
     ];
     for p in &all {
         match p {
-            OutputPayload::Embeddings { .. } | OutputPayload::Generations { .. } => {}
+            OutputPayload::Embeddings { .. }
+            | OutputPayload::Generations { .. }
+            | OutputPayload::Transcripts { .. } => {}
         }
     }
     all
@@ -838,6 +877,7 @@ fn check_all(c: &mut Checker) -> Res {
         ids: Some(vec!["doc-1792".into(), "doc-1793".into()]),
         texts: vec!["first text".into(), "second text".into()],
         records: Vec::new(),
+        audio: Vec::new(),
     })?;
     c.check(&chat_turn())?;
     c.check(&sampling())?;
@@ -853,6 +893,23 @@ fn check_all(c: &mut Checker) -> Res {
         ids: Some(vec!["req-1".into(), "req-2".into()]),
         texts: Vec::new(),
         records: every_prompt().into_iter().map(generation_record).collect(),
+        audio: Vec::new(),
+    })?;
+    for task in [SpeechTask::Transcribe, SpeechTask::Translate] {
+        c.check(&audio_record(task))?;
+    }
+    c.check(&ShardInput {
+        v,
+        job: ids.job.clone(),
+        shard: 7,
+        first_row: 16,
+        ids: Some(vec!["calls/0016.mp3".into(), "calls/0017.mp3".into()]),
+        texts: Vec::new(),
+        records: Vec::new(),
+        audio: vec![
+            audio_record(SpeechTask::Transcribe),
+            audio_record(SpeechTask::Translate),
+        ],
     })?;
 
     // ShardOutput with every payload; Generation with every finish reason.
@@ -886,6 +943,30 @@ fn check_all(c: &mut Checker) -> Res {
             .zip(0u32..)
             .map(|(r, i)| (i, generation(r)))
             .collect(),
+        transcripts: Vec::new(),
+        partial: Vec::new(),
+    })?;
+    c.check(&ShardCheckpoint {
+        v,
+        job: ids.job.clone(),
+        shard: 7,
+        rows: 3,
+        model_hash: ids.hash.clone(),
+        done: Vec::new(),
+        transcripts: vec![(0, transcription())],
+        partial: vec![(
+            2,
+            PartialTranscription {
+                seek: 2_860,
+                language: Some(50_259),
+                windows: 1,
+                segments: vec![TokenSegment {
+                    start: 0.0,
+                    end: 4.2,
+                    tokens: vec![50_364, 440, 50_574],
+                }],
+            },
+        )],
     })?;
 
     // ModelManifest, ModelFile, ModelRecord.

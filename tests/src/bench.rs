@@ -416,6 +416,7 @@ pub fn bench_done(h: u64) -> minions_schemas::messages::EventKind {
         already_done: false,
         sha256: format!("{:016x}{:048x}", h.wrapping_mul(0x9e37_79b9_7f4a_7c15), h),
         tokens: 0,
+        audio_ms: 0,
         made_by: None,
     }
 }

@@ -40,12 +40,13 @@ pub use fleet::Fleet;
 pub use greedy::{chat_prompts, chat_records, generate_all, greedy_cases};
 pub use locate::{bin, tool, workspace_root};
 pub use models::{
-    SLOW, real_gguf, real_model_dir, real_whisper, slow_model, speech_clips, tiny_model,
+    CLEAR_CLIPS, SLOW, real_gguf, real_model_dir, real_whisper, slow_model, speech_clips,
+    tiny_model,
 };
 pub use nats::{NatsServer, role_password, role_passwords};
 pub use ports::dashboard_url;
 pub use postgres::PgServer;
-pub use processes::{Proc, log_count};
+pub use processes::{Proc, log_count, log_value};
 pub use s3::{S3Server, Users};
 pub use scenarios::{SlowShard, core_job_scenario};
 pub use scratch::scratch;

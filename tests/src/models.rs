@@ -97,6 +97,16 @@ pub fn real_whisper(name: &str) -> Result<PathBuf> {
     }
 }
 
+/// Clips of clear speech among [`speech_clips`]: no near-tie between the
+/// top two tokens, so greedy tokens must equal the reference engine's.
+pub const CLEAR_CLIPS: [&str; 5] = [
+    "librivox/sense_and_sensibility_01_austen_64kb-0870.wav",
+    "librivox/sense_and_sensibility_01_austen_64kb-0930.wav",
+    "goforward.wav",
+    "something.wav",
+    "cards/001.wav",
+];
+
 /// The folder of speech clips `deploy/speech_assets.sh` unpacks (Debian's
 /// pocketsphinx-testdata, and longer files joined from them).
 pub fn speech_clips() -> Result<PathBuf> {

@@ -16,6 +16,19 @@ pub fn log_count(log: &Path, needle: &str) -> usize {
         .count()
 }
 
+/// The number after `key=` on the last line of the log at `log` that
+/// contains `needle` (None when there is none).
+pub fn log_value(log: &Path, needle: &str, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let line = text.lines().rev().find(|l| l.contains(needle))?;
+    let at = line.find(&format!("{key}="))? + key.len() + 1;
+    line[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// A child process whose output goes to a log file; killed on drop.
 pub struct Proc {
     /// A name for messages.

@@ -244,6 +244,7 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
                 already_done: false,
                 sha256: "cd".repeat(32),
                 tokens: 0,
+                audio_ms: 0,
                 made_by: None,
             })?,
             event(EventKind::Requeued)?,
@@ -318,6 +319,7 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
         ids: Some(vec!["a1".into(), "a2".into()]),
         texts: vec!["a man eats food".into(), "the girl rides a horse".into()],
         records: vec![],
+        audio: Vec::new(),
     };
     let record = GenerationRecord {
         prompt: Prompt::Messages(vec![ChatTurn {
@@ -344,7 +346,18 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
         ],
         ..input.clone()
     };
-    let s = seeds("shard input", &[input, prompts])?;
+    let audio = ShardInput {
+        texts: vec![],
+        audio: vec![minions_schemas::messages::AudioRecord {
+            key: "jobs/j/audio/ab.wav".into(),
+            bytes: 48_044,
+            name: "a.wav".into(),
+            options: minions_schemas::messages::SpeechOptions::default(),
+        }],
+        ids: Some(vec!["a.wav".into()]),
+        ..input.clone()
+    };
+    let s = seeds("shard input", &[input, prompts, audio])?;
     v.push((
         "shard input",
         Box::new(move |n| {
@@ -401,6 +414,23 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
         rows: 2,
         model_hash: hash()?,
         done: vec![(1, generation)],
+        transcripts: vec![(
+            0,
+            minions_schemas::messages::Transcription::failed("a.wav: not audio"),
+        )],
+        partial: vec![(
+            1,
+            minions_schemas::messages::PartialTranscription {
+                seek: 3000,
+                language: Some(50_259),
+                windows: 1,
+                segments: vec![minions_schemas::messages::TokenSegment {
+                    start: 0.0,
+                    end: 2.0,
+                    tokens: vec![50_364, 11, 50_464],
+                }],
+            },
+        )],
     };
     let s = seeds("shard checkpoint", &[checkpoint])?;
     v.push((

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use minions_schemas::messages::{ChatTurn, GenerationRecord, Prompt, SamplingParams};
-use minions_tests::{Fleet, Result, log_count, real_gguf};
+use minions_tests::{Fleet, Result, log_count, log_value, real_gguf};
 use minions_worker::model::llm::{GenControl, GenLimits, GgufGenerator};
 use minions_worker::model::{EnginePath, Model};
 
@@ -61,18 +61,6 @@ fn read_lines(path: &Path) -> Result<Vec<serde_json::Value>> {
         .lines()
         .map(|l| Ok(serde_json::from_str(l)?))
         .collect()
-}
-
-/// The `key=value` of the last log line containing `needle`.
-fn last_value(log: &Path, needle: &str, key: &str) -> Option<u64> {
-    let text = std::fs::read_to_string(log).ok()?;
-    let line = text.lines().rev().find(|l| l.contains(needle))?;
-    let at = line.find(&format!("{key}="))? + key.len() + 1;
-    line[at..]
-        .split(|c: char| !c.is_ascii_digit())
-        .next()?
-        .parse()
-        .ok()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -189,7 +177,7 @@ async fn disrupted_shard(
     ])?;
     let log1 = fleet.workers[0].log.clone();
     let until = Instant::now() + Duration::from_secs(600);
-    while last_value(&log1, "checkpoint written", "records").unwrap_or(0) < shard.checkpointed {
+    while log_value(&log1, "checkpoint written", "records").unwrap_or(0) < shard.checkpointed {
         assert!(
             Instant::now() < until,
             "no checkpoint written:\n{}",
@@ -199,13 +187,13 @@ async fn disrupted_shard(
     }
     disrupt(fleet)?;
     let finished_by_first = log_count(&log1, "record finished");
-    let checkpointed = last_value(&log1, "checkpoint written", "records").unwrap_or(0);
+    let checkpointed = log_value(&log1, "checkpoint written", "records").unwrap_or(0);
     fleet.add_worker(&["--slots", "1", "--checkpoint-secs", "1"])?;
     let status = fleet.wait_job(&job, Duration::from_secs(900))?;
     assert_eq!(status["state"], "done");
     fleet.counts_agree(&job)?;
     let log2 = fleet.workers.last().ok_or("no worker")?.log.clone();
-    let resumed = last_value(&log2, "generation shard finished", "resumed").unwrap_or(0);
+    let resumed = log_value(&log2, "generation shard finished", "resumed").unwrap_or(0);
     let recomputed = finished_by_first.saturating_sub(resumed as usize);
     eprintln!(
         "{job}: the first worker finished {finished_by_first} of {} records and checkpointed {checkpointed}; \
@@ -277,7 +265,7 @@ async fn a_killed_worker_resumes_from_the_checkpoint() -> Result<()> {
             let log = f.workers[0].log.clone();
             let until = Instant::now() + Duration::from_secs(60);
             while log_count(&log, "record finished")
-                < last_value(&log, "checkpoint written", "records").unwrap_or(0) as usize + 2
+                < log_value(&log, "checkpoint written", "records").unwrap_or(0) as usize + 2
                 && Instant::now() < until
             {
                 std::thread::sleep(Duration::from_millis(20));

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use candle_core::Device;
-use minions_tests::{Result, minions, real_whisper, speech_clips, workspace_root};
+use minions_tests::{CLEAR_CLIPS, Result, minions, real_whisper, speech_clips, workspace_root};
 use minions_worker::model::EnginePath;
 use minions_worker::model::speech::SpeechModel;
 use minions_worker::model::speech::audio::{AudioLimits, decode};
@@ -22,13 +22,7 @@ use serde_json::Value;
 
 /// Clips whose greedy tokens must equal the reference's exactly: clear
 /// speech, no near-tie between the top two tokens (the notes' list).
-const CLEAR: [&str; 5] = [
-    "librivox/sense_and_sensibility_01_austen_64kb-0870.wav",
-    "librivox/sense_and_sensibility_01_austen_64kb-0930.wav",
-    "goforward.wav",
-    "something.wav",
-    "cards/001.wav",
-];
+const CLEAR: [&str; 5] = CLEAR_CLIPS;
 
 fn goldens() -> Result<Value> {
     let path = workspace_root().join("tests/fixtures/speech/whisper_goldens.json");
@@ -281,7 +275,7 @@ fn base_matches_ctranslate2() -> Result<()> {
 
 /// `model push` of the real tiny.en folder is accepted as a speech model;
 /// the same folder with `model.bin` cut short is refused, naming the file
-/// and what is wrong; `submit` says speech jobs do not run yet.
+/// and what is wrong; `submit` refuses a list line without audio, naming the line.
 #[test]
 fn push_checks_speech_models() -> Result<()> {
     let src = real_whisper("tiny.en")?;
@@ -347,6 +341,9 @@ fn push_checks_speech_models() -> Result<()> {
     )?;
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(err.contains("whisper-speech"), "{err}");
+    assert!(
+        err.contains("line 1") && err.contains("no \"audio\""),
+        "{err}"
+    );
     Ok(())
 }

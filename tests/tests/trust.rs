@@ -70,6 +70,7 @@ async fn forged_done(fleet: &mut Fleet, ledger: &str) -> Result<()> {
             already_done: false,
             sha256: "ab".repeat(32),
             tokens: 0,
+            audio_ms: 0,
             made_by: None,
         },
         energy: None,

@@ -481,6 +481,7 @@ mod tests {
             already_done: false,
             sha256: format!("{at_ms:064x}"),
             tokens: at_ms % 7,
+            audio_ms: 0,
             made_by: None,
         }
     }
@@ -526,6 +527,7 @@ mod tests {
                 _ => EventKind::Progress {
                     records: 3,
                     tokens: 9,
+                    audio_ms: 0,
                 },
             };
             out.push(event(job, shard, attempt, at, kind));

@@ -256,6 +256,8 @@ mod tests {
             created_ms: 0,
             tokens: 0,
             token_rate: 0.0,
+            audio_secs: 0.0,
+            audio_rate: 0.0,
             failed_shards: Vec::new(),
             team: "default".into(),
             priority: Default::default(),

@@ -46,7 +46,7 @@ impl Perturb {
 
     /// Perturbs `payload` in place: every embedding's first component
     /// shifts by 0.25 (a cosine near 0.97 to the true vector), every
-    /// generation's text gains a word.
+    /// generation's and transcript's text gains a word.
     pub(crate) fn apply(payload: &mut OutputPayload) {
         match payload {
             OutputPayload::Embeddings { dim, data } => {
@@ -64,6 +64,11 @@ impl Perturb {
             OutputPayload::Generations { records } => {
                 for g in records {
                     g.text.push_str(" perturbed");
+                }
+            }
+            OutputPayload::Transcripts { records } => {
+                for t in records {
+                    t.text.push_str(" perturbed");
                 }
             }
         }

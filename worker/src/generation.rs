@@ -150,42 +150,11 @@ pub(crate) async fn run(
 }
 
 /// Fills `results` from the shard's checkpoint; returns how many records it
-/// held. A missing, damaged or foreign checkpoint is ignored (the shard
-/// starts over), never an error.
+/// held.
 async fn resume(ctx: &Ctx, task: &ShardTask, results: &mut [Option<Generation>]) -> usize {
-    let key = StorePath::from(task.checkpoint_key());
-    let got = match ctx.store.get(&key).await {
-        Ok(g) if g.meta.size <= limits::MAX_SHARD_OUTPUT_BYTES as u64 => g,
-        Ok(_) => return 0,
-        Err(object_store::Error::NotFound { .. }) => return 0,
-        Err(e) => {
-            tracing::warn!(job = %task.job, shard = task.shard, error = %e, "checkpoint not read; starting over");
-            return 0;
-        }
-    };
-    let bytes = match got.bytes().await {
-        Ok(b) => b,
-        Err(_) => return 0,
-    };
-    let cp: ShardCheckpoint = match decode(
-        "shard checkpoint",
-        &bytes,
-        limits::MAX_SHARD_OUTPUT_BYTES,
-    ) {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::warn!(job = %task.job, shard = task.shard, error = %e, "checkpoint damaged; starting over");
-            return 0;
-        }
-    };
-    if cp.job != task.job
-        || cp.shard != task.shard
-        || cp.model_hash != task.model_hash
-        || cp.rows != u64::from(task.rows)
-    {
-        tracing::warn!(job = %task.job, shard = task.shard, "checkpoint belongs to another run; starting over");
+    let Some(cp) = read_checkpoint(ctx, task).await else {
         return 0;
-    }
+    };
     let mut taken = 0;
     for (i, g) in cp.done {
         if let Some(slot) = results.get_mut(i as usize)
@@ -196,6 +165,43 @@ async fn resume(ctx: &Ctx, task: &ShardTask, results: &mut [Option<Generation>])
         }
     }
     taken
+}
+
+/// The shard's checkpoint, when there is one of this run (same job, shard,
+/// model and size). A missing, damaged or foreign checkpoint is ignored
+/// (the shard starts over), never an error.
+pub(crate) async fn read_checkpoint(ctx: &Ctx, task: &ShardTask) -> Option<ShardCheckpoint> {
+    let key = StorePath::from(task.checkpoint_key());
+    let got = match ctx.store.get(&key).await {
+        Ok(g) if g.meta.size <= limits::MAX_SHARD_OUTPUT_BYTES as u64 => g,
+        Ok(_) => return None,
+        Err(object_store::Error::NotFound { .. }) => return None,
+        Err(e) => {
+            tracing::warn!(job = %task.job, shard = task.shard, error = %e, "checkpoint not read; starting over");
+            return None;
+        }
+    };
+    let bytes = got.bytes().await.ok()?;
+    let cp: ShardCheckpoint = match decode(
+        "shard checkpoint",
+        &bytes,
+        limits::MAX_SHARD_OUTPUT_BYTES,
+    ) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(job = %task.job, shard = task.shard, error = %e, "checkpoint damaged; starting over");
+            return None;
+        }
+    };
+    if cp.job != task.job
+        || cp.shard != task.shard
+        || cp.model_hash != task.model_hash
+        || cp.rows != u64::from(task.rows)
+    {
+        tracing::warn!(job = %task.job, shard = task.shard, "checkpoint belongs to another run; starting over");
+        return None;
+    }
+    Some(cp)
 }
 
 /// Writes the finished records as the shard's checkpoint (best effort: a
@@ -212,9 +218,17 @@ async fn save(ctx: &Ctx, task: &ShardTask, results: &[Option<Generation>]) {
             .enumerate()
             .filter_map(|(i, g)| g.clone().map(|g| (i as u32, g)))
             .collect(),
+        transcripts: Vec::new(),
+        partial: Vec::new(),
     };
-    let records = cp.done.len();
-    let bytes = match encode("shard checkpoint", &cp) {
+    write_checkpoint(ctx, task, &cp).await;
+}
+
+/// Writes `cp` as the shard's checkpoint, overwriting the last (best
+/// effort: a failed write only means more work on a redelivery).
+pub(crate) async fn write_checkpoint(ctx: &Ctx, task: &ShardTask, cp: &ShardCheckpoint) {
+    let (records, files, partial) = (cp.done.len(), cp.transcripts.len(), cp.partial.len());
+    let bytes = match encode("shard checkpoint", cp) {
         Ok(b) => b,
         Err(e) => {
             tracing::warn!(error = %e, "checkpoint does not encode");
@@ -223,7 +237,8 @@ async fn save(ctx: &Ctx, task: &ShardTask, results: &[Option<Generation>]) {
     };
     let key = StorePath::from(task.checkpoint_key());
     match ctx.store.put(&key, PutPayload::from(bytes)).await {
-        Ok(_) => tracing::info!(job = %task.job, shard = task.shard, records, "checkpoint written"),
+        Ok(_) => tracing::info!(job = %task.job, shard = task.shard, records, files, partial,
+            "checkpoint written"),
         Err(e) => {
             tracing::warn!(job = %task.job, shard = task.shard, error = %e, "checkpoint not written")
         }
@@ -241,6 +256,7 @@ async fn progress(
     let kind = EventKind::Progress {
         records: results.iter().filter(|g| g.is_some()).count() as u64,
         tokens: control.generated.load(Ordering::Relaxed),
+        audio_ms: 0,
     };
     crate::events::publish_event(ctx, task, attempt, kind, false).await;
 }

@@ -69,6 +69,7 @@ mod schedule;
 pub mod service;
 mod settings;
 mod shard;
+mod speech;
 pub mod start_record;
 mod worker_error;
 

@@ -12,7 +12,9 @@ use std::time::Instant;
 
 use async_nats::jetstream::{AckKind, Message};
 use bytes::Bytes;
-use minions_schemas::messages::{Energy, EventKind, InFlight, ShardInput, ShardOutput, ShardTask};
+use minions_schemas::messages::{
+    Energy, EventKind, InFlight, ModelFamily, ShardInput, ShardOutput, ShardTask,
+};
 use minions_schemas::time::now_ms;
 use minions_schemas::{SCHEMA_VERSION, decode, encode, keys, limits, subjects};
 use object_store::path::Path as StorePath;
@@ -32,6 +34,8 @@ struct Done {
     rows: u64,
     /// Tokens generated (generation shards).
     tokens: u64,
+    /// Milliseconds of audio (speech shards).
+    audio_ms: u64,
     sha256: String,
     output_bytes: u64,
     compute_ms: u64,
@@ -129,9 +133,9 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) -> Handled {
     let progress = CancellationToken::new();
     let keepalive = tokio::spawn(keep_alive(ctx.clone(), reply, progress.clone()));
     let started = Instant::now();
-    let result = if task.family.generates() {
-        // A generation shard watches both tokens itself, to checkpoint what
-        // it finished before it lets go.
+    let result = if task.family.generates() || task.family == ModelFamily::WhisperSpeech {
+        // A generation or speech shard watches both tokens itself, to
+        // checkpoint what it finished before it lets go.
         run(ctx, &task, attempt, &hand_back, &cancel).await
     } else {
         tokio::select! {
@@ -237,12 +241,34 @@ async fn run(
         _ = hand_back.cancelled() => return Err(ShardError::Stopping),
         _ = cancel.cancelled() => return Err(ShardError::Cancelled),
     };
-    let (mut payload, compute_ms, tokens) = if task.family.generates() {
-        let g = crate::generation::run(ctx, task, attempt, model, input, hand_back, cancel).await?;
-        (g.payload, g.compute_ms, g.tokens)
-    } else {
-        let (payload, compute_ms) = embed(ctx, task, model, input).await?;
-        (payload, compute_ms, 0)
+    let (mut payload, compute_ms, work) = match task.family {
+        f if f.generates() => {
+            let g =
+                crate::generation::run(ctx, task, attempt, model, input, hand_back, cancel).await?;
+            (
+                g.payload,
+                g.compute_ms,
+                Work {
+                    tokens: g.tokens,
+                    audio_ms: 0,
+                },
+            )
+        }
+        ModelFamily::WhisperSpeech => {
+            let t = crate::speech::run(ctx, task, attempt, model, input, hand_back, cancel).await?;
+            (
+                t.payload,
+                t.compute_ms,
+                Work {
+                    tokens: 0,
+                    audio_ms: t.audio_ms,
+                },
+            )
+        }
+        _ => {
+            let (payload, compute_ms) = embed(ctx, task, model, input).await?;
+            (payload, compute_ms, Work::default())
+        }
     };
     if ctx
         .settings
@@ -251,7 +277,16 @@ async fn run(
     {
         crate::fault::Perturb::apply(&mut payload);
     }
-    write_output(ctx, task, &out_key, payload, compute_ms, tokens).await
+    write_output(ctx, task, &out_key, payload, compute_ms, work).await
+}
+
+/// What a shard's run did besides its rows.
+#[derive(Clone, Copy, Debug, Default)]
+struct Work {
+    /// Tokens generated.
+    tokens: u64,
+    /// Milliseconds of audio transcribed.
+    audio_ms: u64,
 }
 
 /// Runs an embedding shard's texts on the device.
@@ -292,7 +327,7 @@ async fn write_output(
     out_key: &StorePath,
     payload: minions_schemas::messages::OutputPayload,
     compute_ms: u64,
-    tokens: u64,
+    work: Work,
 ) -> Result<Done, ShardError> {
     let output = ShardOutput {
         v: SCHEMA_VERSION,
@@ -317,7 +352,8 @@ async fn write_output(
     let done = match ctx.store.put_opts(out_key, bytes.into(), opts).await {
         Ok(_) => Done {
             rows: output.rows,
-            tokens,
+            tokens: work.tokens,
+            audio_ms: work.audio_ms,
             sha256,
             output_bytes,
             compute_ms,
@@ -330,7 +366,7 @@ async fn write_output(
         }
         Err(e) => return Err(e.into()),
     };
-    if task.family.generates() {
+    if task.family.generates() || task.family == ModelFamily::WhisperSpeech {
         crate::generation::forget(ctx, task).await;
     }
     Ok(done)
@@ -389,15 +425,24 @@ async fn verify_existing(ctx: &Ctx, task: &ShardTask, key: &StorePath) -> Result
                 "existing output {key} does not belong to this shard: {why}"
             ))
         })?;
-    let tokens = match &out.payload {
-        minions_schemas::messages::OutputPayload::Generations { records } => {
-            records.iter().map(|g| u64::from(g.completion_tokens)).sum()
-        }
-        _ => 0,
+    let (tokens, audio_ms) = match &out.payload {
+        minions_schemas::messages::OutputPayload::Generations { records } => (
+            records.iter().map(|g| u64::from(g.completion_tokens)).sum(),
+            0,
+        ),
+        minions_schemas::messages::OutputPayload::Transcripts { records } => (
+            0,
+            records
+                .iter()
+                .map(|t| (t.duration * 1000.0).round() as u64)
+                .sum(),
+        ),
+        minions_schemas::messages::OutputPayload::Embeddings { .. } => (0, 0),
     };
     Ok(Done {
         rows: out.rows,
         tokens,
+        audio_ms,
         sha256: hex::encode(Sha256::digest(&bytes)),
         output_bytes: 0,
         compute_ms: 0,
@@ -438,6 +483,7 @@ async fn settle(
                     already_done: done.already_done,
                     sha256: done.sha256,
                     tokens: done.tokens,
+                    audio_ms: done.audio_ms,
                     made_by: done.made_by,
                 }
             };

@@ -42,8 +42,23 @@ pub async fn run(endpoints: &Endpoints, args: &CollectArgs) -> anyhow::Result<Co
         bail!("--format openai writes JSON Lines; name a .jsonl output, or drop --format");
     }
     let (store, spec) = open_complete(endpoints, &args.job).await?;
+    let speech = spec.family == minions_schemas::messages::ModelFamily::WhisperSpeech;
+    if parquet && speech {
+        bail!(
+            "a speech job is collected as JSON Lines (name a .jsonl output) or as subtitles (--format srt or vtt)"
+        );
+    }
     if parquet {
         crate::parquet_output::write(store, &spec, &args.output).await
+    } else if speech {
+        super::collect_speech::write(store, &spec, &args.output, args.format).await
+    } else if matches!(args.format, CollectFormat::Srt | CollectFormat::Vtt) {
+        bail!(
+            "--format {:?} writes subtitles of a speech job; job {} is a {} job",
+            args.format,
+            spec.job,
+            spec.family
+        )
     } else if spec.family.generates() {
         write_jsonl(store, &spec, &args.output, args.format).await
     } else {
@@ -86,7 +101,9 @@ pub struct CollectedShard {
 
 /// Whether a job's records have ids kept with its inputs.
 pub fn has_ids(spec: &JobSpec) -> bool {
-    spec.family.generates() || spec.input.id_field.is_some()
+    spec.family.generates()
+        || spec.family == minions_schemas::messages::ModelFamily::WhisperSpeech
+        || spec.input.id_field.is_some()
 }
 
 /// A complete job's shards in input order, each with its ids when
@@ -194,6 +211,11 @@ pub async fn gather(endpoints: &Endpoints, job: &str) -> anyhow::Result<Gathered
                 data.extend_from_slice(&bytes);
             }
             OutputPayload::Generations { records } => results.extend(records),
+            OutputPayload::Transcripts { .. } => bail!(
+                "job {} is a speech job: collect its transcripts with `minions collect {} --output transcripts.jsonl`",
+                spec.job,
+                spec.job
+            ),
         }
     }
     if rows != spec.records {
@@ -346,7 +368,10 @@ async fn write_jsonl(
                 errors += 1;
             }
             let line = match format {
-                CollectFormat::Jsonl => jsonl_line(&id, g),
+                // Subtitles are refused for generation jobs before this.
+                CollectFormat::Jsonl | CollectFormat::Srt | CollectFormat::Vtt => {
+                    jsonl_line(&id, g)
+                }
                 CollectFormat::Openai => openai_line(&id, row, g, spec, created),
             };
             serde_json::to_writer(&mut w, &line)?;

@@ -6,6 +6,7 @@ pub mod add_worker;
 pub mod admin;
 pub mod audit;
 pub mod collect;
+pub mod collect_speech;
 pub mod dev;
 pub mod identity_file;
 pub mod job_control;

@@ -21,10 +21,16 @@ use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions};
 
 use crate::cli::{Endpoints, SubmitArgs};
-use crate::input::{Input, ReadOptions};
+use crate::input::{Input, ReadOptions, RecordSource};
 use crate::jsonl::{ReadError, Record};
 use crate::prompts::GenDefaults;
 use crate::store_io::{get_doc, model_record};
+
+/// Records per shard unless `--shard-size` says.
+const DEFAULT_SHARD_SIZE: u32 = 256;
+/// Audio files per shard unless `--shard-size` says: a shard of files of a
+/// few minutes takes a CPU worker minutes, a GPU seconds.
+const DEFAULT_SPEECH_SHARD_SIZE: u32 = 8;
 
 /// Uploads in flight at once.
 const UPLOAD_WINDOW: usize = 16;
@@ -55,7 +61,9 @@ pub struct SubmitReport {
 /// same AWS_* settings as the store).
 pub async fn run(endpoints: &Endpoints, args: SubmitArgs) -> anyhow::Result<SubmitReport> {
     let named = args.input.to_string_lossy().into_owned();
-    if crate::input::is_remote(&named) {
+    // A folder of audio files is listed where it is, not copied whole.
+    let folder = named.ends_with('/') || args.glob.is_some();
+    if crate::input::is_remote(&named) && !folder {
         let local = crate::input::fetch_remote(&named).await?;
         let input = Input::Named {
             path: local.to_path_buf(),
@@ -141,12 +149,19 @@ pub async fn submit(
     let store = minions_endpoints::store::open(&endpoints.store_url())?;
     let model_name = ModelName::new(&args.model).context("--model")?;
     let record = model_record(store.as_ref(), &model_name).await?;
-    if record.family == minions_schemas::messages::ModelFamily::WhisperSpeech {
+    let speech = record.family == minions_schemas::messages::ModelFamily::WhisperSpeech;
+    if !speech && (args.glob.is_some() || args.language.is_some()) {
         anyhow::bail!(
-            "model {} is a whisper-speech model: `model push` checks and stores speech models, but this release's workers do not run transcription jobs yet",
-            args.model
+            "--glob and --language are for speech models; model {} is a {} model",
+            args.model,
+            record.family
         );
     }
+    let shard_size = args.shard_size.unwrap_or(if speech {
+        DEFAULT_SPEECH_SHARD_SIZE
+    } else {
+        DEFAULT_SHARD_SIZE
+    });
     let sharing = sharing(endpoints, args, record.bytes)?;
     if sharing.needs.stages > 1 {
         if record.family != minions_schemas::messages::ModelFamily::LlmGeneration {
@@ -183,9 +198,6 @@ pub async fn submit(
             &ulid::Ulid::new().to_string().to_lowercase(),
         )?,
     };
-    let (client, js) = endpoints.connect("minions submit").await?;
-    let settings =
-        minions_endpoints::streams::ensure(&js, &endpoints.replication.work_settings()).await?;
 
     let generates = record.family.generates();
     let opts = ReadOptions {
@@ -199,18 +211,37 @@ pub async fn submit(
         },
     };
     let source = input.source();
-    let input_bytes = input.bytes();
+    let mut input_bytes = input.bytes();
     let table = input.is_parquet() || matches!(input, Input::Texts { .. });
     // Texts in memory with ids keep them as a JSON file's id field would.
     let id_field = match &input {
         Input::Texts { ids: Some(_), .. } => Some(args.id_field.clone().unwrap_or("id".into())),
         Input::Texts { ids: None, .. } => None,
+        Input::File(_) | Input::Named { .. } if speech => Some("id".into()),
         Input::File(_) | Input::Named { .. } => args.id_field.clone(),
     };
-    let mut reader = input
-        .open(&opts)
-        .map_err(|e| anyhow::anyhow!("{e}; nothing was published"))?;
-    tracing::info!(job = %job, input = %source, bytes = input_bytes, shard_size = args.shard_size, "reading input");
+    let mut reader: Box<dyn crate::input::RecordSource> = match &input {
+        Input::File(p) | Input::Named { path: p, .. } if speech => {
+            let defaults = speech_defaults(args)?;
+            let glob = args.glob.as_deref();
+            let r =
+                crate::speech_input::open(store.clone(), &job, &source, p, glob, &defaults).await?;
+            input_bytes = r.bytes_read();
+            Box::new(r)
+        }
+        _ if speech => anyhow::bail!(
+            "a speech model transcribes audio files: give --input a folder, an s3:// folder or a JSON Lines list of files"
+        ),
+        _ => input
+            .open(&opts)
+            .map_err(|e| anyhow::anyhow!("{e}; nothing was published"))?,
+    };
+    // A list of audio files is read (and its files checked) before the
+    // fleet is reached, so a bad line is told without a server.
+    let (client, js) = endpoints.connect("minions submit").await?;
+    let settings =
+        minions_endpoints::streams::ensure(&js, &endpoints.replication.work_settings()).await?;
+    tracing::info!(job = %job, input = %source, bytes = input_bytes, shard_size, "reading input");
 
     // A job id given again: its inputs are in the store already (its spec
     // is written only after they all are). Overwrite none of them, so that
@@ -226,7 +257,7 @@ pub async fn submit(
     // Pass: read, cut, upload. Nothing is published yet.
     let started = Instant::now();
     let mut uploads = FuturesUnordered::new();
-    let mut cutter = Cutter::new(&job, args.shard_size, id_field.is_some() || generates);
+    let mut cutter = Cutter::new(&job, shard_size, id_field.is_some() || generates || speech);
     let mut skipped: u64 = 0;
     let mut last_report = Instant::now();
     loop {
@@ -299,14 +330,16 @@ pub async fn submit(
             source,
             sha256,
             bytes: input_bytes,
-            text_field: if generates && !table {
+            text_field: if speech {
+                "audio".into()
+            } else if generates && !table {
                 "prompt|messages".into()
             } else {
                 args.text_field.clone()
             },
             id_field,
         },
-        shard_size: args.shard_size,
+        shard_size,
         max_batch: args.max_batch,
         precision: args.precision.into(),
         shards,
@@ -509,6 +542,20 @@ async fn queued_subjects(
     Ok(out)
 }
 
+/// The job-level options of a speech job, checked.
+fn speech_defaults(args: &SubmitArgs) -> anyhow::Result<minions_schemas::messages::SpeechOptions> {
+    Ok(minions_schemas::messages::SpeechOptions {
+        language: args
+            .language
+            .as_deref()
+            .map(crate::speech_input::language)
+            .transpose()
+            .context("--language")?,
+        task: args.task.into(),
+        timestamps: args.timestamps == crate::cli::TimestampsArg::Segment,
+    })
+}
+
 /// The job-level defaults of a generation job, checked.
 fn gen_defaults(args: &SubmitArgs, context: Option<u32>) -> anyhow::Result<GenDefaults> {
     if !(args.temperature >= 0.0 && args.temperature.is_finite()) {
@@ -597,6 +644,7 @@ struct Cutter {
     records: u64,
     texts: Vec<String>,
     gens: Vec<GenerationRecord>,
+    audio: Vec<minions_schemas::messages::AudioRecord>,
     ids: Vec<String>,
 }
 
@@ -610,19 +658,28 @@ impl Cutter {
             records: 0,
             texts: Vec::new(),
             gens: Vec::new(),
+            audio: Vec::new(),
             ids: Vec::new(),
         }
     }
 
     /// Records in the shard being filled.
     fn pending(&self) -> usize {
-        self.texts.len() + self.gens.len()
+        self.texts.len() + self.gens.len() + self.audio.len()
     }
 
     /// Takes a record; returns a shard input when one is full.
     fn push(&mut self, rec: Record) -> anyhow::Result<Option<ShardInput>> {
         let row = self.records;
         self.records += 1;
+        if let Some(a) = rec.audio {
+            self.audio.push(a);
+            self.ids.push(rec.id.unwrap_or_else(|| row.to_string()));
+            if self.pending() == self.shard_size {
+                return self.cut().map(Some);
+            }
+            return Ok(None);
+        }
         match rec.generation {
             Some(g) => {
                 self.gens.push(g);
@@ -659,6 +716,7 @@ impl Cutter {
             ids: self.with_ids.then(|| std::mem::take(&mut self.ids)),
             texts: std::mem::take(&mut self.texts),
             records: std::mem::take(&mut self.gens),
+            audio: std::mem::take(&mut self.audio),
         };
         self.shard = self
             .shard
@@ -783,7 +841,7 @@ mod tests {
             let mut args = vec!["minions", "submit", "--model", "m", "--input", "x.jsonl"];
             args.extend(extra);
             match crate::cli::Cli::try_parse_from(args)?.command {
-                crate::cli::Command::Submit(a) => Ok(a),
+                crate::cli::Command::Submit(a) => Ok(*a),
                 _ => bail!("not a submit"),
             }
         };
@@ -816,6 +874,7 @@ mod tests {
         for i in 0..5 {
             let rec = Record {
                 generation: None,
+                audio: None,
                 id: Some(i.to_string()),
                 text: format!("t{i}"),
             };

@@ -38,8 +38,17 @@ fn summary(p: &Progress) -> String {
     } else {
         String::new()
     };
+    let audio = if p.audio_secs > 0.0 {
+        format!(
+            " · {} of audio, {:.1}× real time",
+            human_secs(p.audio_secs),
+            p.audio_rate
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "{:.1} records/s{eta}{tokens} · {} running, {} pending, {} failed",
+        "{:.1} records/s{eta}{tokens}{audio} · {} running, {} pending, {} failed",
         p.rate, p.running, p.pending, p.failed
     )
 }

@@ -24,6 +24,7 @@ mod schedule;
 mod shard_event;
 mod shard_io;
 mod shard_task;
+mod speech;
 mod stage;
 mod worker_record;
 
@@ -49,5 +50,9 @@ pub use shard_event::{
 };
 pub use shard_io::{OutputPayload, ShardCheckpoint, ShardInput, ShardOutput};
 pub use shard_task::ShardTask;
+pub use speech::{
+    AudioRecord, PartialTranscription, SpeechOptions, SpeechTask, TokenSegment, TranscriptSegment,
+    Transcription,
+};
 pub use stage::{StageOpen, StagePass, StageReply, StageStep};
 pub use worker_record::{WorkerRecord, WorkerState};

@@ -1,7 +1,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{JobId, ModelHash, WorkerId};
-use crate::messages::{Generation, GenerationRecord};
+use crate::messages::{
+    AudioRecord, Generation, GenerationRecord, PartialTranscription, Transcription,
+};
 
 /// One shard's input records, stored at [`crate::keys::shard_input`].
 /// Limit: [`crate::limits::MAX_SHARD_INPUT_BYTES`].
@@ -22,12 +24,18 @@ pub struct ShardInput {
     /// The records, in input order (generation jobs; `texts` is empty).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub records: Vec<GenerationRecord>,
+    /// The audio files, in input order (speech jobs; `texts` is empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub audio: Vec<AudioRecord>,
 }
 
 impl ShardInput {
     /// Records in this shard, whichever kind it holds.
     pub fn len(&self) -> usize {
-        self.texts.len().max(self.records.len())
+        self.texts
+            .len()
+            .max(self.records.len())
+            .max(self.audio.len())
     }
 
     /// Whether it holds no record.
@@ -52,6 +60,11 @@ pub enum OutputPayload {
     Generations {
         /// The results.
         records: Vec<Generation>,
+    },
+    /// One transcript per audio file, in input order.
+    Transcripts {
+        /// The results.
+        records: Vec<Transcription>,
     },
 }
 
@@ -130,6 +143,17 @@ impl ShardOutput {
                 }
                 Ok(0)
             }
+            OutputPayload::Transcripts { records } => {
+                if records.len() as u64 != self.rows {
+                    return Err(format!(
+                        "output of shard {} holds {} transcripts for {} rows",
+                        self.shard,
+                        records.len(),
+                        self.rows
+                    ));
+                }
+                Ok(0)
+            }
         }
     }
 }
@@ -153,4 +177,11 @@ pub struct ShardCheckpoint {
     pub model_hash: ModelHash,
     /// Finished records: index within the shard, and result.
     pub done: Vec<(u32, Generation)>,
+    /// Finished audio files (speech jobs): index within the shard, and
+    /// transcript.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub transcripts: Vec<(u32, Transcription)>,
+    /// Long audio files part-way (speech jobs): index, and the windows done.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partial: Vec<(u32, PartialTranscription)>,
 }

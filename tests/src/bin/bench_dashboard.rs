@@ -112,6 +112,7 @@ async fn simulate(
                         already_done: false,
                         sha256: "0".repeat(64),
                         tokens: 0,
+                        audio_ms: 0,
                         made_by: None,
                     },
                 ),

@@ -100,7 +100,7 @@ async fn submit_here(fleet: &Fleet, model: &str, input: &Path, job: &str) -> Res
     let minions::cli::Command::Submit(args) = cli.command else {
         return Err("not a submit".into());
     };
-    minions::commands::submit::run(&cli.endpoints, args).await?;
+    minions::commands::submit::run(&cli.endpoints, *args).await?;
     Ok(())
 }
 
@@ -609,6 +609,7 @@ async fn sim_worker(
                     already_done: false,
                     sha256: "0".repeat(64),
                     tokens: 0,
+                    audio_ms: 0,
                     made_by: None,
                 },
             );

@@ -213,6 +213,7 @@ impl Sim {
                     already_done: false,
                     sha256: format!("{:016x}{:048x}", h.wrapping_mul(0x9e37_79b9_7f4a_7c15), h),
                     tokens: 0,
+                    audio_ms: 0,
                     made_by: None,
                 }
             };

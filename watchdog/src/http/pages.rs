@@ -225,6 +225,13 @@ fn jobs_table(jobs: &[Progress]) -> String {
 /// For generation jobs, the tokens generated and their rate, under the
 /// records/s figure.
 fn tokens_note(p: &Progress) -> String {
+    if p.audio_secs > 0.0 {
+        return format!(
+            "<br><span class=\"muted\">{} of audio, {:.1}× real time</span>",
+            minions_schemas::progress::human_secs(p.audio_secs),
+            p.audio_rate
+        );
+    }
     if p.tokens == 0 {
         return String::new();
     }
@@ -513,6 +520,8 @@ pub fn job(p: &Progress, reasons: &[Reason], can_act: bool) -> String {
         c7 = card(&eta(p), "ETA"),
         c8 = if p.tokens > 0 {
             card(&format!("{:.1}", p.token_rate), "tokens/s")
+        } else if p.audio_secs > 0.0 {
+            card(&format!("{:.1}×", p.audio_rate), "real time")
         } else {
             String::new()
         },

@@ -317,6 +317,7 @@ mod tests {
             already_done: already,
             sha256: String::new(),
             tokens: 3,
+            audio_ms: 0,
             made_by: None,
         }
     }
@@ -400,6 +401,7 @@ mod tests {
             EventKind::Progress {
                 records: 1,
                 tokens: 2,
+                audio_ms: 0,
             },
         )]);
         assert!(p.attempts.is_empty());

@@ -138,9 +138,37 @@ pub fn compare(a: &ShardOutput, b: &ShardOutput, tol: Tolerance) -> Verdict {
                 min_cosine: None,
             }
         }
+        (
+            OutputPayload::Transcripts { records: ta },
+            OutputPayload::Transcripts { records: tb },
+        ) => {
+            if let Some((x, y)) = different_arithmetic(a, b) {
+                return Verdict::NotComparable(format!(
+                    "transcripts made with different arithmetic ({x} against {y}) part at near ties, so they are compared only between makers of the same"
+                ));
+            }
+            for (row, (x, y)) in (0u64..).zip(ta.iter().zip(tb)) {
+                if x != y {
+                    return Verdict::Disagree {
+                        row,
+                        why: format!(
+                            "transcripts differ: {} segments ({} characters) against {} ({})",
+                            x.segments.len(),
+                            x.text.len(),
+                            y.segments.len(),
+                            y.text.len()
+                        ),
+                    };
+                }
+            }
+            Verdict::Agree {
+                rows: a.rows,
+                min_cosine: None,
+            }
+        }
         _ => Verdict::Disagree {
             row: 0,
-            why: "one output holds embeddings, the other generations".into(),
+            why: "the two outputs hold different kinds of results".into(),
         },
     }
 }

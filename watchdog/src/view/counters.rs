@@ -77,6 +77,8 @@ pub struct Counters {
     pub records: u64,
     /// Tokens generated (of generation shards done).
     pub tokens: u64,
+    /// Milliseconds of audio transcribed (of speech shards done).
+    pub audio_ms: u64,
     /// Deliveries beyond a shard's first.
     pub redeliveries: u64,
     /// Results rejected by a watchdog: `done` events that their output
@@ -103,6 +105,7 @@ impl Default for Counters {
             owner_handbacks: 0,
             records: 0,
             tokens: 0,
+            audio_ms: 0,
             redeliveries: 0,
             rejected: 0,
             verified: 0,
@@ -124,6 +127,8 @@ struct SavedCounters {
     owner_handbacks: u64,
     records: u64,
     tokens: u64,
+    #[serde(default)]
+    audio_ms: u64,
     redeliveries: u64,
     #[serde(default)]
     rejected: u64,
@@ -163,6 +168,7 @@ impl<'de> Deserialize<'de> for Counters {
             owner_handbacks: s.owner_handbacks,
             records: s.records,
             tokens: s.tokens,
+            audio_ms: s.audio_ms,
             redeliveries: s.redeliveries,
             rejected: s.rejected,
             verified: s.verified,

@@ -297,6 +297,7 @@ impl JobsView {
         let EventKind::Done {
             duration_ms,
             tokens,
+            audio_ms,
             ..
         } = &e.kind
         else {
@@ -306,6 +307,7 @@ impl JobsView {
         c.done += 1;
         c.records += rows;
         c.tokens += tokens;
+        c.audio_ms += audio_ms;
         c.durations.observe(*duration_ms as f64 / 1000.0);
         record_minute(&mut self.minutes, e.at_ms, rows);
         if let Some(w) = self.recent.get_mut(&e.worker) {
@@ -530,6 +532,7 @@ mod tests {
             already_done: false,
             sha256: String::new(),
             tokens: 0,
+            audio_ms: 0,
             made_by: None,
         }
     }

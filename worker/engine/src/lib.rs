@@ -129,6 +129,25 @@ pub trait Model: Send + Sync {
         )))
     }
 
+    /// Transcribes audio `files`, each from its resume point, reporting
+    /// every window of an unfinished file and every finished file to
+    /// `events` with the file's index; stops between windows once `stop`
+    /// is set. A file that cannot run (a language the model does not know)
+    /// gets a failed result; the others are unaffected. Blocking and
+    /// compute-heavy. Families that do not transcribe refuse.
+    fn transcribe(
+        &self,
+        files: &[speech::SpeechFile<'_>],
+        stop: &std::sync::atomic::AtomicBool,
+        events: &mut dyn FnMut(usize, speech::SpeechEvent),
+    ) -> Result<(), ModelError> {
+        let _ = (files, stop, events);
+        Err(ModelError::BadInput(format!(
+            "a {} model does not transcribe audio",
+            self.family()
+        )))
+    }
+
     /// Bytes the loaded weights take (0 when not known).
     fn memory_bytes(&self) -> u64 {
         0

@@ -15,13 +15,18 @@ pub mod whisper;
 
 use std::path::Path;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use candle_core::Device;
+use minions_schemas::messages::{
+    PartialTranscription, SpeechOptions, SpeechTask, TokenSegment, TranscriptSegment, Transcription,
+};
 use tokenizers::Tokenizer;
 
 use crate::{EnginePath, ModelError};
 use decode::Specials;
 use mel::MelFrontEnd;
-use transcribe::{TranscribeOptions, Transcript};
+use transcribe::{Event, Partial, TranscribeOptions, Transcript};
 use whisper::Whisper;
 
 /// The largest `tokenizer.json` accepted.
@@ -57,6 +62,8 @@ pub struct TextTranscript {
 /// its special tokens and its tokenizer.
 pub struct SpeechModel {
     whisper: Whisper,
+    /// Bytes the weights take loaded (as f32).
+    weight_bytes: u64,
     mel: MelFrontEnd,
     specials: Specials,
     tokenizer: Tokenizer,
@@ -66,13 +73,21 @@ impl SpeechModel {
     /// Loads `dir` (`model.bin`, `config.json`, `vocabulary.txt`,
     /// `tokenizer.json`) onto `device`, to run the code `path` names.
     pub fn load(dir: &Path, device: &Device, path: EnginePath) -> Result<Self, ModelError> {
-        let whisper = Whisper::load(dir, device, path.host_kernels(device))?;
+        let f = ct2::Ct2File::open(&dir.join("model.bin"))?;
+        let weight_bytes = f
+            .names()
+            .filter_map(|n| f.var(n))
+            .map(|v| v.dims.iter().product::<usize>() as u64 * 4)
+            .sum();
+        let whisper = Whisper::from_file(&f, device, path.host_kernels(device))?;
+        drop(f);
         let specials = Specials::load(dir, whisper.dims().vocab)?;
         let tokenizer = load_tokenizer(dir)?;
         let mel = MelFrontEnd::new(whisper.dims().n_mels)
             .map_err(|e| ct2_invalid(format!("model.bin: {e}")))?;
         Ok(Self {
             whisper,
+            weight_bytes,
             mel,
             specials,
             tokenizer,
@@ -180,9 +195,190 @@ pub struct SpeechSummary {
     pub languages: usize,
 }
 
+/// One audio file for [`crate::Model::transcribe`].
+#[derive(Clone, Debug)]
+pub struct SpeechFile<'a> {
+    /// 16 kHz mono samples.
+    pub samples: &'a [f32],
+    /// How to transcribe it.
+    pub options: &'a SpeechOptions,
+    /// Where an earlier run left it (windows done), if anywhere.
+    pub resume: Option<PartialTranscription>,
+}
+
+/// What [`crate::Model::transcribe`] reports about one file.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SpeechEvent {
+    /// A window is done and the file goes on: where it stands now.
+    Window(PartialTranscription),
+    /// The file is done.
+    Done(Transcription),
+}
+
+/// Windows per encoder batch when transcribing a shard's files.
+pub const SHARD_BATCH: usize = 8;
+
 impl crate::Model for SpeechModel {
     fn family(&self) -> minions_schemas::messages::ModelFamily {
         minions_schemas::messages::ModelFamily::WhisperSpeech
+    }
+
+    /// The weights, and what a shard's batch of windows holds besides:
+    /// [`SHARD_BATCH`] windows' mel and encoder states, and the decoder's
+    /// caches (cross and self attention, every layer, f32).
+    fn memory_bytes(&self) -> u64 {
+        let d = self.whisper.dims();
+        let (width, layers) = (d.d_model as u64, d.decoder_layers as u64);
+        let batch = SHARD_BATCH as u64;
+        let mel = batch * d.n_mels as u64 * transcribe::WINDOW_FRAMES as u64 * 4;
+        let encoded = batch * d.audio_ctx as u64 * width * 4;
+        let caches = batch * layers * 2 * (d.audio_ctx + d.text_ctx) as u64 * width * 4;
+        self.weight_bytes + mel + encoded + caches
+    }
+
+    fn transcribe(
+        &self,
+        files: &[SpeechFile<'_>],
+        stop: &AtomicBool,
+        events: &mut dyn FnMut(usize, SpeechEvent),
+    ) -> Result<(), ModelError> {
+        // Files asking for the same options run together.
+        let mut groups: Vec<(&SpeechOptions, Vec<usize>)> = Vec::new();
+        for (i, f) in files.iter().enumerate() {
+            match groups.iter_mut().find(|(o, _)| *o == f.options) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((f.options, vec![i])),
+            }
+        }
+        for (options, members) in groups {
+            let opts = match self.options(options) {
+                Ok(o) => o,
+                Err(why) => {
+                    for &i in &members {
+                        events(i, SpeechEvent::Done(Transcription::failed(why.clone())));
+                    }
+                    continue;
+                }
+            };
+            let samples: Vec<&[f32]> = members.iter().map(|&i| files[i].samples).collect();
+            let starts: Vec<Partial> = members
+                .iter()
+                .map(|&i| files[i].resume.clone().map(partial_in).unwrap_or_default())
+                .collect();
+            let mut failed: Option<ModelError> = None;
+            transcribe::transcribe_from(
+                (&self.whisper, &self.specials, &self.mel),
+                &samples,
+                starts,
+                &opts,
+                &|| stop.load(Ordering::Relaxed),
+                &mut |k, e| {
+                    let i = members[k];
+                    match e {
+                        Event::Window(p) => events(i, SpeechEvent::Window(partial_out(p))),
+                        Event::Done(t) => {
+                            let duration = files[i].samples.len() as f64 / mel::SAMPLE_RATE as f64;
+                            match self.to_text(t) {
+                                Ok(t) => events(i, SpeechEvent::Done(transcription(t, duration))),
+                                Err(e) => {
+                                    failed.get_or_insert(e);
+                                }
+                            }
+                        }
+                    }
+                },
+            )?;
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl SpeechModel {
+    /// The engine's options for a record's, or why the model cannot follow
+    /// them.
+    fn options(&self, o: &SpeechOptions) -> Result<TranscribeOptions, String> {
+        let sp = &self.specials;
+        let language = match o.language.as_deref() {
+            None => None,
+            Some(code) if sp.multilingual() => Some(
+                sp.language(code)
+                    .ok_or_else(|| format!("language {code:?} is not one this model knows"))?,
+            ),
+            Some("en") => None,
+            Some(code) => {
+                return Err(format!("language {code:?}: this model knows English only"));
+            }
+        };
+        if o.task == SpeechTask::Translate && !sp.multilingual() {
+            return Err(
+                "--task translate needs a multilingual model; this one knows English only".into(),
+            );
+        }
+        Ok(TranscribeOptions {
+            language,
+            translate: o.task == SpeechTask::Translate,
+            timestamps: o.timestamps,
+            batch: SHARD_BATCH,
+        })
+    }
+}
+
+/// A transcript in the wire's form.
+fn transcription(t: TextTranscript, duration: f64) -> Transcription {
+    Transcription {
+        text: t.text,
+        language: t.language,
+        segments: t
+            .segments
+            .into_iter()
+            .map(|s| TranscriptSegment {
+                start: s.start,
+                end: s.end,
+                text: s.text,
+            })
+            .collect(),
+        duration,
+        error: None,
+    }
+}
+
+fn partial_out(p: &Partial) -> PartialTranscription {
+    PartialTranscription {
+        seek: p.seek as u64,
+        language: p.language,
+        windows: p.windows as u32,
+        segments: p
+            .segments
+            .iter()
+            .map(|s| TokenSegment {
+                start: s.start,
+                end: s.end,
+                tokens: s.tokens.clone(),
+            })
+            .collect(),
+    }
+}
+
+fn partial_in(p: PartialTranscription) -> Partial {
+    Partial {
+        seek: usize::try_from(p.seek).unwrap_or(usize::MAX),
+        language: p.language,
+        windows: p.windows as usize,
+        segments: p
+            .segments
+            .into_iter()
+            .map(|s| transcribe::Segment {
+                start: s.start,
+                end: s.end,
+                tokens: s.tokens,
+            })
+            .collect(),
     }
 }
 

@@ -72,12 +72,28 @@ pub struct Transcript {
     pub windows: usize,
 }
 
-/// A file on its way through.
-struct Progress {
-    seek: usize,
-    language: Option<u32>,
-    segments: Vec<Segment>,
-    windows: usize,
+/// A file on its way through: the windows before `seek` are done. A file
+/// resumed from one gives what running on would have given (windows are
+/// not conditioned on earlier text).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Partial {
+    /// Where the next window starts, in mel frames.
+    pub seek: usize,
+    /// The language token in use.
+    pub language: Option<u32>,
+    /// Segments so far.
+    pub segments: Vec<Segment>,
+    /// Windows decoded so far.
+    pub windows: usize,
+}
+
+/// What [`transcribe_from`] reports, with the file's index.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// A window of an unfinished file is done: where it stands now.
+    Window(&'a Partial),
+    /// The file is done.
+    Done(Transcript),
 }
 
 /// Transcribes `files` (16 kHz mono samples), handing each finished one to
@@ -92,6 +108,26 @@ pub fn transcribe(
     stop: &dyn Fn() -> bool,
     done: &mut dyn FnMut(usize, Transcript),
 ) -> Result<(), ModelError> {
+    let starts = vec![Partial::default(); files.len()];
+    transcribe_from((model, sp, mel), files, starts, opts, stop, &mut |i, e| {
+        if let Event::Done(t) = e {
+            done(i, t);
+        }
+    })
+}
+
+/// Transcribes `files`, each from where `starts` says (one per file; a
+/// default [`Partial`] starts at the beginning), reporting every window
+/// of an unfinished file and every finished file to `events`; stops between
+/// rounds when `stop()` says so.
+pub fn transcribe_from(
+    (model, sp, mel): (&Whisper, &Specials, &MelFrontEnd),
+    files: &[&[f32]],
+    starts: Vec<Partial>,
+    opts: &TranscribeOptions,
+    stop: &dyn Fn() -> bool,
+    events: &mut dyn FnMut(usize, Event<'_>),
+) -> Result<(), ModelError> {
     let n_mels = model.dims().n_mels;
     if mel.n_mels() != n_mels {
         return Err(ModelError::BadInput(format!(
@@ -99,21 +135,26 @@ pub fn transcribe(
             mel.n_mels()
         )));
     }
+    if starts.len() != files.len() {
+        return Err(ModelError::BadInput(format!(
+            "{} starting points for {} files",
+            starts.len(),
+            files.len()
+        )));
+    }
     let frames: Vec<usize> = files.iter().map(|f| content_frames(f.len())).collect();
-    let mut state: Vec<Progress> = files
-        .iter()
-        .map(|_| Progress {
-            seek: 0,
-            language: opts.language,
-            segments: Vec::new(),
-            windows: 0,
+    let mut state: Vec<Partial> = starts
+        .into_iter()
+        .map(|mut p| {
+            p.language = p.language.or(opts.language);
+            p
         })
         .collect();
-    // Files with no audio at all are done at once.
+    // Files with nothing left (no audio at all) are done at once.
     let mut open: Vec<usize> = Vec::new();
     for (i, &f) in frames.iter().enumerate() {
-        if f == 0 {
-            done(i, finish(&mut state[i]));
+        if state[i].seek >= f {
+            events(i, Event::Done(finish(&mut state[i])));
         } else {
             open.push(i);
         }
@@ -156,9 +197,12 @@ pub fn transcribe(
         }
         open.retain(|&i| {
             if state[i].seek >= frames[i] {
-                done(i, finish(&mut state[i]));
+                events(i, Event::Done(finish(&mut state[i])));
                 false
             } else {
+                if round.contains(&i) {
+                    events(i, Event::Window(&state[i]));
+                }
                 true
             }
         });
@@ -166,7 +210,7 @@ pub fn transcribe(
     Ok(())
 }
 
-fn finish(p: &mut Progress) -> Transcript {
+fn finish(p: &mut Partial) -> Transcript {
     Transcript {
         language: p.language,
         segments: std::mem::take(&mut p.segments),

@@ -1,0 +1,130 @@
+//! The speech-to-text family's records: an audio file to transcribe, its
+//! transcript, and a long file's transcript part-way (checkpoints).
+
+use serde::{Deserialize, Serialize};
+
+/// Transcribe in the spoken language, or translate into English.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpeechTask {
+    /// Text in the language spoken.
+    #[default]
+    Transcribe,
+    /// English text, whatever the language spoken (multilingual models).
+    Translate,
+}
+
+impl SpeechTask {
+    /// The name `--task` takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Transcribe => "transcribe",
+            Self::Translate => "translate",
+        }
+    }
+}
+
+/// How one file is transcribed. Resolved at submit time (job defaults
+/// filled in), so a redelivered shard runs exactly as before.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpeechOptions {
+    /// The spoken language's code (`en`, `de`, …); `None`: detected from the
+    /// file's first 30 seconds (multilingual models).
+    pub language: Option<String>,
+    /// Transcribe or translate.
+    pub task: SpeechTask,
+    /// Segment timestamps; without them each 30-second window is one
+    /// segment.
+    pub timestamps: bool,
+}
+
+impl Default for SpeechOptions {
+    fn default() -> Self {
+        Self {
+            language: None,
+            task: SpeechTask::Transcribe,
+            timestamps: true,
+        }
+    }
+}
+
+/// One input record of a speech job: an audio file in the store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AudioRecord {
+    /// The file's key in the fleet's store.
+    pub key: String,
+    /// Its size in bytes, as submitted.
+    pub bytes: u64,
+    /// The file's name as the user gave it (its extension hints the format;
+    /// `collect --format srt` names subtitle files after it).
+    pub name: String,
+    /// How to transcribe it.
+    pub options: SpeechOptions,
+}
+
+/// A span of a transcript.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TranscriptSegment {
+    /// Start, seconds from the file's start.
+    pub start: f64,
+    /// End, seconds.
+    pub end: f64,
+    /// The words (usually with a leading space, as the model writes them).
+    pub text: String,
+}
+
+/// One file's result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Transcription {
+    /// The segments' texts joined, trimmed.
+    pub text: String,
+    /// The spoken language's code, where the model names one.
+    pub language: Option<String>,
+    /// Segments with text, in order.
+    pub segments: Vec<TranscriptSegment>,
+    /// The audio's length, seconds.
+    pub duration: f64,
+    /// Why the file could not be transcribed (unreadable, over a limit,
+    /// a language the model does not know); the text is then empty and the
+    /// rest of the shard is unaffected.
+    pub error: Option<String>,
+}
+
+impl Transcription {
+    /// A file that could not be transcribed, and why.
+    pub fn failed(reason: impl Into<String>) -> Self {
+        Self {
+            text: String::new(),
+            language: None,
+            segments: Vec::new(),
+            duration: 0.0,
+            error: Some(reason.into()),
+        }
+    }
+}
+
+/// A segment as tokens (a partial transcript's; text is made at the end).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenSegment {
+    /// Start, seconds.
+    pub start: f64,
+    /// End, seconds.
+    pub end: f64,
+    /// The tokens, timestamps included.
+    pub tokens: Vec<u32>,
+}
+
+/// A long file transcribed part-way: its windows up to `seek` are done.
+/// Windows are not conditioned on earlier text, so resuming here gives
+/// what running on would have given.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PartialTranscription {
+    /// Where the next window starts, in mel frames (100 per second).
+    pub seek: u64,
+    /// The language token in use (multilingual models).
+    pub language: Option<u32>,
+    /// Windows decoded so far.
+    pub windows: u32,
+    /// Segments so far.
+    pub segments: Vec<TokenSegment>,
+}
