@@ -434,6 +434,11 @@ pub struct SubmitArgs {
     /// they are. Parquet: one record per row, the text (for a generation
     /// model, the prompt) from the column --text-field names, read a row
     /// group at a time; only that column and the --id-field column are read.
+    /// For a speech model: a folder of audio files (local, or
+    /// `s3://bucket/prefix/`; see --glob), or JSON Lines of `{"id",
+    /// "audio"}` where audio is an `s3://` URL, a local path (relative to
+    /// the list) or a key in the fleet's store, optionally with `language`
+    /// and `task`.
     #[arg(long)]
     pub input: PathBuf,
     /// Job id (letters, digits, '-', '_'). Re-submitting the same id with the

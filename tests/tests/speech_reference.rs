@@ -4,9 +4,10 @@
 //! tests/fixtures/speech/whisper_goldens.json: greedy tokens on every short
 //! clip without timestamps, word error rates, and segment timestamps of the
 //! files over 60 s transcribed window by window. tiny.en runs every clip;
-//! base, four times slower, runs the clear clips and the longest file
-//! unless `MINIONS_SPEECH_ALL_CLIPS=1` (every clip: the full comparison,
-//! kept out of CI's time). Also: `model push` checks
+//! base, four times slower, runs the clear clips unless
+//! `MINIONS_SPEECH_ALL_CLIPS=1` (every clip, the files over 60 s included:
+//! the full comparison, kept out of CI's time; long files run window by
+//! window through the fleet in speech_fleet.rs). Also: `model push` checks
 //! a speech model folder and refuses a damaged one, naming the file.
 
 use std::collections::BTreeMap;
@@ -150,9 +151,6 @@ fn wer(reference: &str, hyp: &str) -> f64 {
     d[h.len()] as f64 / r.len().max(1) as f64
 }
 
-/// The longest file of the goldens.
-const LONGEST: &str = "long/mixed_95s.wav";
-
 /// Runs one model over the clips of the goldens that `wanted` keeps, with
 /// and without timestamps, and checks what the module's comment says.
 fn check_model(name: &str, wanted: &dyn Fn(&str) -> bool) -> Result<()> {
@@ -270,7 +268,7 @@ fn tiny_en_matches_ctranslate2() -> Result<()> {
 #[test]
 fn base_matches_ctranslate2() -> Result<()> {
     let all = std::env::var("MINIONS_SPEECH_ALL_CLIPS").is_ok_and(|v| v == "1");
-    check_model("base", &|c| all || CLEAR.contains(&c) || c == LONGEST)
+    check_model("base", &|c| all || CLEAR.contains(&c))
 }
 
 /// `model push` of the real tiny.en folder is accepted as a speech model;

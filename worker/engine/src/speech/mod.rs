@@ -50,7 +50,8 @@ pub struct TextSegment {
 pub struct TextTranscript {
     /// The segments' texts joined, trimmed.
     pub text: String,
-    /// The spoken language's code (`en`, …), where the model names one.
+    /// The spoken language's code (`en`, …): the one the model detected or
+    /// was given; `en` for an English-only model.
     pub language: Option<String>,
     /// Segments with text, in order.
     pub segments: Vec<TextSegment>,
@@ -176,10 +177,13 @@ impl SpeechModel {
             .to_string();
         Ok(TextTranscript {
             text,
-            language: t
-                .language
-                .and_then(|l| self.specials.language_code(l))
-                .map(str::to_string),
+            // An English-only model names no language token: it writes
+            // English.
+            language: match t.language {
+                Some(l) => self.specials.language_code(l).map(str::to_string),
+                None if !self.specials.multilingual() => Some("en".to_string()),
+                None => None,
+            },
             segments,
             windows: t.windows,
         })
