@@ -28,6 +28,11 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
         "0003_actions",
         include_str!("../../migrations/0003_actions.sql"),
     ),
+    (
+        4,
+        "0004_audio",
+        include_str!("../../migrations/0004_audio.sql"),
+    ),
 ];
 
 /// The advisory lock's key: any constant the fleet's other users of the

@@ -30,6 +30,8 @@ pub(crate) struct AttemptRow {
     pub(crate) reason: Option<String>,
     pub(crate) records: u64,
     pub(crate) tokens: u64,
+    /// Milliseconds of audio (speech shards).
+    pub(crate) audio_ms: u64,
     pub(crate) energy: Option<Energy>,
 }
 
@@ -70,6 +72,8 @@ pub(crate) struct ShardEnd {
     pub(crate) at_ms: u64,
     pub(crate) records: u64,
     pub(crate) tokens: u64,
+    /// Milliseconds of audio (speech shards).
+    pub(crate) audio_ms: u64,
     pub(crate) reason: Option<String>,
 }
 
@@ -155,6 +159,7 @@ impl Plan {
                     at_ms: e.at_ms,
                     records: 0,
                     tokens: 0,
+                    audio_ms: 0,
                     reason: Some(reason.clone()),
                 });
             }
@@ -200,11 +205,13 @@ impl Plan {
                 compute_ms,
                 already_done,
                 tokens,
+                audio_ms,
                 ..
             } => {
                 let outcome = if *already_done { "duplicate" } else { "done" };
                 row.ran(e, *duration_ms, *compute_ms, outcome, *rows);
                 row.tokens = *tokens;
+                row.audio_ms = *audio_ms;
                 self.shard_ends.push(ShardEnd {
                     job,
                     shard: e.shard,
@@ -214,6 +221,7 @@ impl Plan {
                     at_ms: e.at_ms,
                     records: *rows,
                     tokens: *tokens,
+                    audio_ms: *audio_ms,
                     reason: None,
                 });
             }
@@ -244,6 +252,7 @@ impl Plan {
                         at_ms: e.at_ms,
                         records: 0,
                         tokens: 0,
+                        audio_ms: 0,
                         reason: Some(reason.clone()),
                     });
                 }
@@ -317,7 +326,7 @@ mod tests {
             already_done: already,
             sha256: String::new(),
             tokens: 3,
-            audio_ms: 0,
+            audio_ms: 61_250,
             made_by: None,
         }
     }
@@ -333,7 +342,9 @@ mod tests {
         assert_eq!(row.started_ms, Some(1_000));
         assert_eq!(row.busy_ms, Some(500));
         assert_eq!(row.outcome, Some("done"));
+        assert_eq!((row.tokens, row.audio_ms), (3, 61_250));
         assert_eq!(p.shard_ends.len(), 1);
+        assert_eq!(p.shard_ends[0].audio_ms, 61_250);
         assert_eq!(p.jobs.get("j").and_then(|j| j.first_start_ms), Some(1_000));
         assert_eq!(p.workers.get("a").map(|w| (w.1, w.2)), Some((1_000, 1_500)));
     }

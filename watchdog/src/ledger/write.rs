@@ -133,13 +133,14 @@ pub(crate) async fn batch(
 }
 
 /// Per job: shards done and failed (may go down: a failed shard retried and
-/// done), records, tokens, device ms.
+/// done), records, tokens, audio ms, device ms.
 #[derive(Default)]
 struct JobDelta {
     done: i64,
     failed: i64,
     records: i64,
     tokens: i64,
+    audio_ms: i64,
     busy_ms: i64,
 }
 
@@ -331,6 +332,7 @@ async fn upsert_attempts(
     let mut reason = Vec::with_capacity(n);
     let mut records = Vec::with_capacity(n);
     let mut tokens = Vec::with_capacity(n);
+    let mut audio = Vec::with_capacity(n);
     let mut energy = Vec::with_capacity(n);
     let mut measured = Vec::with_capacity(n);
     for (key, row) in &plan.attempts {
@@ -351,24 +353,27 @@ async fn upsert_attempts(
         reason.push(row.reason.as_deref());
         records.push(big(row.records));
         tokens.push(big(row.tokens));
+        audio.push(big(row.audio_ms));
         energy.push(row.energy.as_ref().map(|e| e.joules));
         measured.push(row.energy.as_ref().map(|e| e.measured));
     }
-    let params: [&(dyn ToSql + Sync); 15] = [
+    let params: [&(dyn ToSql + Sync); 16] = [
         &job, &shard, &attempt, &worker, &host, &started, &ended, &busy, &compute, &outcome,
-        &reason, &records, &tokens, &energy, &measured,
+        &reason, &records, &tokens, &energy, &measured, &audio,
     ];
     let rows = tx
         .query(
             "INSERT INTO attempts (job, shard, attempt, worker, host, started, ended, busy_ms,
-                                   compute_ms, outcome, reason, records, tokens, energy_j, energy_measured)
+                                   compute_ms, outcome, reason, records, tokens, energy_j, energy_measured,
+                                   audio_ms)
              SELECT job, shard, attempt, worker, host, to_timestamp(started), to_timestamp(ended), busy_ms,
-                    compute_ms, outcome, reason, records, tokens, energy_j, energy_measured
+                    compute_ms, outcome, reason, records, tokens, energy_j, energy_measured, audio_ms
                FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[],
                            $6::float8[], $7::float8[], $8::bigint[], $9::bigint[], $10::text[],
-                           $11::text[], $12::bigint[], $13::bigint[], $14::float8[], $15::bool[])
+                           $11::text[], $12::bigint[], $13::bigint[], $14::float8[], $15::bool[],
+                           $16::bigint[])
                  AS u(job, shard, attempt, worker, host, started, ended, busy_ms, compute_ms,
-                      outcome, reason, records, tokens, energy_j, energy_measured)
+                      outcome, reason, records, tokens, energy_j, energy_measured, audio_ms)
               WHERE true
              ON CONFLICT (job, shard, attempt, worker) DO UPDATE SET
                started = COALESCE(EXCLUDED.started, attempts.started),
@@ -382,6 +387,7 @@ async fn upsert_attempts(
                reason = COALESCE(EXCLUDED.reason, attempts.reason),
                records = GREATEST(EXCLUDED.records, attempts.records),
                tokens = GREATEST(EXCLUDED.tokens, attempts.tokens),
+               audio_ms = GREATEST(EXCLUDED.audio_ms, attempts.audio_ms),
                energy_j = COALESCE(EXCLUDED.energy_j, attempts.energy_j),
                energy_measured = COALESCE(EXCLUDED.energy_measured, attempts.energy_measured)
              RETURNING job, shard, attempt, worker, busy_ms, (EXTRACT(EPOCH FROM ended) * 1000)::bigint",
@@ -478,6 +484,9 @@ async fn reject_results<'p>(
                    AND a.worker = shards.worker AND a.outcome = 'forged'),
                (SELECT COALESCE(max(a.tokens), 0) FROM attempts a
                  WHERE a.job = shards.job AND a.shard = shards.shard
+                   AND a.worker = shards.worker AND a.outcome = 'forged'),
+               (SELECT COALESCE(max(a.audio_ms), 0) FROM attempts a
+                 WHERE a.job = shards.job AND a.shard = shards.shard
                    AND a.worker = shards.worker AND a.outcome = 'forged')",
             &[&job, &shard, &worker],
         )
@@ -491,6 +500,7 @@ async fn reject_results<'p>(
         d.done -= 1;
         d.records -= r.get::<_, i64>(1);
         d.tokens -= r.get::<_, i64>(2);
+        d.audio_ms -= r.get::<_, i64>(3);
     }
     Ok(())
 }
@@ -541,6 +551,7 @@ async fn finish_shards<'p>(
             }
             d.records += big(end.records);
             d.tokens += big(end.tokens);
+            d.audio_ms += big(end.audio_ms);
         }
     }
     if !failed.is_empty() {
@@ -589,6 +600,7 @@ async fn update_jobs(
         Vec::with_capacity(n),
         Vec::with_capacity(n),
     );
+    let mut audio = Vec::with_capacity(n);
     let (mut first, mut last, mut requeued) = (
         Vec::with_capacity(n),
         Vec::with_capacity(n),
@@ -601,21 +613,24 @@ async fn update_jobs(
         failed.push(d.failed);
         records.push(d.records);
         tokens.push(d.tokens);
+        audio.push(d.audio_ms);
         busy.push(d.busy_ms);
         first.push(seen.first_start_ms.map(secs));
         last.push(secs(seen.last_ms));
         requeued.push(seen.requeued);
     }
-    let params: [&(dyn ToSql + Sync); 7] = [&job, &done, &failed, &records, &tokens, &busy, &first];
+    let params: [&(dyn ToSql + Sync); 8] = [
+        &job, &done, &failed, &records, &tokens, &busy, &first, &audio,
+    ];
     tx.execute(
         "UPDATE jobs SET
            shards_done = shards_done + u.d_done, shards_failed = shards_failed + u.d_failed,
            records_done = records_done + u.d_records, tokens = tokens + u.d_tokens,
-           busy_ms = busy_ms + u.d_busy,
+           audio_ms = audio_ms + u.d_audio, busy_ms = busy_ms + u.d_busy,
            started = LEAST(started, to_timestamp(u.first_start))
           FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[],
-                      $6::bigint[], $7::float8[])
-            AS u(job, d_done, d_failed, d_records, d_tokens, d_busy, first_start)
+                      $6::bigint[], $7::float8[], $8::bigint[])
+            AS u(job, d_done, d_failed, d_records, d_tokens, d_busy, first_start, d_audio)
          WHERE jobs.job = u.job",
         &params,
     )
@@ -734,6 +749,7 @@ mod tests {
             at_ms: 1,
             records: 1,
             tokens: 0,
+            audio_ms: 0,
             reason: None,
         }
     }
