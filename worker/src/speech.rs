@@ -282,6 +282,17 @@ async fn fetch_and_decode(
         Err(object_store::Error::NotFound { .. }) => {
             return Ok(Err(format!("{} is not in the store", rec.key)));
         }
+        // A key named in a list that this worker's store policy may not
+        // read: no retry would read it, so the file fails alone.
+        Err(
+            e @ (object_store::Error::PermissionDenied { .. }
+            | object_store::Error::Unauthenticated { .. }),
+        ) => {
+            return Ok(Err(format!(
+                "{}: the store refused to read it: {e}",
+                rec.key
+            )));
+        }
         Err(e) => return Err(e.into()),
     };
     if got.meta.size > limits.max_bytes as u64 {
