@@ -35,6 +35,14 @@ const UPLOAD_WINDOW: usize = 4;
 /// Extensions taken from a folder when no `--glob` is given.
 pub const AUDIO_EXTENSIONS: &[&str] = &["wav", "flac", "mp3", "ogg", "oga", "m4a", "mp4", "aac"];
 
+/// Whether `path`'s extension is one of [`AUDIO_EXTENSIONS`] (any case).
+fn has_audio_extension(path: &str) -> bool {
+    Path::new(path)
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| AUDIO_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
+}
+
 /// Where one file's bytes are.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Source {
@@ -96,10 +104,7 @@ pub async fn open(
                 require_literal_leading_dot: false,
             },
         ),
-        None => Path::new(rel)
-            .extension()
-            .and_then(|e| e.to_str())
-            .is_some_and(|e| AUDIO_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str())),
+        None => has_audio_extension(rel),
     };
     let wanted: Vec<Wanted> =
         if crate::input::is_remote(named) && (named.ends_with('/') || glob.is_some()) {
@@ -355,17 +360,13 @@ async fn upload(
         Source::Remote(url) => {
             let (bucket, key) = split_url(url)?;
             let remote = minions_endpoints::store::open(&format!("s3://{bucket}"))?;
-            let key = StorePath::from(key);
-            let meta = remote
-                .head(&key)
+            // The response's size is checked before its body is read.
+            let got = remote
+                .get(&StorePath::from(key))
                 .await
                 .with_context(|| format!("{}: cannot read {url}", w.id))?;
-            check_size(&w.id, meta.size)?;
-            remote
-                .get(&key)
-                .await
-                .with_context(|| format!("{}: cannot read {url}", w.id))?
-                .bytes()
+            check_size(&w.id, got.meta.size)?;
+            got.bytes()
                 .await
                 .with_context(|| format!("{}: cannot read {url}", w.id))?
         }
@@ -497,12 +498,7 @@ mod tests {
             std::fs::write(dir.path().join(f), b"x")?;
         }
         let d = SpeechOptions::default();
-        let by_ext = |rel: &str| {
-            Path::new(rel)
-                .extension()
-                .and_then(|e| e.to_str())
-                .is_some_and(|e| AUDIO_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
-        };
+        let by_ext = |rel: &str| has_audio_extension(rel);
         let ids: Vec<String> = local_folder(dir.path(), &by_ext, &d)?
             .into_iter()
             .map(|w| w.id)

@@ -434,7 +434,7 @@ async fn verify_existing(ctx: &Ctx, task: &ShardTask, key: &StorePath) -> Result
             0,
             records
                 .iter()
-                .map(|t| (t.duration * 1000.0).round() as u64)
+                .map(minions_schemas::messages::Transcription::audio_ms)
                 .sum(),
         ),
         minions_schemas::messages::OutputPayload::Embeddings { .. } => (0, 0),

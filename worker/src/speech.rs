@@ -54,7 +54,7 @@ impl State {
         self.done
             .iter()
             .flatten()
-            .map(|t| (t.duration * 1000.0).round() as u64)
+            .map(Transcription::audio_ms)
             .sum::<u64>()
             + self
                 .partial

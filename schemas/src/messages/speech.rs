@@ -91,6 +91,12 @@ pub struct Transcription {
 }
 
 impl Transcription {
+    /// The audio's length in whole milliseconds (what events and the
+    /// ledger count).
+    pub fn audio_ms(&self) -> u64 {
+        (self.duration * 1000.0).round() as u64
+    }
+
     /// A file that could not be transcribed, and why.
     pub fn failed(reason: impl Into<String>) -> Self {
         Self {
