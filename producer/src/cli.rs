@@ -485,8 +485,19 @@ pub struct SubmitArgs {
     pub max_tokens: u32,
     /// Generation jobs: sampling temperature unless the record says; 0
     /// picks the most likely token every step (greedy, reproducible).
-    #[arg(long, default_value_t = 0.0, help_heading = "Generation")]
-    pub temperature: f32,
+    /// Speech jobs: temperatures tried in turn, comma-separated, each in
+    /// 0..=1. One (`0`, the default): every window decoded once. Several
+    /// (Whisper's `0,0.2,0.4,0.6,0.8,1.0`): a window whose text repeats
+    /// itself or is unlikely is decoded again at the next temperature
+    /// (best of 5 samples, the same draws on a rerun), and silence is
+    /// skipped.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "0",
+        help_heading = "Generation"
+    )]
+    pub temperature: Vec<f32>,
     /// Generation jobs: nucleus sampling mass unless the record says (1 = off).
     #[arg(long, default_value_t = 1.0, help_heading = "Generation")]
     pub top_p: f32,
@@ -575,6 +586,17 @@ pub struct SubmitArgs {
     /// (what subtitles need); `none` writes one segment per 30 seconds.
     #[arg(long, value_enum, default_value_t = TimestampsArg::Segment, help_heading = "Speech")]
     pub timestamps: TimestampsArg,
+    /// Speech models: beams searched at temperature 0 (1, the default:
+    /// greedy; faster-whisper's default is 5). More beams, fewer errors on
+    /// hard audio, slower by about the number of beams in the decoder.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8), help_heading = "Speech")]
+    pub beam_size: u32,
+    /// Speech models: text each file's first 30 seconds is conditioned on,
+    /// unless a record says (`"initial_prompt"`): names, terms and
+    /// spellings the recordings use ("Minions, JetStream, Kubernetes."), or
+    /// the style to write in. At most 4096 bytes.
+    #[arg(long, help_heading = "Speech")]
+    pub initial_prompt: Option<String>,
 }
 
 /// `--task` values.

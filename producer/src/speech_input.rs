@@ -8,7 +8,7 @@
 //!   that `--glob` matches (default: audio extensions), in path order, each
 //!   with its path below the folder as its id;
 //! - a JSON Lines file of `{"id": …, "audio": …}` lines, optionally with
-//!   `"language"` and `"task"`; `audio` is an `s3://bucket/key` URL, a local
+//!   `"language"`, `"task"` and `"initial_prompt"`; `audio` is an `s3://bucket/key` URL, a local
 //!   path (relative to the list's folder), or a key in the fleet's store.
 //!
 //! Every file is checked (present, at most [`MAX_AUDIO_BYTES`]) before the
@@ -276,7 +276,8 @@ fn list(named: &str, local: &Path, defaults: &SpeechOptions) -> anyhow::Result<V
     Ok(out)
 }
 
-/// One line of a list: `{"id", "audio"}` with optional `language` and `task`.
+/// One line of a list: `{"id", "audio"}` with optional `language`, `task`
+/// and `initial_prompt`.
 fn list_line(
     line: &str,
     row: u64,
@@ -307,6 +308,16 @@ fn list_line(
         Some("transcribe") => options.task = SpeechTask::Transcribe,
         Some("translate") => options.task = SpeechTask::Translate,
         Some(t) => bail!("\"task\" is {t:?}; use \"transcribe\" or \"translate\""),
+    }
+    match obj.get("initial_prompt") {
+        None | Some(serde_json::Value::Null) => {}
+        Some(serde_json::Value::String(p)) => {
+            options.initial_prompt = Some(p.clone());
+            options
+                .check()
+                .map_err(|why| anyhow::anyhow!("\"initial_prompt\": {why}"))?;
+        }
+        Some(_) => bail!("\"initial_prompt\" must be a string"),
     }
     let source = if crate::input::is_remote(audio) {
         split_url(audio)?;

@@ -56,3 +56,7 @@ pub const MAX_STAGE_PART_BYTES: usize = 1024 * 1024;
 pub const MAX_AUDIO_BYTES: u64 = 1 << 30;
 /// Largest list of audio files (a speech job's JSON Lines input).
 pub const MAX_AUDIO_LIST_BYTES: u64 = 64 * 1024 * 1024;
+
+/// The longest initial prompt of a speech record, in bytes (the model keeps
+/// the prompt's last 223 tokens).
+pub const MAX_INITIAL_PROMPT_BYTES: usize = 4096;

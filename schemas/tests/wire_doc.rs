@@ -511,6 +511,9 @@ fn audio_record(task: SpeechTask) -> AudioRecord {
             language: Some("de".into()),
             task,
             timestamps: true,
+            beam_size: 5,
+            temperatures: vec![0.0, 0.2, 0.4],
+            initial_prompt: Some("Minions, JetStream.".into()),
         },
     }
 }

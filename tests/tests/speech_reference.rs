@@ -180,6 +180,7 @@ fn check_model(name: &str, wanted: &dyn Fn(&str) -> bool) -> Result<()> {
             translate: false,
             timestamps,
             batch: 8,
+            ..TranscribeOptions::default()
         };
         // Without timestamps only the first window is compared.
         let short: Vec<usize> = (0..names.len())
@@ -269,6 +270,132 @@ fn tiny_en_matches_ctranslate2() -> Result<()> {
 fn base_matches_ctranslate2() -> Result<()> {
     let all = std::env::var("MINIONS_SPEECH_ALL_CLIPS").is_ok_and(|v| v == "1");
     check_model("base", &|c| all || CLEAR.contains(&c))
+}
+
+/// tiny.en with beam search (5 beams) and with an initial prompt, against
+/// CTranslate2's runs of the same (tests/fixtures/speech/
+/// make_option_goldens.py): the same text and the same segments on each
+/// short clip (and the file over 60 s with `MINIONS_SPEECH_ALL_CLIPS=1`);
+/// the prompt's tokens equal the reference's.
+#[test]
+fn tiny_en_options_match_ctranslate2() -> Result<()> {
+    let path = workspace_root().join("tests/fixtures/speech/whisper_option_goldens.json");
+    let g: Value = serde_json::from_str(
+        &std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?,
+    )?;
+    let model = SpeechModel::load(&real_whisper("tiny.en")?, &Device::Cpu, EnginePath::Fast)?;
+    let prompt = model.prompt_tokens(g["initial_prompt"].as_str().ok_or("no initial_prompt")?)?;
+    assert_eq!(prompt, ids(&g["initial_prompt_tokens"]));
+    let clips_dir = speech_clips()?;
+    let clips = g["clips"].as_object().ok_or("no clips")?;
+    let mut names = Vec::new();
+    let mut audio = Vec::new();
+    let all = std::env::var("MINIONS_SPEECH_ALL_CLIPS").is_ok_and(|v| v == "1");
+    for (clip, info) in clips.iter().filter(|(c, _)| all || !c.starts_with("long/")) {
+        names.push(clip.clone());
+        audio.push(samples(
+            &clips_dir,
+            clip,
+            info["sha256"].as_str().unwrap_or(""),
+        )?);
+    }
+    let files: Vec<&[f32]> = audio.iter().map(Vec::as_slice).collect();
+    let mut problems = Vec::new();
+    for (key, opts) in [
+        (
+            "beam5",
+            TranscribeOptions {
+                beam: 5,
+                ..TranscribeOptions::default()
+            },
+        ),
+        (
+            "prompt",
+            TranscribeOptions {
+                prompt: prompt.clone(),
+                ..TranscribeOptions::default()
+            },
+        ),
+    ] {
+        let mut got = BTreeMap::new();
+        model.transcribe(&files, &opts, &|| false, &mut |k, t| {
+            got.insert(k, t);
+        })?;
+        assert_eq!(got.len(), names.len(), "{key}: files finished");
+        for (k, t) in got {
+            let t = t.map_err(|e| format!("{key} {}: {e}", names[k]))?;
+            let want = &clips[&names[k]][key];
+            let want_segs: Vec<(f64, f64, &str)> = want["windows"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|w| w["segments"].as_array().into_iter().flatten())
+                .filter_map(|s| {
+                    let text = s["text"].as_str()?;
+                    let (a, b) = (s["start"].as_f64()?, s["end"].as_f64()?);
+                    (!text.trim().is_empty() && a != b).then_some((a, b, text))
+                })
+                .collect();
+            let ours: Vec<(f64, f64, &str)> = t
+                .segments
+                .iter()
+                .map(|s| (s.start, s.end, s.text.as_str()))
+                .collect();
+            let same = ours.len() == want_segs.len()
+                && ours.iter().zip(&want_segs).all(|(a, b)| {
+                    (a.0 - b.0).abs() < 1e-6 && (a.1 - b.1).abs() < 1e-6 && a.2 == b.2
+                });
+            if t.text != want["text"].as_str().unwrap_or("") || !same {
+                problems.push(format!(
+                    "{key} {}: ours {ours:?}, reference {want_segs:?}",
+                    names[k]
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    if all {
+        fallback_mends_a_loop(&model, &prompt, &names, &files)?;
+    }
+    Ok(())
+}
+
+/// With the initial prompt, greedy decoding falls into a loop in the 70-s
+/// file's second window ("He might have been a man." over and over);
+/// Whisper's temperature fallback decodes that window again, and the word
+/// error rate against the reference transcript falls.
+fn fallback_mends_a_loop(
+    model: &SpeechModel,
+    prompt: &[u32],
+    names: &[String],
+    files: &[&[f32]],
+) -> Result<()> {
+    let long = "long/librivox_70s.wav";
+    let k = names.iter().position(|n| n == long).ok_or("no 70-s clip")?;
+    let g = goldens()?;
+    let reference = g["clips"][long]["reference"]
+        .as_str()
+        .ok_or("no reference")?;
+    let mut texts = Vec::new();
+    for temperatures in [vec![0.0], vec![0.0, 0.2, 0.4, 0.6, 0.8, 1.0]] {
+        let opts = TranscribeOptions {
+            prompt: prompt.to_vec(),
+            temperatures,
+            ..TranscribeOptions::default()
+        };
+        let mut text = String::new();
+        model.transcribe(&files[k..=k], &opts, &|| false, &mut |_, t| {
+            text = t.map(|t| t.text).unwrap_or_default();
+        })?;
+        texts.push(text);
+    }
+    let (plain, fallback) = (wer(reference, &texts[0]), wer(reference, &texts[1]));
+    eprintln!(
+        "WER without fallback {plain:.4}, with {fallback:.4}: {:?}",
+        texts[1]
+    );
+    assert!(fallback < plain, "{texts:?}");
+    Ok(())
 }
 
 /// `model push` of the real tiny.en folder is accepted as a speech model;

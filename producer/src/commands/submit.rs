@@ -150,9 +150,14 @@ pub async fn submit(
     let model_name = ModelName::new(&args.model).context("--model")?;
     let record = model_record(store.as_ref(), &model_name).await?;
     let speech = record.family == minions_schemas::messages::ModelFamily::WhisperSpeech;
-    if !speech && (args.glob.is_some() || args.language.is_some()) {
+    if !speech
+        && (args.glob.is_some()
+            || args.language.is_some()
+            || args.beam_size != 1
+            || args.initial_prompt.is_some())
+    {
         anyhow::bail!(
-            "--glob and --language are for speech models; model {} is a {} model",
+            "--glob, --language, --beam-size and --initial-prompt are for speech models; model {} is a {} model",
             args.model,
             record.family
         );
@@ -544,7 +549,7 @@ async fn queued_subjects(
 
 /// The job-level options of a speech job, checked.
 fn speech_defaults(args: &SubmitArgs) -> anyhow::Result<minions_schemas::messages::SpeechOptions> {
-    Ok(minions_schemas::messages::SpeechOptions {
+    let o = minions_schemas::messages::SpeechOptions {
         language: args
             .language
             .as_deref()
@@ -553,13 +558,24 @@ fn speech_defaults(args: &SubmitArgs) -> anyhow::Result<minions_schemas::message
             .context("--language")?,
         task: args.task.into(),
         timestamps: args.timestamps == crate::cli::TimestampsArg::Segment,
-    })
+        beam_size: args.beam_size,
+        temperatures: args.temperature.clone(),
+        initial_prompt: args.initial_prompt.clone(),
+    };
+    o.check().map_err(|why| anyhow::anyhow!("{why}"))?;
+    Ok(o)
 }
 
 /// The job-level defaults of a generation job, checked.
 fn gen_defaults(args: &SubmitArgs, context: Option<u32>) -> anyhow::Result<GenDefaults> {
-    if !(args.temperature >= 0.0 && args.temperature.is_finite()) {
-        bail!("--temperature {} must be 0 or more", args.temperature);
+    let temperature = match args.temperature[..] {
+        [t] => t,
+        _ => {
+            bail!("--temperature takes one value for a generation job (a list is for speech jobs)")
+        }
+    };
+    if !(temperature >= 0.0 && temperature.is_finite()) {
+        bail!("--temperature {temperature} must be 0 or more");
     }
     if !(args.top_p > 0.0 && args.top_p <= 1.0) {
         bail!("--top-p {} must be above 0 and at most 1", args.top_p);
@@ -577,7 +593,7 @@ fn gen_defaults(args: &SubmitArgs, context: Option<u32>) -> anyhow::Result<GenDe
     }
     Ok(GenDefaults {
         max_tokens: args.max_tokens,
-        temperature: args.temperature,
+        temperature,
         top_p: args.top_p,
         top_k: args.top_k,
         seed: args.seed,

@@ -25,8 +25,10 @@ impl SpeechTask {
 }
 
 /// How one file is transcribed. Resolved at submit time (job defaults
-/// filled in), so a redelivered shard runs exactly as before.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// filled in), so a redelivered shard runs exactly as before. The decoding
+/// fields have defaults and are left out at their defaults, so messages of
+/// older producers read the same.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SpeechOptions {
     /// The spoken language's code (`en`, `de`, …); `None`: detected from the
     /// file's first 30 seconds (multilingual models).
@@ -36,6 +38,65 @@ pub struct SpeechOptions {
     /// Segment timestamps; without them each 30-second window is one
     /// segment.
     pub timestamps: bool,
+    /// Beams at temperature 0 (1: greedy; at most 8).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub beam_size: u32,
+    /// Temperatures tried in turn, each in 0..=1 (at most 10). One: plain
+    /// decoding. More: Whisper's fallback, where a window that repeats
+    /// itself or is unlikely is decoded again at the next temperature, and
+    /// silence is skipped.
+    #[serde(default = "greedy", skip_serializing_if = "is_greedy")]
+    pub temperatures: Vec<f32>,
+    /// Text the file's first window is conditioned on (names, spellings,
+    /// style), at most
+    /// [`crate::limits::MAX_INITIAL_PROMPT_BYTES`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial_prompt: Option<String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
+fn greedy() -> Vec<f32> {
+    vec![0.0]
+}
+
+fn is_greedy(t: &[f32]) -> bool {
+    t == [0.0]
+}
+
+impl SpeechOptions {
+    /// Why these options cannot run, if they cannot: beams, temperatures
+    /// and the prompt's size within their limits.
+    pub fn check(&self) -> Result<(), String> {
+        if !(1..=8).contains(&self.beam_size) {
+            return Err(format!("beam size {} is not within 1..=8", self.beam_size));
+        }
+        if self.temperatures.is_empty() || self.temperatures.len() > 10 {
+            return Err(format!(
+                "{} temperatures; give 1 to 10",
+                self.temperatures.len()
+            ));
+        }
+        if let Some(t) = self.temperatures.iter().find(|t| !(0.0..=1.0).contains(*t)) {
+            return Err(format!("temperature {t} is not within 0..=1"));
+        }
+        if let Some(p) = &self.initial_prompt
+            && p.len() > crate::limits::MAX_INITIAL_PROMPT_BYTES
+        {
+            return Err(format!(
+                "the initial prompt is {} bytes, over {}",
+                p.len(),
+                crate::limits::MAX_INITIAL_PROMPT_BYTES
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for SpeechOptions {
@@ -44,12 +105,15 @@ impl Default for SpeechOptions {
             language: None,
             task: SpeechTask::Transcribe,
             timestamps: true,
+            beam_size: 1,
+            temperatures: greedy(),
+            initial_prompt: None,
         }
     }
 }
 
 /// One input record of a speech job: an audio file in the store.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AudioRecord {
     /// The file's key in the fleet's store.
     pub key: String,

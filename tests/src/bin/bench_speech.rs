@@ -87,6 +87,7 @@ fn main() -> Result<()> {
                 translate: false,
                 timestamps: true,
                 batch: b,
+                ..TranscribeOptions::default()
             };
             let t = Instant::now();
             windows = 0;

@@ -143,9 +143,7 @@ impl SpeechModel {
         done: &mut dyn FnMut(usize, Result<TextTranscript, ModelError>),
     ) -> Result<(), ModelError> {
         transcribe::transcribe(
-            &self.whisper,
-            &self.specials,
-            &self.mel,
+            self.parts(&|t| self.text(t).unwrap_or_default()),
             files,
             opts,
             stop,
@@ -270,8 +268,9 @@ impl crate::Model for SpeechModel {
                 .map(|&i| files[i].resume.clone().map(partial_in).unwrap_or_default())
                 .collect();
             let mut failed: Option<ModelError> = None;
+            let text = |t: &[u32]| self.text(t).unwrap_or_default();
             transcribe::transcribe_from(
-                (&self.whisper, &self.specials, &self.mel),
+                self.parts(&text),
                 &samples,
                 starts,
                 &opts,
@@ -304,9 +303,34 @@ impl crate::Model for SpeechModel {
 }
 
 impl SpeechModel {
+    /// The parts a transcription uses, with `text` for tokens to text.
+    fn parts<'a>(&'a self, text: &'a dyn Fn(&[u32]) -> String) -> transcribe::Parts<'a> {
+        transcribe::Parts {
+            model: &self.whisper,
+            specials: &self.specials,
+            mel: &self.mel,
+            text,
+        }
+    }
+
+    /// The tokens of an initial prompt, as Whisper makes them: the text,
+    /// trimmed, after one space; or why the model cannot take one.
+    pub fn prompt_tokens(&self, text: &str) -> Result<Vec<u32>, String> {
+        if self.specials.start_of_prev.is_none() {
+            return Err("--initial-prompt: this model's vocabulary has no <|startofprev|>".into());
+        }
+        Ok(self
+            .tokenizer
+            .encode(format!(" {}", text.trim()), false)
+            .map_err(|e| format!("--initial-prompt cannot be tokenized: {e}"))?
+            .get_ids()
+            .to_vec())
+    }
+
     /// The engine's options for a record's, or why the model cannot follow
     /// them.
     fn options(&self, o: &SpeechOptions) -> Result<TranscribeOptions, String> {
+        o.check()?;
         let sp = &self.specials;
         let language = match o.language.as_deref() {
             None => None,
@@ -324,11 +348,18 @@ impl SpeechModel {
                 "--task translate needs a multilingual model; this one knows English only".into(),
             );
         }
+        let prompt = match o.initial_prompt.as_deref().map(str::trim) {
+            None | Some("") => Vec::new(),
+            Some(text) => self.prompt_tokens(text)?,
+        };
         Ok(TranscribeOptions {
             language,
             translate: o.task == SpeechTask::Translate,
             timestamps: o.timestamps,
             batch: SHARD_BATCH,
+            beam: o.beam_size as usize,
+            temperatures: o.temperatures.clone(),
+            prompt,
         })
     }
 }

@@ -21,13 +21,57 @@
 //!
 //! Windows are not conditioned on the text of the ones before (faster-
 //! whisper's `condition_on_previous_text=False`): a window's tokens then
-//! depend on its audio alone, so batching across files and resuming a file
-//! from a finished window give the same text as one file run alone.
+//! depend on its audio alone (and, for a file's first window, the initial
+//! prompt), so batching across files and resuming a file from a finished
+//! window give the same text as one file run alone.
+//!
+//! With more than one temperature, Whisper's fallback applies: a window
+//! whose text compresses more than 2.4 times (zlib, level 6: repetition)
+//! or whose log-probability per token is under −1 is decoded again at the
+//! next temperature (sampling, best of 5, seeded from the window's mel so
+//! that a rerun draws the same); where every temperature fails, the
+//! attempt with the best log-probability among those under the
+//! compression limit is kept. A window whose `<|nospeech|>` probability is
+//! above 0.6 and whose log-probability per token is at most −1 is silence:
+//! it is not retried and gives no segment.
 
-use super::decode::{Specials, TIME_PRECISION, detect_language, greedy};
+use std::io::Write;
+
+use candle_core::Tensor;
+
+use super::decode::{
+    DecodeExtras, Decoded, Specials, Strategy, TIME_PRECISION, decode, detect_language,
+};
 use super::mel::{HOP_LENGTH, MelFrontEnd, N_SAMPLES, content_frames};
 use super::whisper::Whisper;
 use crate::ModelError;
+
+/// Whisper's limit on a window's text compression ratio.
+pub const COMPRESSION_RATIO_THRESHOLD: f64 = 2.4;
+/// Whisper's limit on a window's log-probability per token.
+pub const LOGPROB_THRESHOLD: f64 = -1.0;
+/// Whisper's `<|nospeech|>` probability above which a window may be silence.
+pub const NO_SPEECH_THRESHOLD: f32 = 0.6;
+/// Samples per window at a temperature above 0 (Whisper's `best_of`).
+pub const BEST_OF: usize = 5;
+/// The most beams a window may take.
+pub const MAX_BEAMS: usize = 8;
+/// The most temperatures a fallback may try.
+pub const MAX_TEMPERATURES: usize = 10;
+
+/// The parts a transcription uses: the network, its special tokens, the
+/// front end, and tokens to text (for the fallback's compression ratio).
+#[derive(Clone, Copy)]
+pub struct Parts<'a> {
+    /// The network.
+    pub model: &'a Whisper,
+    /// Its special tokens.
+    pub specials: &'a Specials,
+    /// The log-mel front end.
+    pub mel: &'a MelFrontEnd,
+    /// Tokens to text (special tokens and timestamps left out).
+    pub text: &'a dyn Fn(&[u32]) -> String,
+}
 
 /// Mel frames per second (hop of 160 samples at 16 kHz).
 pub const FRAMES_PER_SECOND: usize = 100;
@@ -46,8 +90,32 @@ pub struct TranscribeOptions {
     pub translate: bool,
     /// Segment timestamps (otherwise one segment per window).
     pub timestamps: bool,
-    /// Windows per encoder batch.
+    /// Windows per encoder batch (and decoder rows per pass: a beam
+    /// search or sampling runs fewer windows at once).
     pub batch: usize,
+    /// Beams at temperature 0 (1: greedy).
+    pub beam: usize,
+    /// Temperatures tried in turn; more than one: Whisper's fallback (see
+    /// the module's comment). `[0.0]`: plain decoding, every window kept.
+    pub temperatures: Vec<f32>,
+    /// Tokens of the initial prompt, given to each file's first window
+    /// (empty: none).
+    pub prompt: Vec<u32>,
+}
+
+impl Default for TranscribeOptions {
+    /// Greedy, timestamps on, the language detected, batches of 8.
+    fn default() -> Self {
+        Self {
+            language: None,
+            translate: false,
+            timestamps: true,
+            batch: 8,
+            beam: 1,
+            temperatures: vec![0.0],
+            prompt: Vec::new(),
+        }
+    }
 }
 
 /// A span of a transcript.
@@ -100,16 +168,14 @@ pub enum Event<'a> {
 /// `done` with its index; stops between rounds when `stop()` says so
 /// (files not finished are not reported).
 pub fn transcribe(
-    model: &Whisper,
-    sp: &Specials,
-    mel: &MelFrontEnd,
+    parts: Parts<'_>,
     files: &[&[f32]],
     opts: &TranscribeOptions,
     stop: &dyn Fn() -> bool,
     done: &mut dyn FnMut(usize, Transcript),
 ) -> Result<(), ModelError> {
     let starts = vec![Partial::default(); files.len()];
-    transcribe_from((model, sp, mel), files, starts, opts, stop, &mut |i, e| {
+    transcribe_from(parts, files, starts, opts, stop, &mut |i, e| {
         if let Event::Done(t) = e {
             done(i, t);
         }
@@ -121,13 +187,14 @@ pub fn transcribe(
 /// of an unfinished file and every finished file to `events`; stops between
 /// rounds when `stop()` says so.
 pub fn transcribe_from(
-    (model, sp, mel): (&Whisper, &Specials, &MelFrontEnd),
+    parts: Parts<'_>,
     files: &[&[f32]],
     starts: Vec<Partial>,
     opts: &TranscribeOptions,
     stop: &dyn Fn() -> bool,
     events: &mut dyn FnMut(usize, Event<'_>),
 ) -> Result<(), ModelError> {
+    let (model, sp, mel) = (parts.model, parts.specials, parts.mel);
     let n_mels = model.dims().n_mels;
     if mel.n_mels() != n_mels {
         return Err(ModelError::BadInput(format!(
@@ -170,6 +237,8 @@ pub fn transcribe_from(
                 mel.window(&files[i][from.min(to)..to])
             })
             .collect();
+        let per = n_mels * WINDOW_FRAMES;
+        let seeds: Vec<u64> = windows.chunks(per).map(seed_of).collect();
         let windows = candle_core::Tensor::from_vec(
             windows,
             (round.len(), n_mels, WINDOW_FRAMES),
@@ -184,14 +253,24 @@ pub fn transcribe_from(
         }
         let prompts: Vec<Vec<u32>> = round
             .iter()
-            .map(|&i| sp.prompt(state[i].language, opts.translate, opts.timestamps))
+            .map(|&i| {
+                let previous: &[u32] = if state[i].seek == 0 {
+                    &opts.prompt
+                } else {
+                    &[]
+                };
+                sp.prompt_after(previous, state[i].language, opts.translate, opts.timestamps)
+            })
             .collect();
-        let tokens = greedy(model, model.start(&encoded)?, &prompts, sp)?;
+        let chosen = decode_round(parts, &encoded, &prompts, &seeds, opts)?;
         for (k, &i) in round.iter().enumerate() {
             let p = &mut state[i];
             p.windows += 1;
             let size = WINDOW_FRAMES.min(frames[i] - p.seek);
-            let next = advance(&tokens[k], p.seek, size, sp, &mut p.segments);
+            let next = match &chosen[k] {
+                Chosen::Silence => p.seek + size,
+                Chosen::Tokens(t) => advance(t, p.seek, size, sp, &mut p.segments),
+            };
             // Never stall on a window (the rules make this unreachable).
             p.seek = if next > p.seek { next } else { p.seek + size };
         }
@@ -208,6 +287,214 @@ pub fn transcribe_from(
         });
     }
     Ok(())
+}
+
+/// What a window gave.
+#[derive(Clone, Debug)]
+enum Chosen {
+    /// Its tokens.
+    Tokens(Vec<u32>),
+    /// Nothing: silence (fallback mode only).
+    Silence,
+}
+
+/// Decodes one round's windows (`encoded`, one row per prompt): rows with
+/// prompts of one length together, each as the options say.
+fn decode_round(
+    parts: Parts<'_>,
+    encoded: &Tensor,
+    prompts: &[Vec<u32>],
+    seeds: &[u64],
+    opts: &TranscribeOptions,
+) -> Result<Vec<Chosen>, ModelError> {
+    let mut lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    lens.sort_unstable();
+    lens.dedup();
+    let mut out: Vec<Option<Chosen>> = vec![None; prompts.len()];
+    for len in lens {
+        let rows: Vec<usize> = (0..prompts.len())
+            .filter(|&k| prompts[k].len() == len)
+            .collect();
+        let got = with_fallback(parts, encoded, &rows, prompts, seeds, opts)?;
+        for (&r, c) in rows.iter().zip(got) {
+            out[r] = Some(c);
+        }
+    }
+    Ok(out
+        .into_iter()
+        .map(|c| c.unwrap_or(Chosen::Silence))
+        .collect())
+}
+
+/// The rows `rows` of `encoded` (all of it when `rows` is every row in
+/// order).
+fn select(encoded: &Tensor, rows: &[usize]) -> Result<Tensor, ModelError> {
+    if rows.len() == encoded.dim(0)? && rows.iter().enumerate().all(|(i, &r)| i == r) {
+        return Ok(encoded.clone());
+    }
+    let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+    let idx = Tensor::from_vec(idx, rows.len(), encoded.device())?;
+    Ok(encoded.index_select(&idx, 0)?)
+}
+
+/// Decodes windows `rows` (prompts of one length) at the options'
+/// temperatures in turn, as the module's comment says.
+fn with_fallback(
+    parts: Parts<'_>,
+    encoded: &Tensor,
+    rows: &[usize],
+    prompts: &[Vec<u32>],
+    seeds: &[u64],
+    opts: &TranscribeOptions,
+) -> Result<Vec<Chosen>, ModelError> {
+    let fallback = opts.temperatures.len() > 1;
+    let mut attempts: Vec<Vec<(Decoded, f64)>> = vec![Vec::new(); rows.len()];
+    let mut no_speech: Vec<Option<f32>> = vec![None; rows.len()];
+    // Indices into `rows` still to decode.
+    let mut pending: Vec<usize> = (0..rows.len()).collect();
+    let temperatures: &[f32] = if opts.temperatures.is_empty() {
+        &[0.0]
+    } else {
+        &opts.temperatures
+    };
+    for (round, &t) in temperatures.iter().enumerate() {
+        if pending.is_empty() {
+            break;
+        }
+        let strategy = if t > 0.0 {
+            Strategy::Sample {
+                temperature: t,
+                best_of: BEST_OF,
+            }
+        } else if opts.beam > 1 {
+            Strategy::Beam(opts.beam)
+        } else {
+            Strategy::Greedy
+        };
+        let at_once = (opts.batch.max(1) / strategy.rows_per_window()).max(1);
+        let mut failed = Vec::new();
+        for part in pending.chunks(at_once) {
+            let sel: Vec<usize> = part.iter().map(|&j| rows[j]).collect();
+            let enc = select(encoded, &sel)?;
+            let ps: Vec<Vec<u32>> = sel.iter().map(|&r| prompts[r].clone()).collect();
+            let extras = DecodeExtras {
+                scores: fallback,
+                no_speech: fallback && round == 0,
+                seeds: sel
+                    .iter()
+                    .map(|&r| seeds[r] ^ (round as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+                    .collect(),
+            };
+            let got = decode(
+                parts.model,
+                parts.model.start(&enc)?,
+                &ps,
+                parts.specials,
+                strategy,
+                &extras,
+            )?;
+            for (&j, d) in part.iter().zip(got) {
+                if d.no_speech.is_some() {
+                    no_speech[j] = d.no_speech;
+                }
+                if !fallback {
+                    attempts[j].push((d, 0.0));
+                    continue;
+                }
+                let ratio = compression_ratio(&(parts.text)(&d.tokens));
+                let retry = needs_retry(ratio, d.avg_logprob(), no_speech[j]);
+                attempts[j].push((d, ratio));
+                if retry {
+                    failed.push(j);
+                }
+            }
+        }
+        pending = failed;
+    }
+    Ok(attempts
+        .into_iter()
+        .enumerate()
+        .map(|(j, mut tried)| {
+            let scores: Vec<(f64, f64)> =
+                tried.iter().map(|(d, r)| (d.avg_logprob(), *r)).collect();
+            let pick = pick_attempt(&scores, pending.contains(&j));
+            if pick >= tried.len() {
+                return Chosen::Silence;
+            }
+            let d = tried.swap_remove(pick).0;
+            if fallback && is_silence(no_speech[j], d.avg_logprob()) {
+                Chosen::Silence
+            } else {
+                Chosen::Tokens(d.tokens)
+            }
+        })
+        .collect())
+}
+
+/// Whether a window decoded with log-probability per token `avg`, text
+/// compression `ratio` and `<|nospeech|>` probability `no_speech` is tried
+/// again at the next temperature: it repeats itself or is unlikely, and is
+/// not silence.
+fn needs_retry(ratio: f64, avg: f64, no_speech: Option<f32>) -> bool {
+    let silent = no_speech.is_some_and(|p| p > NO_SPEECH_THRESHOLD);
+    (ratio > COMPRESSION_RATIO_THRESHOLD || avg < LOGPROB_THRESHOLD)
+        && !(silent && avg < LOGPROB_THRESHOLD)
+}
+
+/// Whether a window is silence: `<|nospeech|>` likely and the text not.
+fn is_silence(no_speech: Option<f32>, avg: f64) -> bool {
+    no_speech.is_some_and(|p| p > NO_SPEECH_THRESHOLD) && avg <= LOGPROB_THRESHOLD
+}
+
+/// Which of a window's attempts (`(avg_logprob, compression ratio)` each,
+/// in temperature order) is kept: the last, unless every one failed
+/// (`all_failed`); then the most likely among those that do not repeat
+/// themselves, else among all (the first of equals).
+fn pick_attempt(tried: &[(f64, f64)], all_failed: bool) -> usize {
+    if !all_failed {
+        return tried.len().saturating_sub(1);
+    }
+    let under: Vec<usize> = (0..tried.len())
+        .filter(|&a| tried[a].1 <= COMPRESSION_RATIO_THRESHOLD)
+        .collect();
+    let among: Vec<usize> = if under.is_empty() {
+        (0..tried.len()).collect()
+    } else {
+        under
+    };
+    let mut best = among.first().copied().unwrap_or(0);
+    for &a in &among {
+        if tried[a].0 > tried[best].0 {
+            best = a;
+        }
+    }
+    best
+}
+
+/// How much `text` compresses (zlib, level 6): Whisper's measure of
+/// repetition. 0 for an empty text.
+pub fn compression_ratio(text: &str) -> f64 {
+    if text.is_empty() {
+        return 0.0;
+    }
+    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::new(6));
+    // Writing to a vector cannot fail.
+    let packed = z
+        .write_all(text.as_bytes())
+        .and_then(|()| z.finish())
+        .map_or(text.len(), |v| v.len());
+    text.len() as f64 / packed.max(1) as f64
+}
+
+/// A seed for a window's draws, from its mel (FNV-1a over the values'
+/// bits): the same window draws the same, batched or alone, resumed or not.
+fn seed_of(window: &[f32]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for v in window {
+        h ^= u64::from(v.to_bits());
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
 }
 
 fn finish(p: &mut Partial) -> Transcript {
@@ -277,5 +564,43 @@ fn advance(
             });
         }
         seek + size
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fallback_follows_whisper() {
+        // Fine text is kept; repetition or an unlikely text is retried,
+        // unless the window is silence.
+        assert!(!needs_retry(1.5, -0.3, Some(0.1)));
+        assert!(needs_retry(2.6, -0.3, Some(0.1)));
+        assert!(needs_retry(1.5, -1.2, None));
+        assert!(!needs_retry(1.5, -1.2, Some(0.7)));
+        assert!(needs_retry(2.6, -0.3, Some(0.9)));
+        assert!(is_silence(Some(0.7), -1.0));
+        assert!(!is_silence(Some(0.7), -0.9));
+        assert!(!is_silence(Some(0.5), -3.0));
+        assert!(!is_silence(None, -3.0));
+        // The last attempt, unless all failed: then the most likely that
+        // does not repeat itself, else the most likely.
+        assert_eq!(pick_attempt(&[(-1.5, 1.0), (-0.5, 1.0)], false), 1);
+        assert_eq!(
+            pick_attempt(&[(-1.5, 1.0), (-1.2, 3.0), (-1.4, 2.0)], true),
+            2
+        );
+        assert_eq!(pick_attempt(&[(-1.5, 3.0), (-1.2, 3.0)], true), 1);
+        assert_eq!(pick_attempt(&[(-1.2, 1.0), (-1.2, 1.0)], true), 0);
+    }
+
+    #[test]
+    fn seeds_follow_the_window() {
+        let a = vec![0.5f32; 100];
+        let mut b = a.clone();
+        b[99] = 0.25;
+        assert_eq!(seed_of(&a), seed_of(&a.clone()));
+        assert_ne!(seed_of(&a), seed_of(&b));
     }
 }

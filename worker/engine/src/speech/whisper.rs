@@ -748,13 +748,13 @@ fn full_attention(qkv: &Tensor, heads: usize) -> candle_core::Result<Tensor> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::speech::ct2::tests::write;
 
     /// A random-weight Whisper in CTranslate2's layout: width 8, 2 heads,
     /// one layer each side, 4 mel bins, a vocabulary of 40, 12 positions.
-    fn tiny() -> Ct2File {
+    pub(crate) fn tiny() -> Ct2File {
         let (d, mels, vocab, text) = (8u32, 4u32, 40u32, 12u32);
         let mut seed = 7u32;
         let mut vals = |n: u32| -> Vec<u8> {
