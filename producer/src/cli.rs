@@ -589,7 +589,7 @@ pub struct SubmitArgs {
     /// Speech models: beams searched at temperature 0 (1, the default:
     /// greedy; faster-whisper's default is 5). More beams, fewer errors on
     /// hard audio, slower by about the number of beams in the decoder.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8), help_heading = "Speech")]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(minions_schemas::limits::MAX_SPEECH_BEAMS)), help_heading = "Speech")]
     pub beam_size: u32,
     /// Speech models: text each file's first 30 seconds is conditioned on,
     /// unless a record says (`"initial_prompt"`): names, terms and

@@ -60,3 +60,7 @@ pub const MAX_AUDIO_LIST_BYTES: u64 = 64 * 1024 * 1024;
 /// The longest initial prompt of a speech record, in bytes (the model keeps
 /// the prompt's last 223 tokens).
 pub const MAX_INITIAL_PROMPT_BYTES: usize = 4096;
+/// The most beams a speech record may ask for (`--beam-size`).
+pub const MAX_SPEECH_BEAMS: u32 = 8;
+/// The most temperatures a speech record's fallback may try.
+pub const MAX_SPEECH_TEMPERATURES: usize = 10;

@@ -38,10 +38,12 @@ pub struct SpeechOptions {
     /// Segment timestamps; without them each 30-second window is one
     /// segment.
     pub timestamps: bool,
-    /// Beams at temperature 0 (1: greedy; at most 8).
+    /// Beams at temperature 0 (1: greedy; at most
+    /// [`crate::limits::MAX_SPEECH_BEAMS`]).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub beam_size: u32,
-    /// Temperatures tried in turn, each in 0..=1 (at most 10). One: plain
+    /// Temperatures tried in turn, each in 0..=1 (at most
+    /// [`crate::limits::MAX_SPEECH_TEMPERATURES`]). One: plain
     /// decoding. More: Whisper's fallback, where a window that repeats
     /// itself or is unlikely is decoded again at the next temperature, and
     /// silence is skipped.
@@ -74,12 +76,16 @@ impl SpeechOptions {
     /// Why these options cannot run, if they cannot: beams, temperatures
     /// and the prompt's size within their limits.
     pub fn check(&self) -> Result<(), String> {
-        if !(1..=8).contains(&self.beam_size) {
-            return Err(format!("beam size {} is not within 1..=8", self.beam_size));
-        }
-        if self.temperatures.is_empty() || self.temperatures.len() > 10 {
+        use crate::limits::{MAX_SPEECH_BEAMS, MAX_SPEECH_TEMPERATURES};
+        if !(1..=MAX_SPEECH_BEAMS).contains(&self.beam_size) {
             return Err(format!(
-                "{} temperatures; give 1 to 10",
+                "beam size {} is not within 1..={MAX_SPEECH_BEAMS}",
+                self.beam_size
+            ));
+        }
+        if self.temperatures.is_empty() || self.temperatures.len() > MAX_SPEECH_TEMPERATURES {
+            return Err(format!(
+                "{} temperatures; give 1 to {MAX_SPEECH_TEMPERATURES}",
                 self.temperatures.len()
             ));
         }

@@ -1,5 +1,7 @@
-//! Greedy decoding of a batch of 30-second windows with Whisper's token
-//! rules, as the reference engine (CTranslate2) applies them:
+//! Decoding a batch of 30-second windows (greedy, beam search, or sampling
+//! at a temperature; see [`Strategy`]) with Whisper's token rules, as the
+//! reference engine (CTranslate2) applies them, to every row and every
+//! hypothesis:
 //! - every step: the model's `suppress_ids` (config.json) are never chosen;
 //! - the first step: nor are `suppress_ids_begin` (the blank and the end);
 //! - with timestamps: `<|notimestamps|>` never; the first token is a
@@ -9,7 +11,9 @@
 //!   token's, a timestamp is taken;
 //! - at most `min(text_ctx / 2, text_ctx − prompt + 1)` new tokens.
 //!
-//! Ties between equal logits go to the lowest token id.
+//! Ties between equal logits go to the lowest token id. An initial prompt
+//! goes before `<|startoftranscript|>` after `<|startofprev|>`
+//! ([`Specials::prompt_after`]).
 
 use std::path::Path;
 

@@ -3,7 +3,9 @@
 //! - `mel` — Whisper's log-mel front end;
 //! - `ct2` — reading CTranslate2's `model.bin` into named tensors;
 //! - `whisper` — the encoder and the decoder with its caches;
-//! - `decode` — greedy decoding with Whisper's token rules, window by window.
+//! - `decode` — greedy decoding, beam search and sampling with Whisper's
+//!   token rules;
+//! - `transcribe` — files window by window, batched, with the fallback.
 
 pub mod audio;
 pub mod ct2;

@@ -54,10 +54,6 @@ pub const LOGPROB_THRESHOLD: f64 = -1.0;
 pub const NO_SPEECH_THRESHOLD: f32 = 0.6;
 /// Samples per window at a temperature above 0 (Whisper's `best_of`).
 pub const BEST_OF: usize = 5;
-/// The most beams a window may take.
-pub const MAX_BEAMS: usize = 8;
-/// The most temperatures a fallback may try.
-pub const MAX_TEMPERATURES: usize = 10;
 
 /// The parts a transcription uses: the network, its special tokens, the
 /// front end, and tokens to text (for the fallback's compression ratio).
