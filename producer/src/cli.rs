@@ -587,8 +587,9 @@ pub struct SubmitArgs {
     #[arg(long, value_enum, default_value_t = TimestampsArg::Segment, help_heading = "Speech")]
     pub timestamps: TimestampsArg,
     /// Speech models: beams searched at temperature 0 (1, the default:
-    /// greedy; faster-whisper's default is 5). More beams, fewer errors on
-    /// hard audio, slower by about the number of beams in the decoder.
+    /// greedy; faster-whisper's default is 5). More beams can mend errors
+    /// on hard audio and cost time: 5 beams took 2.2 times greedy's time
+    /// with tiny.en (BENCHMARKS.md).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(minions_schemas::limits::MAX_SPEECH_BEAMS)), help_heading = "Speech")]
     pub beam_size: u32,
     /// Speech models: text each file's first 30 seconds is conditioned on,

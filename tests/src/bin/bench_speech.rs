@@ -26,9 +26,13 @@ const USAGE: &str = "\
 Whisper in process: audio seconds per second over the speech clips.
 
 Usage: bench_speech [--model tiny.en|base] [--batches 1,4,8] [--rounds R]
+                    [--beam N] [--temperatures LIST]
   --model NAME     tiny.en (default) or base
   --batches LIST   windows per encoder batch to try (default 1,4,8)
   --rounds R       rounds per batch size, the best kept (default 2)
+  --beam N         beams at temperature 0 (default 1: greedy)
+  --temperatures LIST  temperatures tried in turn (default 0; several:
+                   Whisper's fallback)
 ";
 
 /// Every `.wav` under `dir`, sorted by path.
@@ -52,6 +56,8 @@ fn main() -> Result<()> {
     let name = arg("--model").unwrap_or_else(|| "tiny.en".into());
     let rounds = num("--rounds", 2)?;
     let batches: Vec<usize> = list("--batches", "1,4,8")?;
+    let beam = num("--beam", 1)? as usize;
+    let temperatures: Vec<f32> = list("--temperatures", "0")?;
     let model = SpeechModel::load(&real_whisper(&name)?, &Device::Cpu, EnginePath::Fast)?;
     let mut paths = Vec::new();
     wavs(&speech_clips()?, &mut paths)?;
@@ -63,7 +69,7 @@ fn main() -> Result<()> {
     let seconds: f64 = audio.iter().map(|a| a.len() as f64 / 16_000.0).sum();
     let files: Vec<&[f32]> = audio.iter().map(Vec::as_slice).collect();
     eprintln!(
-        "bench_speech: {name}, {} files, {seconds:.1} s of audio, {}",
+        "bench_speech: {name}, {} files, {seconds:.1} s of audio, beam {beam}, temperatures {temperatures:?}, {}",
         files.len(),
         machine()
     );
@@ -87,6 +93,8 @@ fn main() -> Result<()> {
                 translate: false,
                 timestamps: true,
                 batch: b,
+                beam,
+                temperatures: temperatures.clone(),
                 ..TranscribeOptions::default()
             };
             let t = Instant::now();

@@ -558,6 +558,8 @@ fn beam(
     let mut ended: Vec<Vec<(Vec<u32>, f32)>> = vec![Vec::new(); windows];
     let mut result: Vec<Option<Decoded>> = vec![None; windows];
     let mut alive: Vec<usize> = (0..windows).collect();
+    // The window of each of the state's rows.
+    let mut layout: Vec<usize> = (0..windows).collect();
     for step in 0..max_new {
         let last = step + 1 == max_new;
         let mut row = 0;
@@ -625,7 +627,15 @@ fn beam(
         if still.is_empty() {
             break;
         }
-        model.keep_rows(&mut st, &gather)?;
+        let next_layout: Vec<usize> = gather.iter().map(|&g| layout[g]).collect();
+        if next_layout == layout {
+            // Beams moved within their windows: the encoder's keys and
+            // values stay where they are.
+            model.reorder_rows(&mut st, &gather)?;
+        } else {
+            model.keep_rows(&mut st, &gather)?;
+        }
+        layout = next_layout;
         logits = model.step(&mut st, &feed)?;
         alive = still;
     }
@@ -840,10 +850,21 @@ mod tests {
     /// seed, and one beam is greedy.
     #[test]
     fn strategies_keep_windows_apart() -> Result<(), ModelError> {
-        use candle_core::{Device, Tensor};
+        use candle_core::Device;
         let f = crate::speech::whisper::tests::tiny();
         let dev = Device::Cpu;
-        let model = Whisper::from_file(&f, &dev, true)?;
+        // Our host kernels, then candle's ops (what a GPU runs).
+        for host in [true, false] {
+            let model = Whisper::from_file(&f, &dev, host)?;
+            check_strategies(&model)?;
+        }
+        Ok(())
+    }
+
+    /// The checks of [`strategies_keep_windows_apart`] on one model.
+    fn check_strategies(model: &Whisper) -> Result<(), ModelError> {
+        use candle_core::{Device, Tensor};
+        let dev = Device::Cpu;
         let sp = toy40();
         let mel = Tensor::randn(0f32, 1.0, (3, 4, 3000), &dev)?;
         let enc = model.encode(&mel)?;
@@ -862,7 +883,7 @@ mod tests {
                 best_of: 3,
             },
         ] {
-            let all = decode(&model, model.start(&enc)?, &prompts, &sp, strategy, &extras)?;
+            let all = decode(model, model.start(&enc)?, &prompts, &sp, strategy, &extras)?;
             assert_eq!(all.len(), 3);
             for (w, d) in all.iter().enumerate() {
                 let one = enc.narrow(0, w, 1)?;
@@ -871,7 +892,7 @@ mod tests {
                     ..extras.clone()
                 };
                 let got = decode(
-                    &model,
+                    model,
                     model.start(&one)?,
                     &prompts[..1],
                     &sp,
@@ -885,7 +906,7 @@ mod tests {
             }
         }
         let greedy = decode(
-            &model,
+            model,
             model.start(&enc)?,
             &prompts,
             &sp,
@@ -893,7 +914,7 @@ mod tests {
             &extras,
         )?;
         let beam1 = decode(
-            &model,
+            model,
             model.start(&enc)?,
             &prompts,
             &sp,
@@ -910,7 +931,7 @@ mod tests {
                 temperature: 1.0,
                 best_of: 2,
             };
-            decode(&model, model.start(&enc)?, &prompts, &sp, s, &e)
+            decode(model, model.start(&enc)?, &prompts, &sp, s, &e)
         };
         assert_eq!(sampled(vec![9, 9, 9])?, sampled(vec![9, 9, 9])?);
         Ok(())

@@ -683,6 +683,27 @@ impl Whisper {
         Ok(logits_host(&last, table, d))
     }
 
+    /// Like [`Self::keep_rows`] for a beam search's reordering: new row
+    /// `i` takes row `rows[i]`'s positions, while the encoder's keys and
+    /// values stay as they are. Only for `rows` of the state's length where
+    /// every row and the one it takes hold the same encoder output (beams
+    /// of one window), which saves copying those keys and values each step.
+    pub fn reorder_rows(&self, st: &mut DecodeState, rows: &[usize]) -> Result<(), ModelError> {
+        if let Some(h) = &mut st.host {
+            for kv in &mut h.cache {
+                kv.keep(rows);
+            }
+            return Ok(());
+        }
+        let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        let idx = Tensor::from_vec(idx, rows.len(), &self.device)?;
+        for kv in st.cache.iter_mut().flatten() {
+            kv.0 = kv.0.index_select(&idx, 0)?;
+            kv.1 = kv.1.index_select(&idx, 0)?;
+        }
+        Ok(())
+    }
+
     /// Keeps only `rows` (indices into the state's current rows, in the
     /// order given) of a decoder state: finished windows stop costing work.
     pub fn keep_rows(&self, st: &mut DecodeState, rows: &[usize]) -> Result<(), ModelError> {
