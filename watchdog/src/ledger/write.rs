@@ -474,20 +474,18 @@ async fn reject_results<'p>(
     .await?;
     let rows = tx
         .query(
-            "DELETE FROM shards USING unnest($1::text[], $2::bigint[], $3::text[])
-               AS u(job, shard, worker)
-              WHERE shards.job = u.job AND shards.shard = u.shard
-                AND shards.worker = u.worker AND shards.outcome = 'done'
-             RETURNING shards.job,
-               (SELECT COALESCE(max(a.records), 0) FROM attempts a
-                 WHERE a.job = shards.job AND a.shard = shards.shard
-                   AND a.worker = shards.worker AND a.outcome = 'forged'),
-               (SELECT COALESCE(max(a.tokens), 0) FROM attempts a
-                 WHERE a.job = shards.job AND a.shard = shards.shard
-                   AND a.worker = shards.worker AND a.outcome = 'forged'),
-               (SELECT COALESCE(max(a.audio_ms), 0) FROM attempts a
-                 WHERE a.job = shards.job AND a.shard = shards.shard
-                   AND a.worker = shards.worker AND a.outcome = 'forged')",
+            "WITH gone AS (
+               DELETE FROM shards USING unnest($1::text[], $2::bigint[], $3::text[])
+                 AS u(job, shard, worker)
+                WHERE shards.job = u.job AND shards.shard = u.shard
+                  AND shards.worker = u.worker AND shards.outcome = 'done'
+               RETURNING shards.job, shards.shard, shards.worker)
+             SELECT g.job, COALESCE(max(a.records), 0), COALESCE(max(a.tokens), 0),
+                    COALESCE(max(a.audio_ms), 0)
+               FROM gone g LEFT JOIN attempts a
+                 ON a.job = g.job AND a.shard = g.shard
+                AND a.worker = g.worker AND a.outcome = 'forged'
+              GROUP BY g.job, g.shard, g.worker",
             &[&job, &shard, &worker],
         )
         .await?;

@@ -290,27 +290,6 @@ pub struct DecodeExtras {
     pub seeds: Vec<u64>,
 }
 
-/// Greedily decodes every row of `st` (freshly started, one row per
-/// window) from its prompt in `prompts` (all of one length); returns each
-/// row's new tokens, the end token left out. Timestamp rules apply to a
-/// row whose prompt does not end with `<|notimestamps|>`.
-pub fn greedy(
-    model: &Whisper,
-    st: DecodeState,
-    prompts: &[Vec<u32>],
-    sp: &Specials,
-) -> Result<Vec<Vec<u32>>, ModelError> {
-    let out = decode(
-        model,
-        st,
-        prompts,
-        sp,
-        Strategy::Greedy,
-        &DecodeExtras::default(),
-    )?;
-    Ok(out.into_iter().map(|d| d.tokens).collect())
-}
-
 /// Decodes every row of `st` (freshly started, one row per window) from
 /// its prompt in `prompts` (all of one length, with `<|startoftranscript|>`
 /// at the same place) as `strategy` says; returns one [`Decoded`] per

@@ -100,13 +100,14 @@ pub struct TranscribeOptions {
 }
 
 impl Default for TranscribeOptions {
-    /// Greedy, timestamps on, the language detected, batches of 8.
+    /// Greedy, timestamps on, the language detected, batches of
+    /// [`super::SHARD_BATCH`].
     fn default() -> Self {
         Self {
             language: None,
             translate: false,
             timestamps: true,
-            batch: 8,
+            batch: super::SHARD_BATCH,
             beam: 1,
             temperatures: vec![0.0],
             prompt: Vec::new(),
