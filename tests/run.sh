@@ -44,8 +44,10 @@ cargo clippy --workspace --all-targets ${clippy_features[@]+"${clippy_features[@
 step "clippy (with --features cuda on Linux)"
 unset NVCC_APPEND_FLAGS CUDAFORGE_THREADS
 # Integration tests drive the real binaries: build them first (cargo test
-# builds only the binaries of packages that have integration tests).
-cargo build --workspace --bins
+# builds only the binaries of packages that have integration tests). The
+# benchmarks (package minions-bench) are left out of the build and the
+# tests: no test runs them, and clippy has checked them above.
+cargo build --workspace --exclude minions-bench --bins
 step build
 
 target="${CARGO_TARGET_DIR:-target}"
@@ -58,17 +60,17 @@ if cargo nextest --version >/dev/null 2>&1; then
   # summary. It does not run doc tests: cargo test does, after it.
   junit="$target/nextest/default/junit.xml"
   rm -f "$junit"
-  cargo nextest run --workspace --no-fail-fast 2>&1 | tee "$logs/nextest.log"
+  cargo nextest run --workspace --exclude minions-bench --no-fail-fast 2>&1 | tee "$logs/nextest.log"
   nextest_status=${PIPESTATUS[0]}
   step "rust tests (nextest, with their build)"
-  cargo test --workspace --doc 2>&1 | tee "$logs/doc-tests.log"
+  cargo test --workspace --exclude minions-bench --doc 2>&1 | tee "$logs/doc-tests.log"
   doc_status=${PIPESTATUS[0]}
   step "doc tests"
   rust=(--junit "$junit" --junit-status "$nextest_status"
     --cargo "$logs/doc-tests.log" --cargo-status "$doc_status")
 else
   echo "tests: cargo-nextest not found (cargo install cargo-nextest); running cargo test" >&2
-  cargo test --workspace --no-fail-fast 2>&1 | tee "$logs/cargo-test.log"
+  cargo test --workspace --exclude minions-bench --no-fail-fast 2>&1 | tee "$logs/cargo-test.log"
   cargo_status=${PIPESTATUS[0]}
   step "rust tests (cargo test, with their build)"
   rust=(--cargo "$logs/cargo-test.log" --cargo-status "$cargo_status")

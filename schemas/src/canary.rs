@@ -7,7 +7,7 @@
 //! a fixed seed (the worker's engine builds it and loads it through the
 //! same path as any model), at every precision. The known answer,
 //! [`reference`], was made once on the portable CPU path by
-//! `make_canary_reference` (see `tests/src/bin`) and is committed; an
+//! `make_canary_reference` (see `tests/bench/src/bin`) and is committed; an
 //! answer matches when every vector's cosine to the known one reaches its
 //! precision's [`Precision::min_cosine`], the tolerance sampled checks use.
 

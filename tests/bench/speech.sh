@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Speech benchmark, the reference side: CTranslate2's Whisper (CPU, float32
 # and int8) over the speech clips, window by window with segment timestamps,
-# windows of several files batched, as tests/src/bin/bench_speech.rs runs
+# windows of several files batched, as tests/bench/src/bin/bench_speech.rs runs
 # ours; audio seconds per second, printed. Not part of the test command.
 #
 #   bash tests/bench/speech.sh [speech_reference.py flags, e.g. --model base

@@ -6,7 +6,7 @@
 # then bench_speech in process at batch 8 on the same cores, side by side.
 # Prints audio seconds per second for both. Not part of the test command.
 #
-#   cargo build -p minions -p minions-worker -p minions-watchdog -p minions-tests --bins
+#   cargo build -p minions -p minions-worker -p minions-watchdog -p minions-bench --bins
 #   bash tests/bench/speech_fleet.sh [--model tiny.en|base] [--copies N] [--bin DIR]
 #
 # --bin names the folder of the built binaries (default target/debug: the

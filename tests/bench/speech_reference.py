@@ -1,4 +1,4 @@
-"""The reference engine's side of bench_speech (tests/src/bin/bench_speech.rs):
+"""The reference engine's side of bench_speech (tests/bench/src/bin/bench_speech.rs):
 CTranslate2's Whisper over the same speech clips, with segment timestamps,
 window by window, windows of several files batched, on the CPU.
 

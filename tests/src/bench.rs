@@ -1,4 +1,4 @@
-//! Helpers of the benchmark binaries (`src/bin/bench_*.rs`): flags, and
+//! Helpers of the benchmark binaries (`tests/bench/src/bin/bench_*.rs`, package minions-bench): flags, and
 //! what `/proc` says about a process, a job's events followed live.
 
 use std::collections::HashSet;

@@ -5,7 +5,7 @@
 //! batch sizes; and the encoder's share of the time. The reference engine's
 //! figures on the same files come from `tests/bench/speech.sh`.
 //!
-//!   cargo build --release -p minions-tests --bin bench_speech
+//!   cargo build --release -p minions-bench --bin bench_speech
 //!   source deploy/speech_assets.sh && target/release/bench_speech --model tiny.en
 //!
 //! Its flags are in [`USAGE`], which `--help` prints.

@@ -16,7 +16,7 @@
 //! the ledger holds one `attempts` row per delivery published.
 //!
 //!   source deploy/tools.sh --test
-//!   cargo build --release -p minions-watchdog -p minions-tests --bin minions-watchdog --bin bench_ledger
+//!   cargo build --release -p minions-watchdog -p minions-bench --bin minions-watchdog --bin bench_ledger
 //!   target/release/bench_ledger [--secs 60] [--rounds 1] [--workers 1000] [--shard-secs 2] [--write]
 //!
 //! Prints a Markdown section; `--write` puts it into BENCHMARKS.md between
@@ -855,7 +855,7 @@ async fn main() -> Result<()> {
     let doc = format!(
         "## Usage ledger: 1,000 simulated workers' events, watchdog with and without the ledger\n\n\
          Made by `source deploy/tools.sh --test && cargo build --release -p minions-watchdog \
-         -p minions-tests --bin minions-watchdog --bin bench_ledger && target/release/{}` \
+         -p minions-bench --bin minions-watchdog --bin bench_ledger && target/release/{}` \
          on {date} UTC, {}; load average {load_before} before it.\n\n\
          {workers} simulated workers run shards back to back, {mean_secs} s each on average \
          (uniform ±50 %), for {secs:.0} s; each delivery publishes `started` and then `done` \

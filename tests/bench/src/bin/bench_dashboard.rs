@@ -6,7 +6,7 @@
 //! Chromium open on the page throughout, for each fleet size side by side.
 //!
 //!   cargo build --release -p minions-watchdog
-//!   cargo run -p minions-tests --bin bench_dashboard -- --workers 10,1000 --secs 20
+//!   cargo run -p minions-bench --bin bench_dashboard -- --workers 10,1000 --secs 20
 //!
 //! Prints a Markdown table (for BENCHMARKS.md).
 

@@ -5,7 +5,7 @@
 //! share of the weights, plus the embeddings on the first and the head on
 //! the last.
 //!
-//!   cargo run -p minions-tests --bin bench_stages -- --write
+//!   cargo run -p minions-bench --bin bench_stages -- --write
 //!
 //! Its flags are in [`USAGE`], which `--help` prints.
 
@@ -78,7 +78,7 @@ fn main() -> Result<()> {
     }
     let whole = measure(0, 30)?;
     let mut doc = format!(
-        "Run {} on {}: `cargo run -p minions-tests --bin bench_stages -- --write`.\n\n\
+        "Run {} on {}: `cargo run -p minions-bench --bin bench_stages -- --write`.\n\n\
 SmolLM2-135M-Instruct Q4_1 (30 layers), each stage loaded in a process of its own; memory is the\n\
 process's resident set after the load less before it (the weights as the CPU kernels hold them).\n\n\
 | split | stage | layers | MB held | share of the whole |\n|---|---|---|---|---|\n",

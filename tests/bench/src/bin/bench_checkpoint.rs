@@ -11,7 +11,7 @@
 //! the same way.
 //!
 //!   cargo build --release -p minions-watchdog
-//!   cargo run --release -p minions-tests --bin bench_checkpoint -- --events 1000000,10000000
+//!   cargo run --release -p minions-bench --bin bench_checkpoint -- --events 1000000,10000000
 //!
 //! Prints a Markdown table (for BENCHMARKS.md).
 

@@ -28,7 +28,7 @@ const USAGE: &str = "\
 `minions submit` of JSON Lines and Parquet inputs: time, rate and peak memory.
 
 Usage: bench_input [--rows LIST] [--group N] [--shard-size N] [--write]
-  (source deploy/tools.sh --test; cargo build --release -p minions -p minions-tests --bins first)
+  (source deploy/tools.sh --test; cargo build --release -p minions -p minions-bench --bins first)
 
   --rows LIST       comma-separated input sizes in records (100000,1000000)
   --group N         rows per Parquet row group (65536)
@@ -198,7 +198,7 @@ fn main() -> Result<()> {
     }
     let doc = format!(
         "## Submitting JSON Lines and Parquet: time and peak memory\n\n\
-         Made by `source deploy/tools.sh --test && cargo build --release -p minions -p minions-tests --bins && target/release/{}` \
+         Made by `source deploy/tools.sh --test && cargo build --release -p minions -p minions-bench --bins && target/release/{}` \
          on {} UTC, {}.\n\n\
          `minions submit` (release build) of the same records, `{{\"id\": \"r<i>\", \"text\": \"a dog runs <i>\"}}`, \
          as JSON Lines and as Parquet (written with arrow-rs: snappy, row groups of {group} rows, \

@@ -3,7 +3,7 @@
 //! path, at every precision. Run once, when the canary or the embedding
 //! family's arithmetic changes, and commit the file:
 //!
-//!   MINIONS_CPU_PATH=portable cargo run --release -p minions-tests --bin make_canary_reference
+//!   MINIONS_CPU_PATH=portable cargo run --release -p minions-bench --bin make_canary_reference
 //!
 //! Every worker's canary answer is judged against this file's vectors
 //! (cosine per text, the tolerance of sampled checks).

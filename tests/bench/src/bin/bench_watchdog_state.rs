@@ -16,7 +16,7 @@
 //! fold), to encode it, and the time a restarted watchdog takes to decode
 //! and restore it.
 //!
-//!   cargo run --release -p minions-tests --bin bench_watchdog_state -- \
+//!   cargo run --release -p minions-bench --bin bench_watchdog_state -- \
 //!     --at 1000000,10000000,50000000,100000000
 //!
 //! Prints a Markdown table (for BENCHMARKS.md).
