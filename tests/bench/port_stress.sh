@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Port-race stress run: the integration test binaries that start the most
-# servers, run ROUNDS times in a row (default 5) with a CPU-heavy process
+# Port-race stress run: the integration test areas (modules of the one
+# integration binary, tests/tests/main.rs) that start the most servers, run
+# ROUNDS times in a row (default 5) with a CPU-heavy process
 # beside them (one busy loop per core), each round a single `cargo test` over
 # all of them; prints every round's counts and a total. Servers in the tests
 # bind ports of their own choosing, so this must end with 0 failed.
@@ -8,14 +9,14 @@
 #   bash tests/bench/port_stress.sh [--rounds N] [--hogs N] [--count] [--tests a,b/c,...]
 #
 # --tests: lanes separated by `/`, each a comma-separated list of test
-# binaries; lanes run side by side (more servers at once), each lane's
-# binaries one after another. The default puts the longest binary alone
-# beside the nine others.
+# areas; lanes run side by side (more servers at once), each lane's areas
+# one after another. The default puts the longest area alone beside the nine
+# others.
 # --hogs: busy loops beside the tests (default 1, a whole core of this
 # 2-core machine; one per core starves timing-bound tests, which is not what
 # this measures).
-# --count first runs every integration test binary once with nats-server,
-# moto, PostgreSQL and chromedriver wrapped to count the servers each binary
+# --count first runs every integration test area once with nats-server,
+# moto, PostgreSQL and chromedriver wrapped to count the servers each area
 # starts (`minions dev`'s servers count for the test that ran it), and prints
 # the table; the default list below came from it (the ten that start the
 # most: cluster 17, roles 8, deploy_configs 6, tls 5, owner, llm_fleet, leaf
@@ -40,8 +41,11 @@ while [[ $# -gt 0 ]]; do
 done
 
 source deploy/tools.sh --test
-cargo build --workspace --bins --quiet
+cargo build --workspace --exclude minions-bench --bins --quiet
 cargo test -p minions-tests --no-run --quiet 2>/dev/null
+# The one integration binary, newest build.
+exe="$(ls -t target/debug/deps/integration-???????????????? | head -n 1)"
+areas="$(sed -n 's/^mod \([a-z_0-9]*\);$/\1/p' tests/tests/main.rs)"
 
 work="$(mktemp -d)"
 chmod 755 "$work"
@@ -53,20 +57,17 @@ cleanup() {
 trap cleanup EXIT
 
 if [[ "$count" == 1 ]]; then
-  # Each wrapper notes the test binary above it, then becomes the server
-  # (exec keeps the pid, which nats-server's ports file is named after).
+  # Each wrapper notes the area that started it (the environment the loop
+  # below sets reaches the servers through the test and the binaries), then
+  # becomes the server (exec keeps the pid, which nats-server's ports file is
+  # named after).
   log="$work/starts.log"
   : >"$log"
   chmod 666 "$log"
   wrap() { # NAME REAL OUT
     cat >"$3" <<EOF
 #!/usr/bin/env bash
-p=\$PPID
-while [[ -r /proc/\$p/cmdline ]]; do
-  exe="\$(tr '\\0' '\\n' </proc/\$p/cmdline | head -n 1)"
-  case "\$(basename "\$exe")" in minions|bash|sh|env) p="\$(awk '/^PPid:/ {print \$2}' /proc/\$p/status)" ;; *) break ;; esac
-done
-echo "\$(basename "\$exe" | sed 's/-[0-9a-f]\{16\}\$//') $1" >>"$log"
+echo "\${MINIONS_STRESS_AREA:-unknown} $1" >>"$log"
 exec "$2" "\$@"
 EOF
     chmod 755 "$3"
@@ -79,10 +80,14 @@ EOF
   for f in "$MINIONS_PG_BIN"/*; do ln -s "$f" "$work/pg/$(basename "$f")"; done
   rm "$work/pg/postgres"
   wrap postgres "$MINIONS_PG_BIN/postgres" "$work/pg/postgres"
-  NATS_SERVER_BIN="$work/bin/nats-server" MINIONS_MOTO_BIN="$work/bin/moto_server" \
-    CHROMEDRIVER_BIN="$work/bin/chromedriver" MINIONS_PG_BIN="$work/pg" \
-    cargo test -p minions-tests --tests --no-fail-fast >"$work/count.log" 2>&1 || status=$?
-  echo "servers started per test binary (one run):"
+  : >"$work/count.log"
+  for area in $areas; do
+    echo "     Running tests/tests/main.rs ($exe)" >>"$work/count.log"
+    (cd tests && MINIONS_STRESS_AREA="$area" NATS_SERVER_BIN="$work/bin/nats-server" \
+      MINIONS_MOTO_BIN="$work/bin/moto_server" CHROMEDRIVER_BIN="$work/bin/chromedriver" \
+      MINIONS_PG_BIN="$work/pg" "../$exe" "$area::") >>"$work/count.log" 2>&1 || status=1
+  done
+  echo "servers started per test area (one run):"
   awk '{n[$1]++} END {for (b in n) print n[b], b}' "$log" | sort -rn
   python3 tests/summary.py --cargo "$work/count.log" --cargo-status "$status" || true
 fi
@@ -92,17 +97,16 @@ for _ in $(seq 1 "$hogs_n"); do
   hogs+=("$!")
 done
 echo "port_stress: $rounds rounds of [$tests], beside $hogs_n busy loop(s)" >&2
-# Lanes ("a,b/c,d") run side by side, each its binaries one after another,
+# Lanes ("a,b/c,d") run side by side, each its areas one after another,
 # straight from target/ (two `cargo test` would wait on each other's lock).
-lane() { # LOG BINARY...
-  local out="$1" name exe status=0
+lane() { # LOG AREA...
+  local out="$1" name status=0
   shift
   for name in "$@"; do
-    exe="$(ls -t target/debug/deps/"$name"-???????????????? 2>/dev/null | head -n 1)"
-    echo "     Running tests/$name.rs ($exe)" >>"$out"
-    (cd tests && "../$exe") >>"$out" 2>&1 || {
+    echo "     Running tests/tests/main.rs ($exe)" >>"$out"
+    (cd tests && "../$exe" "$name::") >>"$out" 2>&1 || {
       local rc=$?
-      echo "error: test failed, to rerun pass \`-p minions-tests --test $name\`" >>"$out"
+      echo "error: test failed, to rerun pass \`-p minions-tests --test integration $name::\`" >>"$out"
       echo "process didn't exit successfully: \`$exe\` (exit status: $rc)" >>"$out"
       status=1
     }
