@@ -152,7 +152,8 @@ pub enum Command {
     #[command(subcommand)]
     Admin(AdminCommand),
     /// Show what the fleet's work used, from the ledger: device-hours,
-    /// records, tokens, energy and its cost, per team, worker, model or job.
+    /// records, tokens, hours of audio, energy and its cost, per team,
+    /// worker, model or job.
     ///
     /// The ledger is a PostgreSQL database that minions-watchdog writes
     /// when it runs with `--ledger postgres://...` (it creates the tables
@@ -169,6 +170,8 @@ pub enum Command {
     ///                  shards (every delivery, retries included)
     ///   RECORDS        records processed
     ///   TOKENS         tokens generated (generation jobs; 0 for embeddings)
+    ///   AUDIO-H        hours of audio transcribed (speech jobs; 0 for
+    ///                  the others)
     ///   KWH MEASURED   energy read from a meter (RAPL, nvidia-smi,
     ///                  powermetrics), the device's share while it ran
     ///   KWH ESTIMATED  energy estimated where no meter could be read
@@ -177,8 +180,8 @@ pub enum Command {
     /// Rows are sorted by device-hours, most first; the last line is the
     /// total. --json and --csv give one row per group and no total (so
     /// that sums stay right), with the fields team | worker, host | model |
-    /// job, team, model, then device_hours, records, tokens, kwh_measured,
-    /// kwh_estimated, cost.
+    /// job, team, model, then device_hours, records, tokens, audio_hours,
+    /// kwh_measured, kwh_estimated, cost.
     ///
     /// Examples:
     ///   minions usage                           # the last 30 days, by team

@@ -1,5 +1,5 @@
 //! `minions usage`: what the fleet's work used (device-hours, records,
-//! tokens, energy and its cost) per team, worker, model or job, read from
+//! tokens, hours of audio, energy and its cost) per team, worker, model or job, read from
 //! the ledger that `minions-watchdog --ledger postgres://...` writes
 //! (watchdog/migrations/ holds its tables).
 //!
@@ -269,6 +269,7 @@ impl Report {
             t.busy_ms = t.busy_ms.saturating_add(r.busy_ms);
             t.records = t.records.saturating_add(r.records);
             t.tokens = t.tokens.saturating_add(r.tokens);
+            t.audio_ms = t.audio_ms.saturating_add(r.audio_ms);
             t.measured_j += r.measured_j;
             t.estimated_j += r.estimated_j;
         }
@@ -307,10 +308,11 @@ fn by_word(by: UsageBy) -> &'static str {
 }
 
 /// The number columns: table header, CSV/JSON field name.
-const NUMBER_COLUMNS: [(&str, &str); 6] = [
+const NUMBER_COLUMNS: [(&str, &str); 7] = [
     ("DEVICE-H", "device_hours"),
     ("RECORDS", "records"),
     ("TOKENS", "tokens"),
+    ("AUDIO-H", "audio_hours"),
     ("KWH MEASURED", "kwh_measured"),
     ("KWH ESTIMATED", "kwh_estimated"),
     ("COST", "cost"),
@@ -364,6 +366,7 @@ pub fn render_table(report: &Report) -> String {
             amount(r.device_hours(), 2),
             r.records.to_string(),
             r.tokens.to_string(),
+            amount(r.audio_hours(), 2),
             amount(r.kwh_measured(), 3),
             amount(r.kwh_estimated(), 3),
             format!("{:.2}", r.cost(report.price_per_kwh)),
@@ -432,6 +435,7 @@ pub fn render_csv(report: &Report) -> String {
             r.device_hours().to_string(),
             r.records.to_string(),
             r.tokens.to_string(),
+            r.audio_hours().to_string(),
             r.kwh_measured().to_string(),
             r.kwh_estimated().to_string(),
             r.cost(report.price_per_kwh).to_string(),
@@ -471,6 +475,7 @@ struct JsonRow<'a> {
     device_hours: f64,
     records: i64,
     tokens: i64,
+    audio_hours: f64,
     kwh_measured: f64,
     kwh_estimated: f64,
     cost: f64,
@@ -479,7 +484,7 @@ struct JsonRow<'a> {
 /// The report as a JSON array, one object per group (no total): the
 /// grouping's name fields (`team`; `worker`, `host`; `model`; `job`,
 /// `team`, `model`; null when unknown), then `device_hours`, `records`,
-/// `tokens`, `kwh_measured`, `kwh_estimated`, `cost`.
+/// `tokens`, `audio_hours`, `kwh_measured`, `kwh_estimated`, `cost`.
 pub fn render_json(report: &Report) -> Result<String, serde_json::Error> {
     let rows: Vec<JsonRow<'_>> = report
         .rows
@@ -503,6 +508,7 @@ pub fn render_json(report: &Report) -> Result<String, serde_json::Error> {
                 device_hours: r.device_hours(),
                 records: r.records,
                 tokens: r.tokens,
+                audio_hours: r.audio_hours(),
                 kwh_measured: r.kwh_measured(),
                 kwh_estimated: r.kwh_estimated(),
                 cost: r.cost(report.price_per_kwh),
@@ -682,6 +688,7 @@ mod tests {
             busy_ms,
             records: busy_ms / 1000,
             tokens: busy_ms / 100,
+            audio_ms: busy_ms / 2,
             measured_j: measured_kwh * 3.6e6,
             estimated_j: estimated_kwh * 3.6e6,
             ..UsageRow::default()
@@ -711,11 +718,11 @@ mod tests {
         assert_eq!(
             lines[1..].join("\n"),
             "\
-TEAM       DEVICE-H  RECORDS  TOKENS  KWH MEASURED  KWH ESTIMATED  COST
-ads            2.00     7200   72000         2.000          1.000  1.50
-search         1.00     3600   36000         1.000          0.000  0.50
-(unknown)      0.50     1800   18000         0.000          0.300  0.15
-total          3.50    12600  126000         3.000          1.300  2.15"
+TEAM       DEVICE-H  RECORDS  TOKENS  AUDIO-H  KWH MEASURED  KWH ESTIMATED  COST
+ads            2.00     7200   72000     1.00         2.000          1.000  1.50
+search         1.00     3600   36000     0.50         1.000          0.000  0.50
+(unknown)      0.50     1800   18000     0.25         0.000          0.300  0.15
+total          3.50    12600  126000     1.75         3.000          1.300  2.15"
         );
     }
 
@@ -754,7 +761,7 @@ total          3.50    12600  126000         3.000          1.300  2.15"
         );
         assert_eq!(
             render_csv(&report(UsageBy::Model, vec![])),
-            "model,device_hours,records,tokens,kwh_measured,kwh_estimated,cost"
+            "model,device_hours,records,tokens,audio_hours,kwh_measured,kwh_estimated,cost"
         );
         assert_eq!(
             render_json(&report(UsageBy::Model, vec![])).unwrap_or_else(|e| panic!("{e}")),
@@ -770,15 +777,15 @@ total          3.50    12600  126000         3.000          1.300  2.15"
         assert_eq!(
             text,
             "\
-team,device_hours,records,tokens,kwh_measured,kwh_estimated,cost
-\"a,\"\"b\"\"\",1,3600,36000,1,1,1
-,0,0,0,0,0,0"
+team,device_hours,records,tokens,audio_hours,kwh_measured,kwh_estimated,cost
+\"a,\"\"b\"\"\",1,3600,36000,0.5,1,1,1
+,0,0,0,0,0,0,0"
         );
         let mut r = row(Some("w-1"), 0, 0.0, 0.0);
         r.host = Some("mac".into());
         let text = render_csv(&report(UsageBy::Worker, vec![r]));
         assert!(text.starts_with("worker,host,device_hours,"), "{text}");
-        assert!(text.ends_with("\nw-1,mac,0,0,0,0,0,0"), "{text}");
+        assert!(text.ends_with("\nw-1,mac,0,0,0,0,0,0,0"), "{text}");
     }
 
     #[test]
@@ -790,6 +797,7 @@ team,device_hours,records,tokens,kwh_measured,kwh_estimated,cost
         assert_eq!(rows[0]["device_hours"], 2.0);
         assert_eq!(rows[0]["records"], 7200);
         assert_eq!(rows[0]["tokens"], 72000);
+        assert_eq!(rows[0]["audio_hours"], 1.0);
         assert_eq!(rows[0]["kwh_measured"], 2.0);
         assert_eq!(rows[0]["kwh_estimated"], 1.0);
         assert_eq!(rows[0]["cost"], 1.5);
@@ -806,6 +814,7 @@ team,device_hours,records,tokens,kwh_measured,kwh_estimated,cost
             "device_hours",
             "records",
             "tokens",
+            "audio_hours",
             "kwh_measured",
             "kwh_estimated",
             "cost",
@@ -813,7 +822,7 @@ team,device_hours,records,tokens,kwh_measured,kwh_estimated,cost
         for pair in order.windows(2) {
             assert!(at(pair[0]) < at(pair[1]), "{pair:?} in {text}");
         }
-        assert!(at(order[8]) < usize::MAX, "{text}");
+        assert!(at(order[9]) < usize::MAX, "{text}");
         assert_eq!(v[0].as_object().map(|o| o.len()), Some(order.len()), "{v}");
         assert!(v[0]["model"].is_null(), "{v}");
         Ok(())

@@ -1,5 +1,5 @@
 //! Reading what the ledger counted, for `minions usage` and the watchdog's
-//! dashboard alike: the device time, records, tokens and energy of
+//! dashboard alike: the device time, records, tokens, audio and energy of
 //! `usage_hourly` (one row per worker, hour and job), summed per team,
 //! worker, model or job (or all together) over a window of hours, with one
 //! query shape and one row type. Teams and models come from `jobs` (NULL
@@ -59,6 +59,8 @@ pub struct UsageRow {
     pub records: i64,
     /// Tokens generated.
     pub tokens: i64,
+    /// Audio transcribed, ms (speech jobs).
+    pub audio_ms: i64,
     /// Energy read from meters, joules.
     pub measured_j: f64,
     /// Energy estimated, joules.
@@ -69,6 +71,11 @@ impl UsageRow {
     /// Device-hours: busy ms / 3.6e6.
     pub fn device_hours(&self) -> f64 {
         self.busy_ms as f64 / PER_KWH_OR_HOUR
+    }
+
+    /// Hours of audio transcribed: audio ms / 3.6e6.
+    pub fn audio_hours(&self) -> f64 {
+        self.audio_ms as f64 / PER_KWH_OR_HOUR
     }
 
     /// Measured energy, kWh.
@@ -87,18 +94,19 @@ impl UsageRow {
     }
 }
 
-/// The sums every grouping reports: busy ms, records, tokens (bigint) and
-/// measured and estimated joules (double precision); SUM of a bigint is
-/// numeric, hence the casts.
+/// The sums every grouping reports: busy ms, records, tokens (bigint),
+/// measured and estimated joules (double precision) and audio ms (bigint);
+/// SUM of a bigint is numeric, hence the casts.
 const SUMS: &str = "\
        COALESCE(SUM(u.busy_ms), 0)::bigint,
        COALESCE(SUM(u.records), 0)::bigint,
        COALESCE(SUM(u.tokens), 0)::bigint,
        COALESCE(SUM(u.energy_measured_j), 0)::double precision,
-       COALESCE(SUM(u.energy_estimated_j), 0)::double precision";
+       COALESCE(SUM(u.energy_estimated_j), 0)::double precision,
+       COALESCE(SUM(u.audio_ms), 0)::bigint";
 
 /// The query for `grouping` over `window`, at most `limit` rows. Every
-/// grouping returns the same nine columns: the group's name, host, team and
+/// grouping returns the same ten columns: the group's name, host, team and
 /// model (NULL where the grouping has none), then [`SUMS`], largest device
 /// time first, then by name. [`Window::Between`] binds `$1` and `$2` (Unix
 /// seconds, double precision), [`Window::LastDays`] `$1` (days, int).
@@ -176,6 +184,7 @@ pub async fn read(
                 tokens: r.try_get(6)?,
                 measured_j: r.try_get(7)?,
                 estimated_j: r.try_get(8)?,
+                audio_ms: r.try_get(9)?,
             })
         })
         .collect()
@@ -186,7 +195,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_grouping_has_nine_columns_and_its_window() {
+    fn every_grouping_has_ten_columns_and_its_window() {
         let between = Window::Between {
             since_s: 0.0,
             until_s: 1.0,
@@ -199,10 +208,10 @@ mod tests {
             Grouping::Job,
         ] {
             let q = sql(g, &between, None);
-            // Four name columns, then the five sums.
+            // Four name columns, then the six sums.
             let names = q.split("COALESCE").next().unwrap_or_default();
             assert_eq!(names.matches(',').count(), 4, "{q}");
-            assert_eq!(q.matches("COALESCE(SUM(").count(), 5, "{q}");
+            assert_eq!(q.matches("COALESCE(SUM(").count(), 6, "{q}");
             assert!(q.contains("$2") && !q.contains("LIMIT"), "{q}");
             assert_eq!(q.contains("GROUP BY"), g != Grouping::Total, "{q}");
         }
@@ -220,9 +229,10 @@ mod tests {
             busy_ms: 7_200_000,
             measured_j: 3.6e6,
             estimated_j: 1.8e6,
+            audio_ms: 5_400_000,
             ..Default::default()
         };
-        assert_eq!(r.device_hours(), 2.0);
+        assert_eq!((r.device_hours(), r.audio_hours()), (2.0, 1.5));
         assert_eq!((r.kwh_measured(), r.kwh_estimated()), (1.0, 0.5));
         assert!((r.cost(0.30) - 0.45).abs() < 1e-12);
     }

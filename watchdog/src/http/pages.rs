@@ -573,24 +573,25 @@ pub const NO_LEDGER: &str = "no ledger: start the watchdog with --ledger URL";
 pub fn no_ledger() -> String {
     format!(
         "<section><h2>Usage</h2><p>{NO_LEDGER} (<code>minions-watchdog --ledger postgres://USER@HOST/DB</code>) \
-to keep device time, records, tokens and energy per team and per worker.</p></section>"
+to keep device time, records, tokens, audio and energy per team and per worker.</p></section>"
     )
 }
 
 fn sums_cells(s: &Sums) -> String {
     format!(
         "<td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
-<td class=\"num\">{}</td><td class=\"num\">{}</td>",
+<td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>",
         amount(s.device_hours, 2),
         s.records,
         s.tokens,
+        amount(s.audio_hours, 2),
         amount(s.kwh_measured, 3),
         amount(s.kwh_estimated, 3)
     )
 }
 
 const SUMS_HEADS: &str = "<th class=\"num\">device-hours</th><th class=\"num\">records</th>\
-<th class=\"num\">tokens</th><th class=\"num\">kWh measured</th><th class=\"num\">kWh estimated</th>";
+<th class=\"num\">tokens</th><th class=\"num\">audio-hours</th><th class=\"num\">kWh measured</th><th class=\"num\">kWh estimated</th>";
 
 fn ledger_state(l: &LedgerState) -> String {
     let mut out = format!(
@@ -654,6 +655,7 @@ pub fn usage(r: &UsageReport) -> String {
             out.push_str(&card(&amount(t.device_hours, 2), "device-hours"));
             out.push_str(&card(&t.records.to_string(), "records"));
             out.push_str(&card(&t.tokens.to_string(), "tokens"));
+            out.push_str(&card(&amount(t.audio_hours, 2), "audio-hours"));
             out.push_str(&card(&amount(t.kwh_measured, 3), "kWh measured"));
             out.push_str(&card(&amount(t.kwh_estimated, 3), "kWh estimated"));
             out.push_str("</div></section>");
@@ -746,6 +748,7 @@ mod tests {
             device_hours: h,
             records: 1200,
             tokens: 3400,
+            audio_hours: 0.5,
             kwh_measured: 0.25,
             kwh_estimated: 0.0125,
         };
@@ -772,7 +775,7 @@ mod tests {
         assert!(html.contains("<b>7 days</b>"), "{html}");
         assert!(html.contains("<a href=\"/usage?days=30\">"), "{html}");
         assert!(!html.contains("<script>"), "{html}");
-        assert!(html.contains("<td>&lt;script&gt;</td><td class=\"num\">2.00</td><td class=\"num\">1200</td><td class=\"num\">3400</td><td class=\"num\">0.250</td><td class=\"num\">0.013</td>"), "{html}");
+        assert!(html.contains("<td>&lt;script&gt;</td><td class=\"num\">2.00</td><td class=\"num\">1200</td><td class=\"num\">3400</td><td class=\"num\">0.50</td><td class=\"num\">0.250</td><td class=\"num\">0.013</td>"), "{html}");
         assert!(html.contains("(unknown)"), "{html}");
         assert!(
             html.contains("<td>w1-&quot;x&quot;</td><td>mac&amp;01</td>"),

@@ -57,7 +57,7 @@ pub fn parse_days(query: Option<&str>) -> Result<u32, BadDays> {
     }
 }
 
-/// Device time, records, tokens and energy of a group.
+/// Device time, records, tokens, audio and energy of a group.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Sums {
     /// Device-busy hours.
@@ -66,6 +66,8 @@ pub struct Sums {
     pub records: i64,
     /// Tokens generated.
     pub tokens: i64,
+    /// Hours of audio transcribed.
+    pub audio_hours: f64,
     /// Energy read from meters, kWh.
     pub kwh_measured: f64,
     /// Energy estimated from the device kind, kWh.
@@ -79,6 +81,7 @@ impl Sums {
             device_hours: row.device_hours(),
             records: row.records,
             tokens: row.tokens,
+            audio_hours: row.audio_hours(),
             kwh_measured: row.kwh_measured(),
             kwh_estimated: row.kwh_estimated(),
         }

@@ -33,6 +33,11 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
         "0004_audio",
         include_str!("../../migrations/0004_audio.sql"),
     ),
+    (
+        5,
+        "0005_audio_hourly",
+        include_str!("../../migrations/0005_audio_hourly.sql"),
+    ),
 ];
 
 /// The advisory lock's key: any constant the fleet's other users of the

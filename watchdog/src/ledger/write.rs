@@ -66,9 +66,25 @@ pub(crate) async fn advance(client: &Client, stream: &str, seq: u64) -> Result<(
     Ok(())
 }
 
-/// Per (worker, hour, job): device ms, records, tokens, measured and
-/// estimated joules.
-type Usage = BTreeMap<(String, u64, String), (i64, i64, i64, f64, f64)>;
+/// What one (worker, hour, job) row of `usage_hourly` gains from a batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct HourUsage {
+    /// Device-busy time, ms (split across the hours a delivery spanned).
+    busy_ms: i64,
+    /// Records (in the hour the delivery ended).
+    records: i64,
+    /// Tokens generated (in the hour the delivery ended).
+    tokens: i64,
+    /// Audio transcribed, ms (in the hour the delivery ended).
+    audio_ms: i64,
+    /// Energy read from meters, joules (split as the device time).
+    measured_j: f64,
+    /// Energy estimated, joules (split as the device time).
+    estimated_j: f64,
+}
+
+/// Per (worker, hour, job), what the batch adds.
+type Usage = BTreeMap<(String, u64, String), HourUsage>;
 
 /// Writes the stream sequences `first..=last`, whose valid events are
 /// `events` (stream sequence, event; in stream order).
@@ -665,25 +681,27 @@ async fn upsert_usage(
     let worker: Vec<&str> = usage.keys().map(|k| k.0.as_str()).collect();
     let hour: Vec<f64> = usage.keys().map(|k| secs(k.1)).collect();
     let job: Vec<&str> = usage.keys().map(|k| k.2.as_str()).collect();
-    let busy: Vec<i64> = usage.values().map(|u| u.0).collect();
-    let records: Vec<i64> = usage.values().map(|u| u.1).collect();
-    let tokens: Vec<i64> = usage.values().map(|u| u.2).collect();
-    let measured: Vec<f64> = usage.values().map(|u| u.3).collect();
-    let estimated: Vec<f64> = usage.values().map(|u| u.4).collect();
-    let params: [&(dyn ToSql + Sync); 8] = [
-        &worker, &hour, &job, &busy, &records, &tokens, &measured, &estimated,
+    let busy: Vec<i64> = usage.values().map(|u| u.busy_ms).collect();
+    let records: Vec<i64> = usage.values().map(|u| u.records).collect();
+    let tokens: Vec<i64> = usage.values().map(|u| u.tokens).collect();
+    let audio: Vec<i64> = usage.values().map(|u| u.audio_ms).collect();
+    let measured: Vec<f64> = usage.values().map(|u| u.measured_j).collect();
+    let estimated: Vec<f64> = usage.values().map(|u| u.estimated_j).collect();
+    let params: [&(dyn ToSql + Sync); 9] = [
+        &worker, &hour, &job, &busy, &records, &tokens, &measured, &estimated, &audio,
     ];
     tx.execute(
-        "INSERT INTO usage_hourly (worker, hour, job, busy_ms, records, tokens, energy_measured_j, energy_estimated_j)
-         SELECT worker, to_timestamp(hour), job, busy_ms, records, tokens, em, ee
+        "INSERT INTO usage_hourly (worker, hour, job, busy_ms, records, tokens, energy_measured_j, energy_estimated_j, audio_ms)
+         SELECT worker, to_timestamp(hour), job, busy_ms, records, tokens, em, ee, audio_ms
            FROM unnest($1::text[], $2::float8[], $3::text[], $4::bigint[], $5::bigint[],
-                       $6::bigint[], $7::float8[], $8::float8[])
-             AS u(worker, hour, job, busy_ms, records, tokens, em, ee)
+                       $6::bigint[], $7::float8[], $8::float8[], $9::bigint[])
+             AS u(worker, hour, job, busy_ms, records, tokens, em, ee, audio_ms)
           WHERE true
          ON CONFLICT (worker, hour, job) DO UPDATE SET
            busy_ms = usage_hourly.busy_ms + EXCLUDED.busy_ms,
            records = usage_hourly.records + EXCLUDED.records,
            tokens = usage_hourly.tokens + EXCLUDED.tokens,
+           audio_ms = usage_hourly.audio_ms + EXCLUDED.audio_ms,
            energy_measured_j = usage_hourly.energy_measured_j + EXCLUDED.energy_measured_j,
            energy_estimated_j = usage_hourly.energy_estimated_j + EXCLUDED.energy_estimated_j",
         &params,
@@ -693,7 +711,8 @@ async fn upsert_usage(
 }
 
 /// Adds a finished delivery to the hours it spans: device time and energy
-/// split by the time in each hour; records and tokens to the hour it ended.
+/// split by the time in each hour; records, tokens and audio to the hour it
+/// ended.
 fn add_usage(
     usage: &mut Usage,
     worker: &str,
@@ -719,15 +738,16 @@ fn add_usage(
         let u = usage
             .entry((worker.to_owned(), hour, job.to_owned()))
             .or_default();
-        u.0 += big(ms);
+        u.busy_ms += big(ms);
         if i + 1 == n {
-            u.1 += big(row.records);
-            u.2 += big(row.tokens);
+            u.records += big(row.records);
+            u.tokens += big(row.tokens);
+            u.audio_ms += big(row.audio_ms);
         }
         if measured {
-            u.3 += joules * share;
+            u.measured_j += joules * share;
         } else {
-            u.4 += joules * share;
+            u.estimated_j += joules * share;
         }
     }
 }
@@ -783,6 +803,7 @@ mod tests {
         let row = AttemptRow {
             records: 7,
             tokens: 9,
+            audio_ms: 61_250,
             energy: Some(Energy {
                 joules: 30.0,
                 measured: true,
@@ -794,10 +815,16 @@ mod tests {
         add_usage(&mut u, "w", "j", &row, 3_000, Some(H + 2_000));
         let first = u.get(&("w".to_owned(), 0, "j".to_owned())).copied();
         let second = u.get(&("w".to_owned(), H, "j".to_owned())).copied();
-        assert_eq!(first.map(|x| (x.0, x.1)), Some((1_000, 0)));
-        assert_eq!(second.map(|x| (x.0, x.1, x.2)), Some((2_000, 7, 9)));
-        let e = first.map_or(0.0, |x| x.3) + second.map_or(0.0, |x| x.3);
+        assert_eq!(
+            first.map(|x| (x.busy_ms, x.records, x.audio_ms)),
+            Some((1_000, 0, 0))
+        );
+        assert_eq!(
+            second.map(|x| (x.busy_ms, x.records, x.tokens, x.audio_ms)),
+            Some((2_000, 7, 9, 61_250))
+        );
+        let e = first.map_or(0.0, |x| x.measured_j) + second.map_or(0.0, |x| x.measured_j);
         assert!((e - 30.0).abs() < 1e-9);
-        assert_eq!(second.map(|x| x.4), Some(0.0));
+        assert_eq!(second.map(|x| x.estimated_j), Some(0.0));
     }
 }
