@@ -114,7 +114,7 @@ class Fleet:
         max_batch: Optional[int] = None,
         skip_bad: bool = False,
         max_tokens: Optional[int] = None,
-        temperature: Optional[float] = None,
+        temperature: Union[float, Sequence[float], None] = None,
         top_p: Optional[float] = None,
         top_k: Optional[int] = None,
         seed: Optional[int] = None,
@@ -124,6 +124,12 @@ class Fleet:
         preemptible: bool = False,
         memory_mb: Optional[int] = None,
         devices: Optional[Sequence[str]] = None,
+        glob: Optional[str] = None,
+        language: Optional[str] = None,
+        task: Optional[str] = None,
+        timestamps: Optional[str] = None,
+        beam_size: Optional[int] = None,
+        initial_prompt: Optional[str] = None,
     ) -> "Job":
         """Submits a job and returns it (queued; see :meth:`Job.wait`).
 
@@ -135,8 +141,16 @@ class Fleet:
         reads it, with ``text_field`` / ``id_field`` naming the field or
         column. ``team``, ``priority`` (``"low"``, ``"normal"``, ``"high"``),
         ``preemptible``, ``memory_mb`` and ``devices`` place the job in the
-        fleet's sharing (fair share between teams, priority within one). The
-        other options are ``minions submit``'s, with its defaults.
+        fleet's sharing (fair share between teams, priority within one).
+
+        For a speech model ``data`` is a JSON Lines file of ``{"id", "audio"}``
+        lines, or a folder (local, or an ``s3://bucket/prefix/``) of audio
+        files with ``glob`` choosing them (``"*.wav"``); ``language``,
+        ``task`` (``"transcribe"``, ``"translate"``), ``timestamps``
+        (``"segment"``, ``"none"``), ``beam_size``, ``initial_prompt`` and
+        ``temperature`` (one value, or a list for Whisper's fallback) are
+        ``minions submit``'s speech options. The other options are ``minions
+        submit``'s, with its defaults.
         """
         flags = ["--model", model]
         for flag, value in (
@@ -145,13 +159,21 @@ class Fleet:
             ("--precision", precision),
             ("--max-batch", max_batch),
             ("--max-tokens", max_tokens),
-            ("--temperature", temperature),
+            ("--temperature", temperature if isinstance(temperature, (int, float)) else None),
+            ("--temperature", None if temperature is None or isinstance(temperature, (int, float))
+             else ",".join(str(float(t)) for t in temperature)),
             ("--top-p", top_p),
             ("--top-k", top_k),
             ("--seed", seed),
             ("--team", team),
             ("--priority", priority),
             ("--memory-mb", memory_mb),
+            ("--glob", glob),
+            ("--language", language),
+            ("--task", task),
+            ("--timestamps", timestamps),
+            ("--beam-size", beam_size),
+            ("--initial-prompt", initial_prompt),
         ):
             if value is not None:
                 flags += [flag, str(value)]
@@ -255,13 +277,21 @@ class Job:
           list of dicts (``id``, ``text``, ``finish_reason``,
           ``prompt_tokens``, ``completion_tokens``, and ``error`` when a
           record could not run).
+          A speech job's transcripts as a list of dicts, one per audio file
+          (``id``, ``text``, ``language``, ``segments`` as a list of
+          ``{"start", "end", "text"}`` in seconds, ``duration``, and
+          ``error`` when a file could not be transcribed), as ``minions
+          collect`` writes its JSON lines.
         - ``format="arrow"``: a pyarrow Table: ``row`` (uint64), ``id``
           (string, when the job has ids), then ``vector`` (fixed-size list of
           float32) or ``text``, ``finish_reason``, ``prompt_tokens``,
-          ``completion_tokens``, ``error``.
+          ``completion_tokens``, ``error``; for a speech job ``text``,
+          ``language``, ``duration`` (float64 seconds), ``segments`` (list
+          of struct ``start``, ``end``, ``text``), ``error``.
         - ``output=PATH``: writes a file as ``minions collect`` does (``.npy``,
           ``.parquet``, or JSON Lines; ``format="openai"`` for OpenAI batch
-          output lines) and returns its report.
+          output lines; ``format="srt"`` or ``"vtt"`` for a folder of subtitle
+          files of a speech job) and returns its report.
         """
         if output is not None:
             fmt = None if format in ("numpy", "jsonl") else format
@@ -284,6 +314,8 @@ class Job:
             flat = pa.array(vectors.reshape(-1), pa.float32())
             columns["vector"] = pa.FixedSizeListArray.from_arrays(flat, dim)
             return pa.table(columns)
+        if kind == "transcripts":
+            return _transcripts(json.loads(rest[0]), format)
         results = json.loads(rest[0])
         rows = []
         for i, (rid, g) in enumerate(zip(ids, results)):
@@ -312,6 +344,27 @@ class Job:
                 "error": pa.array([r.get("error") for r in rows], pa.string()),
             }
         )
+
+
+def _transcripts(lines: list, format: str) -> Any:
+    """A speech job's transcripts (``minions collect``'s JSON lines, parsed)
+    as ``collect`` returns them in ``format``."""
+    if format == "numpy":
+        return lines
+    import pyarrow as pa
+
+    segment = pa.struct([("start", pa.float64()), ("end", pa.float64()), ("text", pa.string())])
+    return pa.table(
+        {
+            "row": pa.array(range(len(lines)), pa.uint64()),
+            "id": pa.array([t["id"] for t in lines], pa.string()),
+            "text": pa.array([t["text"] for t in lines], pa.string()),
+            "language": pa.array([t.get("language") for t in lines], pa.string()),
+            "duration": pa.array([t["duration"] for t in lines], pa.float64()),
+            "segments": pa.array([t["segments"] for t in lines], pa.list_(segment)),
+            "error": pa.array([t.get("error") for t in lines], pa.string()),
+        }
+    )
 
 
 def _values(data: Any, what: str) -> list:

@@ -218,7 +218,8 @@ impl Fleet {
     /// A complete job's results in input order: for an embedding job
     /// `("vectors", ids or None, dim, bytes of rows × dim little-endian
     /// float32)`, for a generation job `("generations", ids, JSON list of
-    /// results)`.
+    /// results)`, for a speech job `("transcripts", None, JSON list of
+    /// transcripts)` (each with its id).
     fn gather<'py>(&self, py: Python<'py>, job: String) -> PyResult<Bound<'py, PyAny>> {
         let ep = &self.endpoints;
         let gathered = block(py, async move { commands::collect::gather(ep, &job).await })?;
@@ -231,6 +232,13 @@ impl Fleet {
                 let json = serde_json::to_string(&results)
                     .map_err(|e| MinionsError::new_err(e.to_string()))?;
                 Ok(("generations", ids, json).into_pyobject(py)?.into_any())
+            }
+            Gathered::Transcripts { lines } => {
+                let json = serde_json::to_string(&lines)
+                    .map_err(|e| MinionsError::new_err(e.to_string()))?;
+                Ok(("transcripts", None::<Vec<String>>, json)
+                    .into_pyobject(py)?
+                    .into_any())
             }
         }
     }
@@ -248,9 +256,11 @@ impl Fleet {
         let format = match format.as_deref() {
             None | Some("jsonl") => minions::cli::CollectFormat::Jsonl,
             Some("openai") => minions::cli::CollectFormat::Openai,
+            Some("srt") => minions::cli::CollectFormat::Srt,
+            Some("vtt") => minions::cli::CollectFormat::Vtt,
             Some(other) => {
                 return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                    "format {other:?}: use \"jsonl\" or \"openai\""
+                    "format {other:?}: use \"jsonl\", \"openai\" (generation jobs), or \"srt\" or \"vtt\" (speech jobs, a folder of subtitles)"
                 )));
             }
         };

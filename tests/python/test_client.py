@@ -196,6 +196,36 @@ def test_generation_jobs_give_texts(client, fleet, tmp_path):
     print(f"generation job {job.id}: {sum(r['completion_tokens'] for r in rows)} tokens, first answer {rows[0]['text']!r}")
 
 
+def test_speech_jobs_give_transcripts(client, fleet, tmp_path):
+    model = os.environ.get("MINIONS_WHISPER_TINY_EN")
+    clips = os.environ.get("MINIONS_SPEECH_CLIPS")
+    if not model or not clips:
+        pytest.fail("MINIONS_WHISPER_TINY_EN or MINIONS_SPEECH_CLIPS is not set: source deploy/tools.sh --test first")
+    client.models.push(model, name="tiny-en")
+    folder = tmp_path / "calls"
+    folder.mkdir()
+    for name in ("goforward.wav", "numbers.wav"):
+        (folder / name).write_bytes((Path(clips) / name).read_bytes())
+    (folder / "notes.txt").write_text("not chosen by the glob")
+    # A list of temperatures is Whisper's fallback; each file is a shard.
+    job = client.submit("tiny-en", str(folder), glob="*.wav", temperature=[0.0, 0.4], shard_size=1)
+    job.wait(timeout=600)
+    rows = job.collect()
+    assert [Path(r["id"]).name for r in rows] == ["goforward.wav", "numbers.wav"], rows
+    # The reference engine's text for these clips (tests/fixtures/speech).
+    assert [r["text"] for r in rows] == ["Go forward 10 meters.", "33 for 692."], rows
+    assert all(r["segments"] and 0 < r["duration"] < 30 and "error" not in r for r in rows), rows
+    t = job.collect(format="arrow")
+    assert t.column_names == ["row", "id", "text", "language", "duration", "segments", "error"]
+    assert t.column("segments").to_pylist() == [r["segments"] for r in rows]
+    subs = tmp_path / "subs"
+    assert job.collect(output=subs, format="srt")["rows"] == 2
+    assert sorted(p.name for p in subs.iterdir()) == ["goforward.srt", "numbers.srt"]
+    with pytest.raises(ValueError, match="srt"):
+        job.collect(output=tmp_path / "x", format="mp3")
+    print(f"speech job {job.id}: {rows[0]['text']!r}, {rows[1]['text']!r}")
+
+
 def _moto_endpoint(server: subprocess.Popen, log: Path, timeout: float = 30) -> str:
     """The endpoint moto_server bound (started with `-p 0`), from its
     ` * Running on http://127.0.0.1:PORT` line; fails with its log tail when

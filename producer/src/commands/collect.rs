@@ -166,6 +166,14 @@ pub enum Gathered {
         /// One result per record.
         results: Vec<Generation>,
     },
+    /// A speech job's transcripts: one object per audio file, as `minions
+    /// collect --output x.jsonl` writes its lines (`id`, `text`,
+    /// `language`, `segments`, `duration`, and `error` for a file that
+    /// could not be transcribed).
+    Transcripts {
+        /// One object per file, in input order.
+        lines: Vec<serde_json::Value>,
+    },
 }
 
 /// Reads a complete job's results into memory (for the Python client).
@@ -174,6 +182,7 @@ pub async fn gather(endpoints: &Endpoints, job: &str) -> anyhow::Result<Gathered
     let with_ids = has_ids(&spec);
     let mut ids: Vec<String> = Vec::new();
     let (mut rows, mut dim, mut data, mut results) = (0u64, None::<u32>, Vec::new(), Vec::new());
+    let mut lines = Vec::new();
     let mut shards = std::pin::pin!(shards_in_order(store, &spec, with_ids));
     while let Some(shard) = shards.next().await {
         let CollectedShard {
@@ -211,11 +220,16 @@ pub async fn gather(endpoints: &Endpoints, job: &str) -> anyhow::Result<Gathered
                 data.extend_from_slice(&bytes);
             }
             OutputPayload::Generations { records } => results.extend(records),
-            OutputPayload::Transcripts { .. } => bail!(
-                "job {} is a speech job: collect its transcripts with `minions collect {} --output transcripts.jsonl`",
-                spec.job,
-                spec.job
-            ),
+            OutputPayload::Transcripts { records } => {
+                for (i, t) in records.iter().enumerate() {
+                    let row = output.first_row + i as u64;
+                    // The id was pushed above (ids are kept for every
+                    // speech job); a shard without them falls back to rows.
+                    let at = usize::try_from(row).unwrap_or(usize::MAX);
+                    let id = ids.get(at).cloned().unwrap_or_else(|| row.to_string());
+                    lines.push(super::collect_speech::line(&id, t));
+                }
+            }
         }
     }
     if rows != spec.records {
@@ -224,15 +238,19 @@ pub async fn gather(endpoints: &Endpoints, job: &str) -> anyhow::Result<Gathered
             spec.records
         );
     }
-    Ok(if spec.family.generates() {
-        Gathered::Generations { ids, results }
-    } else {
-        Gathered::Vectors {
-            ids: with_ids.then_some(ids),
-            dim: dim.unwrap_or(0),
-            data,
-        }
-    })
+    Ok(
+        if spec.family == minions_schemas::messages::ModelFamily::WhisperSpeech {
+            Gathered::Transcripts { lines }
+        } else if spec.family.generates() {
+            Gathered::Generations { ids, results }
+        } else {
+            Gathered::Vectors {
+                ids: with_ids.then_some(ids),
+                dim: dim.unwrap_or(0),
+                data,
+            }
+        },
+    )
 }
 
 async fn missing_outputs(store: &dyn ObjectStore, spec: &JobSpec) -> anyhow::Result<Vec<u32>> {

@@ -91,8 +91,9 @@ pub async fn write(
     })
 }
 
-/// A transcript's JSON line.
-fn line(id: &str, t: &Transcription) -> serde_json::Value {
+/// A transcript's JSON line (also what the Python client's `collect()`
+/// returns per file).
+pub(crate) fn line(id: &str, t: &Transcription) -> serde_json::Value {
     let segments: Vec<serde_json::Value> = t
         .segments
         .iter()
