@@ -5,7 +5,11 @@
 //!
 //! The shard is [`TEXTS`] embedded by a tiny BERT whose weights follow from
 //! a fixed seed (the worker's engine builds it and loads it through the
-//! same path as any model), at every precision. The known answer,
+//! same path as any model), at every precision; and, for the speech family,
+//! a tiny Whisper of seeded weights (in CTranslate2's format, read by the
+//! same reader as real ones) fed the log-mel of two seeded signals and a
+//! fixed run of tokens, whose logits at every step are the answer
+//! ([`SPEECH_STEPS`] rows per signal). The known answer,
 //! [`reference`], was made once on the portable CPU path by
 //! `make_canary_reference` (see `tests/bench/src/bin`) and is committed; an
 //! answer matches when every vector's cosine to the known one reaches its
@@ -33,6 +37,19 @@ pub const TEXTS: [&str; 8] = [
 /// The seed the canary model's weights follow from.
 pub const MODEL_SEED: u64 = 0x6d69_6e69_6f6e_7301;
 
+/// The tokens the speech canary's decoder is fed, in order: the first
+/// three as one prompt, then one a step. A fixed run, not the model's own
+/// choices, so that a near tie cannot send two machines down different
+/// paths.
+pub const SPEECH_TOKENS: [u32; 8] = [1, 5, 9, 13, 17, 21, 25, 29];
+
+/// Decoder steps of the speech canary, each giving one row of logits per
+/// signal: the prompt, then every token after it.
+pub const SPEECH_STEPS: usize = SPEECH_TOKENS.len() - 2;
+
+/// Signals the speech canary transcribes side by side.
+pub const SPEECH_SIGNALS: usize = 2;
+
 /// The committed known answer, as `make_canary_reference` writes it.
 #[derive(Debug, Deserialize)]
 pub struct Reference {
@@ -40,6 +57,9 @@ pub struct Reference {
     pub made_by: String,
     /// One answer per precision.
     pub answers: Vec<CanaryAnswer>,
+    /// The speech canary's answer (f32).
+    #[serde(default)]
+    pub speech: Option<CanaryAnswer>,
 }
 
 const REFERENCE_JSON: &str = include_str!("../fixtures/canary.json");
@@ -52,10 +72,13 @@ pub fn reference() -> Option<&'static Reference> {
         .as_ref()
 }
 
-/// Judges `answers` against the known answer: `Ok` with how close they
-/// came, or `Err` naming the first precision and text that is wrong. Every
-/// precision of the known answer must be answered.
-pub fn judge(answers: &[CanaryAnswer]) -> Result<String, String> {
+/// Judges `answers` (and the speech canary's `speech`) against the known
+/// answer: `Ok` with how close they came, or `Err` naming the first
+/// precision and text (or speech step) that is wrong. Every precision of
+/// the known answer must be answered; a report without a speech answer
+/// (a worker built before the speech canary) passes on its embeddings, and
+/// the verdict says that speech was not checked.
+pub fn judge(answers: &[CanaryAnswer], speech: Option<&CanaryAnswer>) -> Result<String, String> {
     let Some(known) = reference() else {
         return Err("this build's known canary answer does not parse".into());
     };
@@ -65,19 +88,41 @@ pub fn judge(answers: &[CanaryAnswer]) -> Result<String, String> {
         let Some(got) = answers.iter().find(|a| a.precision == p) else {
             return Err(format!("no answer at {p}"));
         };
-        let c = least_cosine(want, got).map_err(|why| format!("at {p}: {why}"))?;
+        let c = least_cosine(want, got, &|i| {
+            format!("text {i} ({:?})", TEXTS.get(i).copied().unwrap_or("?"))
+        })
+        .map_err(|why| format!("at {p}: {why}"))?;
         least.push(format!("{p} {c:.6}"));
     }
+    let speech = match (&known.speech, speech) {
+        (None, _) => String::new(),
+        (Some(want), Some(got)) => {
+            let c = least_cosine(want, got, &|i| {
+                format!("signal {}, step {}", i % SPEECH_SIGNALS, i / SPEECH_SIGNALS)
+            })
+            .map_err(|why| format!("speech: {why}"))?;
+            least.push(format!("speech {c:.6}"));
+            format!("; {} speech steps agree", SPEECH_STEPS * SPEECH_SIGNALS)
+        }
+        (Some(_), None) => {
+            "; no speech answer (a worker built before the speech canary): speech not checked"
+                .into()
+        }
+    };
     Ok(format!(
-        "{} texts agree with the known answer (least cosine: {})",
+        "{} texts agree with the known answer{speech} (least cosine: {})",
         TEXTS.len(),
         least.join(", ")
     ))
 }
 
 /// The least cosine between the rows of `want` and `got`, or why they
-/// cannot match.
-fn least_cosine(want: &CanaryAnswer, got: &CanaryAnswer) -> Result<f64, String> {
+/// cannot match (`row` names a row in words).
+fn least_cosine(
+    want: &CanaryAnswer,
+    got: &CanaryAnswer,
+    row: &dyn Fn(usize) -> String,
+) -> Result<f64, String> {
     let dim = want.dim as usize;
     if got.dim != want.dim || got.data.len() != want.data.len() || dim == 0 {
         return Err(format!(
@@ -99,8 +144,8 @@ fn least_cosine(want: &CanaryAnswer, got: &CanaryAnswer) -> Result<f64, String> 
         let c = cosine(w, g);
         if c.is_nan() || c < min {
             return Err(format!(
-                "text {i} ({:?}): cosine {c:.6} to the known vector, below {min}",
-                TEXTS.get(i).copied().unwrap_or("?")
+                "{}: cosine {c:.6} to the known vector, below {min}",
+                row(i)
             ));
         }
         least = least.min(c);
@@ -147,20 +192,46 @@ mod tests {
         let a = &r.answers[0];
         let d = a.dim as usize;
         assert!(cosine(&a.data[..d], &a.data[d..2 * d]) < 0.99);
+        // The speech answer: f32, a row of logits per signal and step, the
+        // two signals apart and the steps apart.
+        let Some(s) = &r.speech else {
+            panic!("the known answer has no speech answer")
+        };
+        let d = s.dim as usize;
+        assert_eq!(s.precision, Precision::F32);
+        assert_eq!(s.data.len(), SPEECH_SIGNALS * SPEECH_STEPS * d);
+        assert!(s.data.iter().all(|v| v.is_finite()));
+        assert!(cosine(&s.data[..d], &s.data[d..2 * d]) < 0.99);
+        assert!(cosine(&s.data[..d], &s.data[2 * d..3 * d]) < 0.99);
     }
 
     #[test]
     fn the_known_answer_passes_and_a_perturbed_or_missing_one_fails() {
         let r = known();
-        assert!(judge(&r.answers).is_ok());
+        let speech = r.speech.as_ref();
+        let ok = judge(&r.answers, speech).unwrap_or_else(|e| e);
+        assert!(ok.contains("12 speech steps agree"), "{ok}");
         let mut bad = r.answers.clone();
         let d = bad[1].dim as usize;
         bad[1].data[3 * d] += 0.25;
-        let why = judge(&bad).err().unwrap_or_default();
+        let why = judge(&bad, speech).err().unwrap_or_default();
         assert!(why.contains("at int8: text 3"), "{why}");
-        assert!(judge(&r.answers[..1]).is_err());
+        assert!(judge(&r.answers[..1], speech).is_err());
         let mut short = r.answers.clone();
         short[0].data.pop();
-        assert!(judge(&short).is_err());
+        assert!(judge(&short, speech).is_err());
+        // A wrong speech row is named; a missing speech answer (an older
+        // worker) passes on its embeddings and says so.
+        let mut s = speech
+            .cloned()
+            .unwrap_or_else(|| panic!("no speech answer"));
+        let d = s.dim as usize;
+        for v in &mut s.data[5 * d..6 * d] {
+            *v = -*v;
+        }
+        let why = judge(&r.answers, Some(&s)).err().unwrap_or_default();
+        assert!(why.contains("speech: signal 1, step 2"), "{why}");
+        let old = judge(&r.answers, None).unwrap_or_else(|e| e);
+        assert!(old.contains("speech not checked"), "{old}");
     }
 }

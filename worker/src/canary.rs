@@ -30,7 +30,7 @@ pub(crate) async fn gate(ctx: &Ctx, cache_dir: &Path) -> Result<String, WorkerEr
     let worker = ctx.identity.worker_id();
     let started = std::time::Instant::now();
     let dir = cache_dir.join(format!("canary-{worker}"));
-    let answers = run_on(ctx.cache.device().clone(), ctx.cache.engine_path(), &dir)
+    let (answers, speech) = run_on(ctx.cache.device().clone(), ctx.cache.engine_path(), &dir)
         .await
         .map_err(|detail| WorkerError::Canary {
             by: "this worker".into(),
@@ -43,11 +43,12 @@ pub(crate) async fn gate(ctx: &Ctx, cache_dir: &Path) -> Result<String, WorkerEr
         worker: worker.to_string(),
         made_by: ctx.identity.made_by.clone(),
         answers,
+        speech: Some(speech),
     };
     let verdict = match ask(ctx, &report).await {
         Some(v) => v,
         None => {
-            let judged = canary::judge(&report.answers);
+            let judged = canary::judge(&report.answers, report.speech.as_ref());
             tracing::warn!(
                 "no watchdog judged the canary: judged by this worker against the known answer it was built with"
             );
@@ -77,18 +78,20 @@ pub(crate) async fn gate(ctx: &Ctx, cache_dir: &Path) -> Result<String, WorkerEr
 }
 
 /// Builds the canary model in `dir`, runs it on `device` (the code `path`
-/// names) and removes the folder; the error says what went wrong, in words.
+/// names) and removes the folder, then runs the speech canary; returns the
+/// embedding answers and the speech answer, or what went wrong, in words.
 pub(crate) async fn run_on(
     device: candle_core::Device,
     path: minions_engine::EnginePath,
     dir: &Path,
-) -> Result<Vec<CanaryAnswer>, String> {
+) -> Result<(Vec<CanaryAnswer>, CanaryAnswer), String> {
     let d = dir.to_owned();
     let ran = tokio::task::spawn_blocking(move || {
         let r = minions_engine::canary::write_model(&d)
             .and_then(|()| minions_engine::canary::run(&d, &device, path));
         let _ = std::fs::remove_dir_all(&d);
-        r
+        let speech = minions_engine::speech::canary::run(&device, path);
+        r.and_then(|answers| Ok((answers, speech?)))
     })
     .await;
     match ran {

@@ -87,7 +87,7 @@ async fn canary(
     let ran = crate::canary::run_on(device, path, &dir).await;
     let took = started.elapsed().as_millis();
     let line = match ran {
-        Ok(answers) => match minions_schemas::canary::judge(&answers) {
+        Ok((answers, speech)) => match minions_schemas::canary::judge(&answers, Some(&speech)) {
             Ok(how) => format!("ok: {how}; {took} ms, loading included"),
             Err(why) => format!(
                 "FAILED: {why}; this build, device or kernel path gives wrong answers, and a worker here would be refused"

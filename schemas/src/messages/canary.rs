@@ -6,7 +6,9 @@ use serde::{Deserialize, Serialize};
 use super::{Precision, Provenance};
 
 /// The canary's embeddings at one precision: `rows` vectors of `dim`, one
-/// per canary text, in order.
+/// per canary text, in order. The speech canary's answer has the same
+/// shape: one row of `dim` logits per decoder step (see
+/// [`crate::canary::SPEECH_STEPS`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CanaryAnswer {
     /// The precision the canary model ran at.
@@ -30,6 +32,10 @@ pub struct CanaryReport {
     pub made_by: Provenance,
     /// One answer per precision the worker runs.
     pub answers: Vec<CanaryAnswer>,
+    /// The speech canary's answer (a tiny Whisper's logits); absent from
+    /// the reports of workers built before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speech: Option<CanaryAnswer>,
 }
 
 /// A watchdog's reply to a [`CanaryReport`]. A worker that failed pulls

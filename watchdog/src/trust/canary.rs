@@ -79,7 +79,7 @@ fn judge(machine: &str, payload: &[u8], me: &str) -> CanaryVerdict {
         );
     }
     let m = &report.made_by;
-    match canary::judge(&report.answers) {
+    match canary::judge(&report.answers, report.speech.as_ref()) {
         Ok(how) => {
             tracing::info!(machine, worker = %report.worker, build = %m.build, device = %m.device,
                 kernel = %m.kernel, detail = %how, "canary passed");
@@ -146,6 +146,7 @@ mod tests {
                 kernel: "avx2".into(),
             },
             answers,
+            speech: canary::reference().and_then(|k| k.speech.clone()),
         };
         encode("canary report", &r).unwrap_or_default().to_vec()
     }

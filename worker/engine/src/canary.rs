@@ -77,7 +77,7 @@ fn fill(varmap: &VarMap) -> Result<(), ModelError> {
 }
 
 /// FNV-1a, 64-bit: a weight's name as a number.
-fn fnv1a(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
@@ -85,10 +85,11 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 
 /// SplitMix64: a few lines of integer arithmetic, so that every machine
 /// draws the same weights.
-struct SplitMix(u64);
+pub(crate) struct SplitMix(pub(crate) u64);
 
 impl SplitMix {
-    fn next(&mut self) -> u64 {
+    /// The next 64 random bits.
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -97,7 +98,7 @@ impl SplitMix {
     }
 
     /// Uniform in [-1, 1), exactly representable.
-    fn unit(&mut self) -> f32 {
+    pub(crate) fn unit(&mut self) -> f32 {
         ((self.next() >> 40) as f32) / (1u64 << 23) as f32 - 1.0
     }
 }
@@ -114,7 +115,8 @@ mod tests {
         write_model(dir.path())?;
         for path in [EnginePath::Fast, EnginePath::Device] {
             let answers = run(dir.path(), &Device::Cpu, path)?;
-            let verdict = minions_schemas::canary::judge(&answers);
+            let speech = crate::speech::canary::run(&Device::Cpu, path)?;
+            let verdict = minions_schemas::canary::judge(&answers, Some(&speech));
             assert!(verdict.is_ok(), "{path} path: {verdict:?}");
         }
         Ok(())

@@ -333,43 +333,46 @@ impl Ct2File {
     }
 }
 
+/// A model file's bytes in CTranslate2's layout (a Whisper spec):
+/// `(name, dims, type id, bytes)` variables and `(alias, target)` pairs.
+/// Tests and the speech canary build their tiny models with it.
+pub(crate) fn encode_file(
+    vars: &[(&str, Vec<u32>, u8, Vec<u8>)],
+    aliases: &[(&str, &str)],
+) -> Vec<u8> {
+    fn string(out: &mut Vec<u8>, s: &str) {
+        out.extend_from_slice(&((s.len() + 1) as u16).to_le_bytes());
+        out.extend_from_slice(s.as_bytes());
+        out.push(0);
+    }
+    let mut out = Vec::new();
+    out.extend_from_slice(&BINARY_VERSION.to_le_bytes());
+    string(&mut out, "WhisperSpec");
+    out.extend_from_slice(&3u32.to_le_bytes());
+    out.extend_from_slice(&(vars.len() as u32).to_le_bytes());
+    for (name, dims, id, data) in vars {
+        string(&mut out, name);
+        out.push(dims.len() as u8);
+        for d in dims {
+            out.extend_from_slice(&d.to_le_bytes());
+        }
+        out.push(*id);
+        out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        out.extend_from_slice(data);
+    }
+    out.extend_from_slice(&(aliases.len() as u32).to_le_bytes());
+    for (a, t) in aliases {
+        string(&mut out, a);
+        string(&mut out, t);
+    }
+    out
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
 
-    /// Writes a file in CTranslate2's layout: `(name, dims, type id,
-    /// bytes)` variables and `(alias, target)` pairs.
-    pub(crate) fn write(
-        vars: &[(&str, Vec<u32>, u8, Vec<u8>)],
-        aliases: &[(&str, &str)],
-    ) -> Vec<u8> {
-        fn string(out: &mut Vec<u8>, s: &str) {
-            out.extend_from_slice(&((s.len() + 1) as u16).to_le_bytes());
-            out.extend_from_slice(s.as_bytes());
-            out.push(0);
-        }
-        let mut out = Vec::new();
-        out.extend_from_slice(&BINARY_VERSION.to_le_bytes());
-        string(&mut out, "WhisperSpec");
-        out.extend_from_slice(&3u32.to_le_bytes());
-        out.extend_from_slice(&(vars.len() as u32).to_le_bytes());
-        for (name, dims, id, data) in vars {
-            string(&mut out, name);
-            out.push(dims.len() as u8);
-            for d in dims {
-                out.extend_from_slice(&d.to_le_bytes());
-            }
-            out.push(*id);
-            out.extend_from_slice(&(data.len() as u32).to_le_bytes());
-            out.extend_from_slice(data);
-        }
-        out.extend_from_slice(&(aliases.len() as u32).to_le_bytes());
-        for (a, t) in aliases {
-            string(&mut out, a);
-            string(&mut out, t);
-        }
-        out
-    }
+    pub(crate) use super::encode_file as write;
 
     fn f16_bytes(v: &[f32]) -> Vec<u8> {
         v.iter()

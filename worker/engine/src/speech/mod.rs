@@ -8,6 +8,7 @@
 //! - `transcribe` — files window by window, batched, with the fallback.
 
 pub mod audio;
+pub mod canary;
 pub mod ct2;
 pub mod decode;
 mod host_attention;
