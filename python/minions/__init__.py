@@ -153,15 +153,16 @@ class Fleet:
         submit``'s, with its defaults.
         """
         flags = ["--model", model]
+        # One temperature, or a speech job's list of them (comma-separated).
+        if temperature is not None and not isinstance(temperature, (int, float)):
+            temperature = ",".join(str(float(t)) for t in temperature)
         for flag, value in (
             ("--job", job),
             ("--shard-size", shard_size),
             ("--precision", precision),
             ("--max-batch", max_batch),
             ("--max-tokens", max_tokens),
-            ("--temperature", temperature if isinstance(temperature, (int, float)) else None),
-            ("--temperature", None if temperature is None or isinstance(temperature, (int, float))
-             else ",".join(str(float(t)) for t in temperature)),
+            ("--temperature", temperature),
             ("--top-p", top_p),
             ("--top-k", top_k),
             ("--seed", seed),
