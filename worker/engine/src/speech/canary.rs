@@ -76,7 +76,7 @@ fn signal(i: usize) -> Vec<f32> {
     (0..SIGNAL_SECS * SAMPLE_RATE)
         .map(|n| {
             let t = n as f64 / SAMPLE_RATE as f64;
-            let s = if i % 2 == 0 {
+            let s = if i.is_multiple_of(2) {
                 0.3 * (TAU * 220.0 * t).sin() + 0.2 * (TAU * 1_375.0 * t).sin()
             } else {
                 // 100 Hz rising to 4 kHz over the window.
