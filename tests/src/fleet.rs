@@ -426,6 +426,28 @@ impl Fleet {
         Ok(dir)
     }
 
+    /// Pushes [`crate::SLOW`] as `slow` and paces it: every worker started
+    /// after this holds each record of it [`crate::SLOW_PACE_MS`] ms
+    /// (the worker's test-only pace switch, `MINIONS_TEST_PACE`), so a
+    /// shard of a few hundred records lasts seconds with the cores at rest.
+    /// Returns the model's folder.
+    pub fn push_slow_model(&mut self) -> Result<PathBuf> {
+        let dir = self.dir.path().join("slow");
+        minions_worker::model::tiny::write_tiny_bert(&dir, crate::SLOW)?;
+        let hash = self.cli(&[
+            "model",
+            "push",
+            &dir.display().to_string(),
+            "--name",
+            "slow",
+        ])?;
+        self.worker_env.push((
+            minions_worker::pace::PACE_VAR.to_owned(),
+            format!("{}:{}", hash.trim(), crate::SLOW_PACE_MS),
+        ));
+        Ok(dir)
+    }
+
     /// The worker (index into `workers`) whose log says it joined `job`'s
     /// group as stage `stage` (0 leads); the first such when several did.
     pub fn stage_worker(&self, stage: usize, job: &str) -> Option<usize> {

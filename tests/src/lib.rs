@@ -40,7 +40,7 @@ pub use fleet::Fleet;
 pub use greedy::{chat_prompts, chat_records, generate_all, greedy_cases};
 pub use locate::{bin, tool, workspace_root};
 pub use models::{
-    CLEAR_CLIPS, SLOW, real_gguf, real_model_dir, real_whisper, slow_model, speech_clips,
+    CLEAR_CLIPS, SLOW, SLOW_PACE_MS, real_gguf, real_model_dir, real_whisper, speech_clips,
     tiny_model,
 };
 pub use nats::{NatsServer, role_password, role_passwords};

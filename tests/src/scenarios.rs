@@ -4,10 +4,10 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::{Fleet, Result, SLOW, max_abs_diff, read_npy_f32, tiny_model, write_corpus};
+use crate::{Fleet, Result, max_abs_diff, read_npy_f32, tiny_model, write_corpus};
 
 impl Fleet {
-    /// Pushes [`SLOW`] as `slow`, writes 500 records, starts `watchdogs`
+    /// Pushes [`crate::SLOW`] as `slow`, writes 500 records, starts `watchdogs`
     /// watchdogs and a one-slot worker (`first_flags` appended), submits the
     /// records as the one shard of job `job`, waits (60 s) until that worker
     /// starts it, then adds a second one-slot worker beside it.
@@ -17,7 +17,7 @@ impl Fleet {
         watchdogs: usize,
         first_flags: &[&str],
     ) -> Result<SlowShard> {
-        let model = self.push_model("slow", SLOW)?;
+        let model = self.push_slow_model()?;
         let input = self.dir.path().join("in.jsonl");
         let texts = write_corpus(&input, 500)?;
         for _ in 0..watchdogs {
@@ -81,7 +81,7 @@ impl Fleet {
     }
 }
 
-/// A one-shard job of the [`SLOW`] model running on a fleet's first worker
+/// A one-shard job of the [`crate::SLOW`] model running on a fleet's first worker
 /// (see [`Fleet::slow_shard_on_first_worker`]).
 pub struct SlowShard {
     /// The job id.

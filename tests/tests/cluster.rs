@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use minions_schemas::messages::EventKind;
 use minions_schemas::streams::WORK_STREAM;
 use minions_schemas::time::now_ms;
-use minions_tests::{Fleet, Result, SLOW, cluster, write_corpus};
+use minions_tests::{Fleet, Result, cluster, write_corpus};
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -110,16 +110,16 @@ fn check_job(
     fleet.check_outputs(job, model, texts)
 }
 
-/// Pushes the [`SLOW`] model, writes `2 × shards` records and submits them
+/// Pushes the paced [`minions_tests::SLOW`] model, writes `2 × shards` records and submits them
 /// as `job` in two-record shards to a watchdog and two one-slot workers
-/// (MiniLM-sized shards keep a job running while servers come and go).
+/// (paced shards keep a job running while servers come and go).
 /// Returns the model folder and the texts.
 fn slow_job(
     fleet: &mut Fleet,
     shards: usize,
     job: &str,
 ) -> Result<(std::path::PathBuf, Vec<String>)> {
-    let model = fleet.push_model("slow", SLOW)?;
+    let model = fleet.push_slow_model()?;
     let input = fleet.dir.path().join("in.jsonl");
     let texts = write_corpus(&input, 2 * shards)?;
     fleet.add_watchdog(&[])?;

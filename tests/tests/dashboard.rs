@@ -16,7 +16,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use minions_tests::web::{Browser, get};
-use minions_tests::{Fleet, Result, SLOW, bin, workspace_root, write_corpus};
+use minions_tests::{Fleet, Result, bin, workspace_root, write_corpus};
 use prometheus_parse::{Scrape, Value};
 
 const RECORDS: usize = 1200;
@@ -51,7 +51,7 @@ fn wait_until<T>(
 }
 
 async fn scenario(fleet: &mut Fleet) -> Result<()> {
-    fleet.push_model("slow", SLOW)?;
+    fleet.push_slow_model()?;
     let input = fleet.dir.path().join("in.jsonl");
     write_corpus(&input, RECORDS)?;
     fleet.add_watchdog(&["--finished-jobs-kept", "1"])?;
@@ -501,9 +501,14 @@ async fn the_dashboard_asks_for_a_credential() -> Result<()> {
     wait_until("the operator's buttons", Duration::from_secs(15), || {
         Ok((browser.eval(buttons)?.as_u64().unwrap_or(0) >= 2).then_some(()))
     })?;
-    browser.eval(&format!(
-        "document.querySelector('form.act[action=\"{drain}\"] button').click(); return 1;"
-    ))?;
+    // The live page redraws its tables as it refreshes: the button is
+    // clicked on a pass that finds it.
+    let click = format!(
+        "const b = document.querySelector('form.act[action=\"{drain}\"] button'); if (!b) return null; b.click(); return 1;"
+    );
+    wait_until("the drain button", Duration::from_secs(15), || {
+        Ok(browser.eval(&click)?.as_u64().map(|_| ()))
+    })?;
     let acted = wait_until("the action's outcome", Duration::from_secs(15), || {
         Ok(browser
             .eval("const a = document.querySelector('#acted'); return a ? a.textContent : null;")?

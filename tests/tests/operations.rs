@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use minions_tests::{Fleet, Result, SLOW, write_corpus};
+use minions_tests::{Fleet, Result, write_corpus};
 use minions_worker::model::tiny::TinySpec;
 
 fn worker_ids(fleet: &Fleet) -> Result<Vec<(String, String)>> {
@@ -49,7 +49,7 @@ fn done(fleet: &Fleet, job: &str) -> Result<u64> {
 async fn max_deliveries_become_dead_letters() -> Result<()> {
     let mut fleet = Fleet::local()?;
     let r = async {
-        fleet.push_model("slow", SLOW)?;
+        fleet.push_slow_model()?;
         let input = fleet.dir.path().join("in.jsonl");
         write_corpus(&input, 300)?;
         // This worker creates the work consumer: one delivery per shard.
@@ -115,7 +115,7 @@ async fn drain_resume_evict_cancel_reconcile() -> Result<()> {
 
 async fn ops(fleet: &mut Fleet) -> Result<()> {
     fleet.push_model("tiny", TinySpec::default())?;
-    fleet.push_model("slow", SLOW)?;
+    fleet.push_slow_model()?;
     let input = fleet.dir.path().join("in.jsonl");
     write_corpus(&input, 2000)?;
     fleet.add_watchdog(&[])?;

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use minions_tests::{Fleet, Result, SLOW, log_count, write_corpus};
+use minions_tests::{Fleet, Result, log_count, write_corpus};
 use minions_worker::model::tiny::TinySpec;
 
 fn policy(fleet: &Fleet, resume_after: u32) -> Result<(String, std::path::PathBuf)> {
@@ -31,7 +31,7 @@ async fn owner_return_hands_the_shard_elsewhere_within_a_second() -> Result<()> 
 }
 
 async fn yield_scenario(fleet: &mut Fleet) -> Result<()> {
-    fleet.push_model("slow", SLOW)?;
+    fleet.push_slow_model()?;
     fleet.push_model("tiny", TinySpec::default())?;
     let input = fleet.dir.path().join("in.jsonl");
     write_corpus(&input, 500)?;
@@ -165,7 +165,7 @@ async fn flapping_scenario(fleet: &mut Fleet) -> Result<()> {
 async fn quiet_mode_rests_in_proportion_to_work() -> Result<()> {
     let mut fleet = Fleet::local()?;
     let r = async {
-        fleet.push_model("slow", SLOW)?;
+        fleet.push_slow_model()?;
         let input = fleet.dir.path().join("in.jsonl");
         write_corpus(&input, 200)?;
         let policy = fleet.dir.path().join("quiet.toml");

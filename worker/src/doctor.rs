@@ -147,6 +147,13 @@ pub async fn report(config: &WorkerConfig) -> String {
             crate::fault::PERTURB_VAR
         );
     }
+    if let Some(p) = crate::pace::Pace::from_env() {
+        let _ = writeln!(
+            out,
+            "pace switch ON: {} is set ({p:?}); this worker would wait on purpose after its shards (tests only): unset it",
+            crate::pace::PACE_VAR
+        );
+    }
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(0);

@@ -60,6 +60,7 @@ mod layout;
 mod lock;
 pub mod model;
 pub mod owner;
+pub mod pace;
 pub mod process_env;
 mod provenance;
 mod quarantine;

@@ -190,6 +190,11 @@ async fn serve(
         tracing::warn!(switch = ?p, variable = crate::fault::PERTURB_VAR,
             "FAULT SWITCH ON: this worker perturbs its outputs on purpose, for tests only");
     }
+    let pace = crate::pace::Pace::from_env();
+    if let Some(p) = &pace {
+        tracing::warn!(switch = ?p, variable = crate::pace::PACE_VAR,
+            "PACE SWITCH ON: this worker waits on purpose after each shard of one model, for tests only");
+    }
     let beats = Arc::new(Beats::default());
     let ctx = Arc::new(Ctx {
         client: client.clone(),
@@ -213,6 +218,7 @@ async fn serve(
             mem_budget_mb: mem_budget_mb.unwrap_or(0),
             duty_cycle: config.policy.as_ref().map_or(1.0, |p| p.max_duty_cycle),
             perturb,
+            pace,
         },
         holds: Holds::new(beats.clone()),
         running: RunningTable::new(beats.clone()),

@@ -47,4 +47,6 @@ pub(crate) struct Settings {
     pub(crate) duty_cycle: f64,
     /// The test-only fault switch ([`crate::fault`]); `None` in real use.
     pub(crate) perturb: Option<crate::fault::Perturb>,
+    /// The test-only pace switch ([`crate::pace`]); `None` in real use.
+    pub(crate) pace: Option<crate::pace::Pace>,
 }

@@ -311,9 +311,19 @@ async fn embed(
         .map_err(|_| ShardError::Stopping)?;
     let compute_started = Instant::now();
     let texts = input.texts;
+    let paced = ctx
+        .settings
+        .pace
+        .as_ref()
+        .and_then(|p| p.for_shard(task.model_hash.as_str(), texts.len()));
     let payload = tokio::task::spawn_blocking(move || model.run(&texts, batching))
         .await
         .map_err(|e| ShardError::Transient(format!("inference task failed: {e}")))??;
+    if let Some(at_least) = paced {
+        // The test-only pace switch: the slot stays held, as on a slower
+        // machine (the shard's caller ends this wait on a hand-back).
+        tokio::time::sleep(at_least.saturating_sub(compute_started.elapsed())).await;
+    }
     let compute_ms = compute_started.elapsed().as_millis() as u64;
     drop(permit);
     Ok((payload, compute_ms))

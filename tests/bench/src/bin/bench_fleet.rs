@@ -43,7 +43,7 @@ use minions_tests::bench::{
     write_section, write_short,
 };
 use minions_tests::out;
-use minions_tests::{Fleet, NatsServer, Result, SLOW, real_model_dir, write_corpus};
+use minions_tests::{Fleet, NatsServer, Result, real_model_dir, write_corpus};
 use minions_worker::model::Batching;
 
 // ---------------------------------------------------------------- helpers
@@ -414,7 +414,7 @@ async fn latency(repeats: usize, failovers: usize) -> Result<String> {
     let mut fleet = Fleet::local()?;
     let client = fleet.nats.client().await?;
     fleet.push_model("noop", NOOP)?;
-    fleet.push_model("slow", SLOW)?;
+    fleet.push_slow_model()?;
     fleet.add_watchdog(&[])?;
     let one = fleet.dir.path().join("one.jsonl");
     write_short(&one, 1)?;
