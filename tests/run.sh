@@ -44,11 +44,13 @@ cargo clippy --workspace --all-targets ${clippy_features[@]+"${clippy_features[@
 step "clippy (with --features cuda on Linux)"
 unset NVCC_APPEND_FLAGS CUDAFORGE_THREADS
 # Integration tests drive the real binaries: build them first (cargo test
-# builds only the binaries of packages that have integration tests). The
-# benchmarks (package minions-bench) are left out of the build and the
-# tests: no test runs them, and clippy has checked them above.
-cargo build --workspace --exclude minions-bench --bins
-step build
+# builds only the binaries of packages that have integration tests), in
+# one go with the tests themselves, so that neither build waits alone on
+# its last link. The benchmarks (package minions-bench) are left out of
+# the build and the tests: no test runs them, and clippy has checked them
+# above.
+cargo build --workspace --exclude minions-bench --bins --tests
+step "build (binaries and tests)"
 
 target="${CARGO_TARGET_DIR:-target}"
 logs="$target/test-logs"
@@ -62,7 +64,7 @@ if cargo nextest --version >/dev/null 2>&1; then
   rm -f "$junit"
   cargo nextest run --workspace --exclude minions-bench --no-fail-fast 2>&1 | tee "$logs/nextest.log"
   nextest_status=${PIPESTATUS[0]}
-  step "rust tests (nextest, with their build)"
+  step "rust tests (nextest)"
   cargo test --workspace --exclude minions-bench --doc 2>&1 | tee "$logs/doc-tests.log"
   doc_status=${PIPESTATUS[0]}
   step "doc tests"
@@ -72,7 +74,7 @@ else
   echo "tests: cargo-nextest not found (cargo install cargo-nextest); running cargo test" >&2
   cargo test --workspace --exclude minions-bench --no-fail-fast 2>&1 | tee "$logs/cargo-test.log"
   cargo_status=${PIPESTATUS[0]}
-  step "rust tests (cargo test, with their build)"
+  step "rust tests (cargo test)"
   rust=(--cargo "$logs/cargo-test.log" --cargo-status "$cargo_status")
 fi
 bash tests/python/run.sh 2>&1 | tee "$logs/python-tests.log"
