@@ -420,10 +420,19 @@ impl Fleet {
         name: &str,
         spec: minions_worker::model::tiny::TinySpec,
     ) -> Result<PathBuf> {
+        Ok(self.push_model_hashed(name, spec)?.0)
+    }
+
+    /// [`Fleet::push_model`], also returning the hash `model push` printed.
+    fn push_model_hashed(
+        &self,
+        name: &str,
+        spec: minions_worker::model::tiny::TinySpec,
+    ) -> Result<(PathBuf, String)> {
         let dir = self.dir.path().join(name);
         minions_worker::model::tiny::write_tiny_bert(&dir, spec)?;
-        self.cli(&["model", "push", &dir.display().to_string(), "--name", name])?;
-        Ok(dir)
+        let hash = self.cli(&["model", "push", &dir.display().to_string(), "--name", name])?;
+        Ok((dir, hash.trim().to_owned()))
     }
 
     /// Pushes [`crate::SLOW`] as `slow` and paces it: every worker started
@@ -432,18 +441,10 @@ impl Fleet {
     /// shard of a few hundred records lasts seconds with the cores at rest.
     /// Returns the model's folder.
     pub fn push_slow_model(&mut self) -> Result<PathBuf> {
-        let dir = self.dir.path().join("slow");
-        minions_worker::model::tiny::write_tiny_bert(&dir, crate::SLOW)?;
-        let hash = self.cli(&[
-            "model",
-            "push",
-            &dir.display().to_string(),
-            "--name",
-            "slow",
-        ])?;
+        let (dir, hash) = self.push_model_hashed("slow", crate::SLOW)?;
         self.worker_env.push((
             minions_worker::pace::PACE_VAR.to_owned(),
-            format!("{}:{}", hash.trim(), crate::SLOW_PACE_MS),
+            format!("{hash}:{}", crate::SLOW_PACE_MS),
         ));
         Ok(dir)
     }
