@@ -779,6 +779,7 @@ fn check_all(c: &mut Checker) -> Res {
         host: "mac-01.local".into(),
         device: "metal:0".into(),
         slots: 2,
+        holds: 4,
         draining: false,
         leaving: false,
         owner: "available".into(),

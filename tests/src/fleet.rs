@@ -270,6 +270,24 @@ impl Fleet {
         minions_ok(args, &self.cli_env())
     }
 
+    /// An owner policy read from a signal file (written `idle` now; write
+    /// `active` for the owner's return), sampled every 100 ms, resuming
+    /// `resume_after` seconds after the owner left: the policy's path (for
+    /// `--policy`) and the signal file's.
+    pub fn owner_policy(&self, resume_after: u32) -> Result<(String, std::path::PathBuf)> {
+        let signal = self.dir.path().join("owner");
+        std::fs::write(&signal, "idle\n")?;
+        let policy = self.dir.path().join("policy.toml");
+        std::fs::write(
+            &policy,
+            format!(
+                "signals = [\"file:{}\"]\nmin_input_idle_secs = 60\nresume_after_secs = {resume_after}\nsample_every_ms = 100\n",
+                signal.display()
+            ),
+        )?;
+        Ok((policy.display().to_string(), signal))
+    }
+
     /// Submits `input` (a path) as job `job` of `model` in shards of
     /// `shard_size`; returns the job id that `submit` printed.
     pub fn submit(&self, model: &str, input: &Path, shard_size: u32, job: &str) -> Result<String> {

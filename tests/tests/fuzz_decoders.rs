@@ -161,6 +161,7 @@ fn heartbeat(in_flight: usize) -> R<Heartbeat> {
         host: "mac-17".into(),
         device: "metal:0".into(),
         slots: 2,
+        holds: 0,
         draining: false,
         leaving: false,
         owner: "yielded: input 3 s ago".into(),

@@ -7,7 +7,7 @@
 //! resumed shard equals the same records run whole); OpenAI batch files in
 //! and out; bad records, bad models.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -291,17 +291,7 @@ async fn a_killed_worker_resumes_from_the_checkpoint() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_owners_return_hands_back_after_a_checkpoint() -> Result<()> {
     let mut fleet = Fleet::local()?;
-    let signal = fleet.dir.path().join("owner");
-    std::fs::write(&signal, "idle\n")?;
-    let policy = fleet.dir.path().join("policy.toml");
-    std::fs::write(
-        &policy,
-        format!(
-            "signals = [\"file:{}\"]\nmin_input_idle_secs = 60\nresume_after_secs = 600\nsample_every_ms = 100\n",
-            signal.display()
-        ),
-    )?;
-    let policy = policy.display().to_string();
+    let (policy, _) = fleet.owner_policy(600)?;
     let shard = Shard {
         records: 120,
         max_tokens: 12,
@@ -323,6 +313,154 @@ async fn an_owners_return_hands_back_after_a_checkpoint() -> Result<()> {
     .await
     .map(drop);
     fleet.explain(r)
+}
+
+/// Shards of `job` that `log` shows as `needle` (`shard=N` fields).
+fn shards_in(log: &Path, needle: &str) -> HashSet<u64> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(needle))
+        .filter_map(|l| {
+            let at = l.find(" shard=")? + " shard=".len();
+            l[at..]
+                .split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// The shards a worker holds now: started, not yet finished or handed back.
+fn held(log: &Path) -> HashSet<u64> {
+    let mut held = shards_in(log, "shard started");
+    for gone in [
+        shards_in(log, "generation shard finished"),
+        shards_in(log, "shard handed back"),
+    ] {
+        held.retain(|s| !gone.contains(s));
+    }
+    held
+}
+
+/// Waits until the worker whose log is `log` holds at least two shards in
+/// one batch; returns them.
+async fn holding_several(fleet: &Fleet, log: &Path) -> Result<HashSet<u64>> {
+    let until = Instant::now() + Duration::from_secs(120);
+    loop {
+        let h = held(log);
+        if h.len() >= 2 && log_count(log, "joined the running batch") > 0 {
+            return Ok(h);
+        }
+        if Instant::now() > until {
+            return Err(format!("no worker held two shards:\n{}", fleet.logs()).into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Continuous batching across shards: a worker pulls further shards of the
+/// running model while its batch has free sequences, and their records
+/// join it. An owner's return hands every shard it holds back within 1 s;
+/// a worker holding several is killed -9 and loses none; every record
+/// comes out once, equal to the same records run whole in one batch.
+#[tokio::test(flavor = "multi_thread")]
+async fn shards_sharing_a_batch_equal_shards_run_alone() -> Result<()> {
+    let mut fleet = Fleet::local()?;
+    let r = sharing(&mut fleet).await;
+    fleet.explain(r)
+}
+
+async fn sharing(fleet: &mut Fleet) -> Result<()> {
+    let shard = Shard {
+        records: 48,
+        max_tokens: 16,
+        checkpointed: 0,
+        path: EnginePath::Fast,
+    };
+    fleet.push_smollm2("smollm2")?;
+    let input = fleet.dir.path().join("shared.jsonl");
+    let ids = write_prompts(&input, shard.records)?;
+    let (policy, signal) = fleet.owner_policy(1)?;
+    fleet.add_watchdog(&[])?;
+    fleet.worker_env = vec![(
+        "RUST_LOG".into(),
+        "info,minions_worker::generation=debug,minions_worker::shard=debug".into(),
+    )];
+    let flags = ["--slots", "1", "--max-shards", "3", "--max-seqs", "8"];
+    let mut first = flags.to_vec();
+    first.extend(["--policy", policy.as_str()]);
+    fleet.add_worker(&first)?;
+    let job = fleet.cli(&[
+        "submit",
+        "--model",
+        "smollm2",
+        "--input",
+        &input.display().to_string(),
+        "--shard-size",
+        "4",
+        "--max-tokens",
+        &shard.max_tokens.to_string(),
+        "--job",
+        "shared",
+    ])?;
+
+    // The owner returns while the first worker holds several shards.
+    let log1 = fleet.workers[0].log.clone();
+    let holding = holding_several(fleet, &log1).await?;
+    let list: serde_json::Value = serde_json::from_str(&fleet.cli(&["worker", "list", "--json"])?)?;
+    assert_eq!(list[0]["holds"], 3, "the bound is not shown: {list}");
+    eprintln!(
+        "worker list: running {} of at most {}",
+        list[0]["running"], list[0]["holds"]
+    );
+    std::fs::write(&signal, "active\n")?;
+    let returned = Instant::now();
+    while !holding.iter().all(|s| !held(&log1).contains(s)) {
+        if returned.elapsed() > Duration::from_secs(10) {
+            return Err(format!("shards {holding:?} not handed back:\n{}", fleet.logs()).into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let took = returned.elapsed();
+    eprintln!(
+        "owner active -> the {} shards held ({holding:?}) handed back or finished after {:.2} s",
+        holding.len(),
+        took.as_secs_f64()
+    );
+    assert!(took <= Duration::from_secs(1), "hand-back took {took:?}");
+
+    // A second worker holding several is killed; the first, back, finishes.
+    fleet.add_worker(&flags)?;
+    let log2 = fleet.workers[1].log.clone();
+    let holding = holding_several(fleet, &log2).await?;
+    fleet.workers[1].kill();
+    eprintln!("killed a worker holding shards {holding:?}");
+    std::fs::write(&signal, "idle\n")?;
+    let status = fleet.wait_job(&job, Duration::from_secs(600))?;
+    assert_eq!(status["state"], "done");
+    fleet.counts_agree(&job)?;
+    let out = fleet.dir.path().join("shared.out.jsonl");
+    fleet.cli(&["collect", &job, "--output", &out.display().to_string()])?;
+    let lines = read_lines(&out)?;
+    assert_eq!(lines.len(), shard.records, "each record once");
+    let whole = tokio::task::spawn_blocking(move || run_whole(&shard)).await??;
+    for (i, ((l, w), id)) in lines.iter().zip(&whole).zip(&ids).enumerate() {
+        assert_eq!(l["id"], id.as_str());
+        assert_eq!(
+            l["text"].as_str(),
+            Some(w.as_str()),
+            "record {i}: run in a shared batch and run whole differ"
+        );
+    }
+    eprintln!(
+        "{} records, each once, equal to the same records run whole; joins: {} and {}",
+        lines.len(),
+        log_count(&log1, "joined the running batch"),
+        log_count(&log2, "joined the running batch")
+    );
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -9,20 +9,6 @@ use std::time::{Duration, Instant};
 use minions_tests::{Fleet, Result, log_count, write_corpus};
 use minions_worker::model::tiny::TinySpec;
 
-fn policy(fleet: &Fleet, resume_after: u32) -> Result<(String, std::path::PathBuf)> {
-    let signal = fleet.dir.path().join("owner");
-    std::fs::write(&signal, "idle\n")?;
-    let policy = fleet.dir.path().join("policy.toml");
-    std::fs::write(
-        &policy,
-        format!(
-            "signals = [\"file:{}\"]\nmin_input_idle_secs = 60\nresume_after_secs = {resume_after}\nsample_every_ms = 100\n",
-            signal.display()
-        ),
-    )?;
-    Ok((policy.display().to_string(), signal))
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn owner_return_hands_the_shard_elsewhere_within_a_second() -> Result<()> {
     let mut fleet = Fleet::local()?;
@@ -35,7 +21,7 @@ async fn yield_scenario(fleet: &mut Fleet) -> Result<()> {
     fleet.push_model("tiny", TinySpec::default())?;
     let input = fleet.dir.path().join("in.jsonl");
     write_corpus(&input, 500)?;
-    let (policy, signal) = policy(fleet, 3)?;
+    let (policy, signal) = fleet.owner_policy(3)?;
     fleet.add_watchdog(&[])?;
     fleet.add_worker(&["--slots", "1", "--policy", &policy])?;
     let job = fleet.submit("slow", &input, 500, "owned")?;
@@ -136,7 +122,7 @@ async fn flapping_scenario(fleet: &mut Fleet) -> Result<()> {
     fleet.push_model("tiny", TinySpec::default())?;
     let input = fleet.dir.path().join("in.jsonl");
     write_corpus(&input, 3000)?;
-    let (policy, signal) = policy(fleet, 2)?;
+    let (policy, signal) = fleet.owner_policy(2)?;
     fleet.add_worker(&["--slots", "1", "--policy", &policy])?;
     let job = fleet.submit("tiny", &input, 5, "flap")?;
     fleet

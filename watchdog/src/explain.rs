@@ -275,6 +275,7 @@ mod tests {
             state,
             owner: owner.into(),
             slots: 2,
+            holds: 2,
             running: (0..running).map(|i| format!("j0/{i}")).collect(),
             done: 0,
             failed: 0,

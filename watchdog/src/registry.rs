@@ -199,6 +199,7 @@ mod tests {
             host: "h".into(),
             device: "cpu".into(),
             slots: 1,
+            holds: 0,
             draining: false,
             leaving: false,
             owner: "available".into(),

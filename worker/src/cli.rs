@@ -86,6 +86,14 @@ pub struct WorkerArgs {
     /// does not fit with it goes to a machine that can hold it.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(16..), help_heading = "Generation")]
     pub kv_budget_mb: u32,
+    /// Generation shards: how many shards of one model may share the running
+    /// batch at once. While the batch has free sequences and nothing queued,
+    /// the worker pulls another shard of that model (beyond --slots) and its
+    /// records join, so the batch stays full as a shard's last records end.
+    /// Each shard is still written and acked on its own. 1 runs each shard
+    /// alone.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64), help_heading = "Generation")]
+    pub max_shards: u16,
     /// Generation shards: seconds between checkpoints of finished records.
     /// A shard redelivered after a crash resumes from its last checkpoint;
     /// one handed back (owner's return, drain) checkpoints first.
@@ -226,6 +234,7 @@ impl WorkerArgs {
             max_seqs: self.max_seqs as usize,
             kv_budget_bytes: (self.kv_budget_mb as usize) << 20,
             checkpoint_every: secs("checkpoint-secs", self.checkpoint_secs)?,
+            max_shards: usize::from(self.max_shards),
         };
         c.heartbeat_interval = secs("heartbeat-secs", self.heartbeat_secs)?;
         c.cancel_check = secs("cancel-check-secs", self.cancel_check_secs)?;

@@ -25,8 +25,11 @@ pub(crate) struct Ctx {
     pub(crate) js: jetstream::Context,
     pub(crate) store: Arc<dyn ObjectStore>,
     pub(crate) cache: ModelCache,
-    /// One shard computes on the device at a time.
-    pub(crate) compute: Semaphore,
+    /// One shard (or one shared generation run) computes on the device at
+    /// a time.
+    pub(crate) compute: Arc<Semaphore>,
+    /// The generation run that shards of one model share.
+    pub(crate) runs: crate::shared_run::SharedRuns,
     /// Who this worker is.
     pub(crate) identity: Identity,
     /// How it runs shards.

@@ -18,7 +18,7 @@ pub enum Settle {
 }
 
 /// Why a shard delivery failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ShardError {
     /// The message or its input can never be processed.
     #[error("{0}")]

@@ -2,29 +2,30 @@
 //! checkpointed to the store as they finish, so a redelivery (after a crash,
 //! an eviction or the owner's return) resumes instead of starting over.
 //!
-//! The model runs on a blocking thread and hands each finished record over
-//! a channel. This side keeps the results, writes a checkpoint every
+//! The shard's records run in the worker's running batch, which shards of
+//! the same model share ([`crate::shared_run`]); each finished record comes
+//! back over a channel. This side keeps the results, writes a checkpoint every
 //! [`GenSettings::checkpoint_every`] (and once more when the shard is handed
 //! back), and publishes a progress event with each checkpoint. A record's
 //! result depends on the record alone (greedy, or seeded per record), so
 //! records taken from a checkpoint and records computed again agree.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use minions_schemas::messages::{
-    EventKind, Generation, OutputPayload, ShardCheckpoint, ShardInput, ShardTask,
+    EventKind, Generation, GenerationRecord, OutputPayload, ShardCheckpoint, ShardInput, ShardTask,
 };
 use minions_schemas::{SCHEMA_VERSION, decode, encode, limits};
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStoreExt, PutPayload};
-use tokio_util::sync::CancellationToken;
 
 use crate::context::Ctx;
 use crate::error::ShardError;
 use crate::model::Model;
-use crate::model::llm::{GenControl, GenLimits};
+use crate::model::llm::GenLimits;
+use crate::running::Stops;
+use crate::shared_run::{Arrived, Claim};
 
 pub use crate::settings::GenSettings;
 
@@ -36,18 +37,21 @@ pub(crate) struct Generated {
     pub(crate) tokens: u64,
 }
 
-/// Runs `input`'s records on `model`, resuming from the shard's checkpoint.
-/// Returns `Stopping` or `Cancelled` when `hand_back` or `cancel` fires,
-/// after checkpointing what is finished.
+/// Runs `input`'s records on `model`, resuming from the shard's checkpoint:
+/// in the running batch of the same model when there is one that takes
+/// shards ([`crate::shared_run`]), else in a run of its own once the
+/// device is free. Returns `Stopping` or `Cancelled` when `hand_back` or
+/// `cancel` fires, after checkpointing what is finished.
 pub(crate) async fn run(
     ctx: &Ctx,
     task: &ShardTask,
     attempt: u64,
     model: Arc<dyn Model>,
     input: ShardInput,
-    hand_back: &CancellationToken,
-    cancel: &CancellationToken,
+    stops: &Stops,
+    claim: Option<Claim>,
 ) -> Result<Generated, ShardError> {
+    let Stops { hand_back, cancel } = stops;
     let n = input.records.len();
     let mut results: Vec<Option<Generation>> = vec![None; n];
     let resumed = resume(ctx, task, &mut results).await;
@@ -55,69 +59,86 @@ pub(crate) async fn run(
         tracing::info!(job = %task.job, shard = task.shard, attempt, records = resumed, of = n,
             "resuming from checkpoint");
     }
-    let todo: Vec<usize> = (0..n).filter(|&i| results[i].is_none()).collect();
-    let control = Arc::new(GenControl::default());
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Generation)>();
-    let permit = tokio::select! {
-        p = ctx.compute.acquire() => p.map_err(|_| ShardError::Stopping)?,
-        _ = hand_back.cancelled() => return Err(ShardError::Stopping),
-        _ = cancel.cancelled() => return Err(ShardError::Cancelled),
-    };
+    let todo: Vec<(usize, GenerationRecord)> = input
+        .records
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| results[*i].is_none())
+        .collect();
     let started = Instant::now();
-    let limits = GenLimits {
-        max_seqs: ctx.settings.generation.max_seqs,
-        kv_budget_bytes: ctx.settings.generation.kv_budget_bytes,
-        ..GenLimits::default()
-    };
-    let worker_control = control.clone();
-    let records = Arc::new(input);
-    let worker_records = records.clone();
-    let blocking = tokio::task::spawn_blocking(move || {
-        let recs: Vec<_> = todo
-            .iter()
-            .map(|&i| (i, &worker_records.records[i]))
-            .collect();
-        model.generate(&recs, limits, &worker_control, &mut |i, g| {
-            let _ = tx.send((i, g));
-        })
-    });
-    let mut tick = tokio::time::interval(ctx.settings.generation.checkpoint_every);
-    tick.tick().await;
-    let mut unsaved = 0usize;
+    let settings = &ctx.settings.generation;
     let mut stop: Option<ShardError> = None;
-    loop {
-        tokio::select! {
-            got = rx.recv() => match got {
-                Some((i, g)) => {
-                    tracing::debug!(job = %task.job, shard = task.shard, record = i, "record finished");
-                    if i < n && results[i].is_none() {
-                        results[i] = Some(g);
-                        unsaved += 1;
+    let mut ended: Result<(), ShardError> = Ok(());
+    let mut unsaved = 0usize;
+    // Nothing to run when every record came from the checkpoint.
+    if !todo.is_empty() {
+        let joined = ctx.runs.join(&task.model_hash, todo);
+        // A join slot's next pull may start once this shard joined (or not).
+        drop(claim);
+        let mut member = match joined {
+            Ok(m) => {
+                tracing::debug!(job = %task.job, shard = task.shard, "joined the running batch");
+                m
+            }
+            Err(todo) => {
+                let permit = tokio::select! {
+                    p = ctx.runs.waiting_for_device(ctx.compute.clone().acquire_owned()) =>
+                        p.map_err(|_| ShardError::Stopping)?,
+                    _ = hand_back.cancelled() => return Err(ShardError::Stopping),
+                    _ = cancel.cancelled() => return Err(ShardError::Cancelled),
+                };
+                let limits = GenLimits {
+                    max_seqs: settings.max_seqs,
+                    kv_budget_bytes: settings.kv_budget_bytes,
+                    ..GenLimits::default()
+                };
+                ctx.runs.start(
+                    task.model_hash.clone(),
+                    model,
+                    todo,
+                    limits,
+                    settings.max_shards,
+                    permit,
+                )
+            }
+        };
+        let mut tick = tokio::time::interval(settings.checkpoint_every);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                got = member.rx.recv() => match got {
+                    Some(Arrived::Done(i, g)) => {
+                        tracing::debug!(job = %task.job, shard = task.shard, record = i, "record finished");
+                        if i < n && results[i].is_none() {
+                            results[i] = Some(g);
+                            unsaved += 1;
+                        }
                     }
+                    Some(Arrived::Out) | None => break,
+                    Some(Arrived::Ended(r)) => {
+                        ended = r;
+                        break;
+                    }
+                },
+                _ = tick.tick() => {
+                    if unsaved > 0 {
+                        save(ctx, task, &results).await;
+                        unsaved = 0;
+                    }
+                    progress(ctx, task, attempt, &results).await;
                 }
-                None => break,
-            },
-            _ = tick.tick() => {
-                if unsaved > 0 {
-                    save(ctx, task, &results).await;
-                    unsaved = 0;
+                _ = hand_back.cancelled(), if stop.is_none() => {
+                    member.leave();
+                    stop = Some(ShardError::Stopping);
                 }
-                progress(ctx, task, attempt, &results, &control).await;
-            }
-            _ = hand_back.cancelled(), if stop.is_none() => {
-                control.stop.store(true, Ordering::Relaxed);
-                stop = Some(ShardError::Stopping);
-            }
-            _ = cancel.cancelled(), if stop.is_none() => {
-                control.stop.store(true, Ordering::Relaxed);
-                stop = Some(ShardError::Cancelled);
+                _ = cancel.cancelled(), if stop.is_none() => {
+                    member.leave();
+                    stop = Some(ShardError::Cancelled);
+                }
             }
         }
+        drop(member);
     }
-    let outcome = blocking
-        .await
-        .map_err(|e| ShardError::Transient(format!("generation task failed: {e}")))?;
-    drop(permit);
     let compute_ms = started.elapsed().as_millis() as u64;
     if let Some(stop) = stop {
         if unsaved > 0 && matches!(stop, ShardError::Stopping) {
@@ -125,12 +146,12 @@ pub(crate) async fn run(
         }
         return Err(stop);
     }
-    if let Err(e) = outcome {
+    if let Err(e) = ended {
         // What finished is kept for the next delivery.
         if unsaved > 0 {
             save(ctx, task, &results).await;
         }
-        return Err(e.into());
+        return Err(e);
     }
     let records: Vec<Generation> = results
         .into_iter()
@@ -245,17 +266,14 @@ pub(crate) async fn write_checkpoint(ctx: &Ctx, task: &ShardTask, cp: &ShardChec
     }
 }
 
-/// Publishes the shard's progress (records finished, tokens generated).
-async fn progress(
-    ctx: &Ctx,
-    task: &ShardTask,
-    attempt: u64,
-    results: &[Option<Generation>],
-    control: &GenControl,
-) {
+/// Publishes the shard's progress (records finished, and the tokens they
+/// generated: the shard shares its batch, so tokens of records still
+/// running are not told apart).
+async fn progress(ctx: &Ctx, task: &ShardTask, attempt: u64, results: &[Option<Generation>]) {
+    let done = results.iter().flatten();
     let kind = EventKind::Progress {
-        records: results.iter().filter(|g| g.is_some()).count() as u64,
-        tokens: control.generated.load(Ordering::Relaxed),
+        records: done.clone().count() as u64,
+        tokens: done.map(|g| u64::from(g.completion_tokens)).sum(),
         audio_ms: 0,
     };
     crate::events::publish_event(ctx, task, attempt, kind, false).await;

@@ -46,6 +46,8 @@ pub(crate) fn beat(
         host: ctx.identity.host.clone(),
         device: ctx.identity.device.clone(),
         slots: u32::try_from(ctx.settings.slots).unwrap_or(u32::MAX),
+        holds: u32::try_from(ctx.settings.slots.max(ctx.settings.generation.max_shards))
+            .unwrap_or(u32::MAX),
         draining: ctx.holds.draining(),
         leaving,
         owner: ctx.holds.owner_state(),

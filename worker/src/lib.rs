@@ -21,7 +21,8 @@
 //!   free slot pulls from, fed by `follow_schedule`).
 //! - `shard`: one delivery from message to settlement; `events`: its
 //!   events.
-//! - [`generation`] — generation shards: continuous batching, checkpoints.
+//! - [`generation`] — generation shards: continuous batching, checkpoints;
+//!   `shared_run`: the one running batch that shards of a model join.
 //! - `group`: this worker's part in a model split over a group (the first
 //!   stage leads; later stages serve their layers); `group_part`: that
 //!   part as the slots and the heartbeat see it.
@@ -70,6 +71,7 @@ mod schedule;
 pub mod service;
 mod settings;
 mod shard;
+mod shared_run;
 mod speech;
 pub mod start_record;
 mod worker_error;

@@ -204,7 +204,8 @@ async fn serve(
             .with_engine_path(config.engine_path)
             .with_budget_mb(mem_budget_mb)
             .with_kv_mb((config.generation.kv_budget_bytes >> 20) as u64),
-        compute: Semaphore::new(1),
+        compute: Arc::new(Semaphore::new(1)),
+        runs: crate::shared_run::SharedRuns::new(),
         sched: crate::schedule::Scheduler::new(lend_mb, device_name.clone()),
         identity: Identity::new(worker.clone(), name, host, device_name, chip, made_by),
         settings: Settings {
@@ -287,10 +288,14 @@ async fn serve(
     let groups = tokio::spawn(crate::group::run(ctx.clone(), stop_control.clone()));
     let stop_pulling = shutdown.child_token();
     let mut slots = JoinSet::new();
-    for slot in 0..config.slots {
+    // Join slots pull only for the running generation batch, while it has
+    // free sequences: at most --max-shards shards are held at once.
+    let joins = config.generation.max_shards.saturating_sub(config.slots);
+    for slot in 0..config.slots + joins {
         slots.spawn(slot_loop(
             ctx.clone(),
             slot,
+            slot >= config.slots,
             config.pull_expires,
             stop_pulling.clone(),
         ));
@@ -379,14 +384,18 @@ const PULL_UNANSWERED: std::time::Duration = std::time::Duration::from_secs(5);
 /// while the worker is drained or nothing it can run is queued; ends when
 /// told to stop pulling. A finished shard's settlement (done event stored,
 /// ack confirmed) overlaps the next pull; at most one is outstanding per
-/// slot, and the slot ends only after its last one.
+/// slot, and the slot ends only after its last one. A join slot pulls only
+/// while the running generation batch has room, and only its model's jobs
+/// ([`crate::shared_run`]).
 async fn slot_loop(
     ctx: Arc<Ctx>,
     slot: usize,
+    join: bool,
     idle_wait: std::time::Duration,
     stop_pulling: CancellationToken,
 ) {
     let mut pulling = ctx.holds.subscribe();
+    let mut room = ctx.runs.room();
     let mut settling: Option<tokio::task::JoinHandle<()>> = None;
     let mut previous_team: Option<String> = None;
     while !stop_pulling.is_cancelled() {
@@ -396,10 +405,24 @@ async fn slot_loop(
                 _ = pulling.changed() => continue,
             }
         }
+        let model = if join {
+            let Some(model) = room.borrow_and_update().clone() else {
+                tokio::select! {
+                    _ = stop_pulling.cancelled() => break,
+                    _ = pulling.changed() => {}
+                    _ = room.changed() => {}
+                }
+                continue;
+            };
+            Some(model)
+        } else {
+            None
+        };
         let Some((job, team)) = ctx.sched.pick(
             ctx.cache.held(),
             ctx.running.mean_shard_ms(),
             previous_team.as_deref(),
+            model.as_ref(),
         ) else {
             tokio::select! {
                 _ = stop_pulling.cancelled() => break,
@@ -408,6 +431,8 @@ async fn slot_loop(
             }
             continue;
         };
+        // No other extra pull starts until this one's shard has joined.
+        let mut claim = join.then(|| ctx.runs.claim());
         // Check runs first, while the schedule says some wait: they run
         // beside the job's shards rather than after its last one.
         let checks = ctx.sched.checks_waiting(&job);
@@ -478,7 +503,7 @@ async fn slot_loop(
                         nothing_there();
                     }
                     ctx.sched.count(&job, 1);
-                    let handled = shard::handle(&ctx, msg).await;
+                    let handled = shard::handle(&ctx, msg, claim.take()).await;
                     ctx.sched.count(&job, -1);
                     if handled.avoided {
                         // The check runs next in line are not for this

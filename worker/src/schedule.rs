@@ -114,18 +114,30 @@ impl Scheduler {
     /// The job a free slot should pull from now, if any, and its team;
     /// `cached` are the models this worker holds, `mean_ms` its mean shard
     /// time (0: none yet), `previous_team` the team of the slot's last
-    /// shard.
+    /// shard; `only_model`, when set, keeps to that model's jobs.
     pub(crate) fn pick(
         &self,
         cached: HashSet<ModelHash>,
         mean_ms: u64,
         previous_team: Option<&str>,
+        only_model: Option<&ModelHash>,
     ) -> Option<(JobId, String)> {
         if self.serving.load(Ordering::Relaxed) {
             return None;
         }
         self.clear_old_marks();
-        let schedule = self.current.borrow().clone();
+        let current = self.current.borrow().clone();
+        let filtered;
+        let schedule: &Schedule = match only_model {
+            Some(model) => {
+                // An extra pull for the running batch: its model's jobs alone.
+                let mut s = (*current).clone();
+                s.jobs.retain(|j| &j.model_hash == model);
+                filtered = s;
+                &filtered
+            }
+            None => &current,
+        };
         let running: u64 = schedule.jobs.iter().map(|j| j.running).sum();
         let period_ms = self.period_ms.load(Ordering::Relaxed);
         let turn = Turn {
@@ -145,7 +157,7 @@ impl Scheduler {
         // copy of the maps made for every pick.
         let job = {
             let since = lock(&self.since);
-            scheduling::pick(&schedule, &self.lender(cached), &since, Tiers::All, &turn)?
+            scheduling::pick(schedule, &self.lender(cached), &since, Tiers::All, &turn)?
         };
         let team = schedule
             .jobs
@@ -312,7 +324,11 @@ mod tests {
     #[test]
     fn a_slot_picks_only_what_this_worker_can_run_until_it_runs_dry() -> Res {
         let sched = Scheduler::new(1_000, "cpu".to_owned());
-        assert_eq!(sched.pick(HashSet::new(), 0, None), None, "nothing queued");
+        assert_eq!(
+            sched.pick(HashSet::new(), 0, None, None),
+            None,
+            "nothing queued"
+        );
         sched.set(
             schedule(vec![
                 queued("big", "a", 50_000, 0)?,
@@ -321,17 +337,17 @@ mod tests {
             OWN_READ_EVERY,
         );
         // The big job needs more memory than this worker lends.
-        let (job, team) = sched.pick(HashSet::new(), 0, None).ok_or("no pick")?;
+        let (job, team) = sched.pick(HashSet::new(), 0, None, None).ok_or("no pick")?;
         assert_eq!((job.as_str(), team.as_str()), ("small", "b"));
         sched.count(&job, 1);
         // Its consumer came back empty: skipped until the next schedule.
         sched.mark_empty(&job);
-        assert_eq!(sched.pick(HashSet::new(), 0, None), None);
+        assert_eq!(sched.pick(HashSet::new(), 0, None, None), None);
         sched.set(
             schedule(vec![queued("small", "b", 100, 0)?]),
             OWN_READ_EVERY,
         );
-        assert!(sched.pick(HashSet::new(), 0, None).is_some());
+        assert!(sched.pick(HashSet::new(), 0, None, None).is_some());
         Ok(())
     }
 

@@ -12,6 +12,10 @@ pub struct GenSettings {
     pub kv_budget_bytes: usize,
     /// How often finished records are checkpointed to the store.
     pub checkpoint_every: Duration,
+    /// Shards one running batch may hold at once (1: each shard runs
+    /// alone); the worker pulls extra shards of the running model while
+    /// the batch has free sequences.
+    pub max_shards: usize,
 }
 
 impl Default for GenSettings {
@@ -20,6 +24,7 @@ impl Default for GenSettings {
             max_seqs: 32,
             kv_budget_bytes: 512 << 20,
             checkpoint_every: Duration::from_secs(10),
+            max_shards: 4,
         }
     }
 }

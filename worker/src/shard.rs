@@ -65,7 +65,13 @@ const AVOIDED_NAK: std::time::Duration = std::time::Duration::from_millis(50);
 /// cancelled first, then settles it (ack, nak or term) and reports it. A
 /// failure is settled before this returns; a success's settlement is handed
 /// back in [`Handled::settling`] so that the next pull overlaps it.
-pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) -> Handled {
+/// `claim`, for a join slot's pull, is released once the shard has joined
+/// the running batch (or cannot).
+pub(crate) async fn handle(
+    ctx: &Arc<Ctx>,
+    msg: Message,
+    claim: Option<crate::shared_run::Claim>,
+) -> Handled {
     let (attempt, seq) = match msg.info() {
         Ok(i) => (u64::try_from(i.delivered).unwrap_or(1), i.stream_sequence),
         Err(_) => (1, 0),
@@ -136,10 +142,11 @@ pub(crate) async fn handle(ctx: &Arc<Ctx>, msg: Message) -> Handled {
     let result = if task.family.generates() || task.family == ModelFamily::WhisperSpeech {
         // A generation or speech shard watches both tokens itself, to
         // checkpoint what it finished before it lets go.
-        run(ctx, &task, attempt, &hand_back, &cancel).await
+        run(ctx, &task, attempt, &hand_back, &cancel, claim).await
     } else {
+        drop(claim);
         tokio::select! {
-            r = run(ctx, &task, attempt, &hand_back, &cancel) => r,
+            r = run(ctx, &task, attempt, &hand_back, &cancel, None) => r,
             _ = hand_back.cancelled() => Err(ShardError::Stopping),
             _ = cancel.cancelled() => Err(ShardError::Cancelled),
         }
@@ -210,6 +217,7 @@ async fn run(
     attempt: u64,
     hand_back: &CancellationToken,
     cancel: &CancellationToken,
+    claim: Option<crate::shared_run::Claim>,
 ) -> Result<Done, ShardError> {
     if ctx.running.is_cancelled(task.job.as_str()) {
         return Err(ShardError::Cancelled);
@@ -243,8 +251,11 @@ async fn run(
     };
     let (mut payload, compute_ms, work) = match task.family {
         f if f.generates() => {
-            let g =
-                crate::generation::run(ctx, task, attempt, model, input, hand_back, cancel).await?;
+            let stops = Stops {
+                hand_back: hand_back.clone(),
+                cancel: cancel.clone(),
+            };
+            let g = crate::generation::run(ctx, task, attempt, model, input, &stops, claim).await?;
             (
                 g.payload,
                 g.compute_ms,
@@ -305,8 +316,8 @@ async fn embed(
         max_tokens: ctx.settings.batch_tokens,
     };
     let permit = ctx
-        .compute
-        .acquire()
+        .runs
+        .waiting_for_device(ctx.compute.acquire())
         .await
         .map_err(|_| ShardError::Stopping)?;
     let compute_started = Instant::now();

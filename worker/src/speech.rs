@@ -105,7 +105,7 @@ pub(crate) async fn run(
             "resuming from checkpoint");
     }
     let permit = tokio::select! {
-        p = ctx.compute.acquire() => p.map_err(|_| ShardError::Stopping)?,
+        p = ctx.runs.waiting_for_device(ctx.compute.acquire()) => p.map_err(|_| ShardError::Stopping)?,
         _ = hand_back.cancelled() => return Err(ShardError::Stopping),
         _ = cancel.cancelled() => return Err(ShardError::Cancelled),
     };

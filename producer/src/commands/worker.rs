@@ -32,6 +32,9 @@ pub struct WorkerRow {
     pub owner: String,
     /// Shards running.
     pub running: usize,
+    /// The most shards it holds at once (its slots, and the shards that
+    /// join its running generation batch).
+    pub holds: u32,
     /// Shards done since the worker started.
     pub done: u64,
     /// Milliseconds since the last heartbeat.
@@ -93,6 +96,7 @@ pub async fn list(endpoints: &Endpoints, json: bool) -> anyhow::Result<String> {
                 state,
                 owner: hb.owner.clone(),
                 running: hb.in_flight.len(),
+                holds: hb.holds_at_most(),
                 done: hb.done,
                 last_beat_ms: age,
                 quarantined: q,
@@ -133,7 +137,7 @@ pub async fn list(endpoints: &Endpoints, json: bool) -> anyhow::Result<String> {
             r.host,
             r.device,
             r.state,
-            r.running,
+            format!("{}/{}", r.running, r.holds),
             r.done,
             r.last_beat_ms as f64 / 1000.0,
             or_unknown(&r.kernel),

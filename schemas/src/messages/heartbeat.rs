@@ -30,6 +30,11 @@ pub struct Heartbeat {
     pub device: String,
     /// Concurrent shard slots.
     pub slots: u32,
+    /// The most shards it holds at once: its slots, and the extra pulls
+    /// that shards joining its running generation batch may make (0 from
+    /// workers that predate it: read as `slots`).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub holds: u32,
     /// Whether the worker is draining (finishing, pulling nothing new).
     pub draining: bool,
     /// Whether this is the worker's last beat (it stopped cleanly and handed
@@ -101,6 +106,12 @@ pub struct PowerReading {
 }
 
 impl Heartbeat {
+    /// The most shards the worker holds at once ([`Heartbeat::holds`], or
+    /// its slots for workers that do not say).
+    pub fn holds_at_most(&self) -> u32 {
+        self.holds.max(self.slots)
+    }
+
     /// The state this beat shows: left, draining, busy or idle. (Silence,
     /// suspicion and death are for the watchdog to judge.)
     pub fn state(&self) -> WorkerState {
@@ -114,4 +125,8 @@ impl Heartbeat {
             WorkerState::Busy
         }
     }
+}
+
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
 }

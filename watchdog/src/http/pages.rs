@@ -300,12 +300,12 @@ fn workers_table(workers: &[WorkerRow], can_act: bool) -> String {
                 format!("{held}<br>{}", esc(&w.running.join(", ")))
             }
         } else if w.running.is_empty() {
-            format!("<span class=\"muted\">0 of {}</span>", w.slots)
+            format!("<span class=\"muted\">0 of {}</span>", w.holds)
         } else {
             format!(
                 "{} of {}: {}",
                 w.running.len(),
-                w.slots,
+                w.holds,
                 esc(&w.running.join(", "))
             )
         };

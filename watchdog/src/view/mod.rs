@@ -69,6 +69,9 @@ pub struct WorkerRow {
     pub owner: String,
     /// Concurrent shard slots.
     pub slots: u32,
+    /// The most shards it holds at once (its slots, and the shards that
+    /// join its running generation batch).
+    pub holds: u32,
     /// Shards running now, as `job/shard`.
     pub running: Vec<String>,
     /// Shards done since the worker started.
@@ -264,6 +267,7 @@ impl View {
                         state: t.state,
                         owner: b.owner.clone(),
                         slots: b.slots,
+                        holds: b.holds_at_most(),
                         running: b
                             .in_flight
                             .iter()

@@ -129,6 +129,28 @@ pub trait Model: Send + Sync {
         )))
     }
 
+    /// Whether [`Model::generate_joined`] takes in records while it runs
+    /// (continuous batching across shards).
+    fn joins(&self) -> bool {
+        false
+    }
+
+    /// [`Model::generate`], also taking in the records that `joining`
+    /// brings while the run goes on (their indices unique within the run)
+    /// and dropping those it no longer wants. Models that do not
+    /// [`Model::joins`] run `records` alone.
+    fn generate_joined(
+        &self,
+        records: &[(usize, &GenerationRecord)],
+        limits: llm::GenLimits,
+        control: &llm::GenControl,
+        joining: &mut dyn llm::Joining,
+        done: &mut dyn FnMut(usize, Generation),
+    ) -> Result<(), ModelError> {
+        let _ = joining;
+        self.generate(records, limits, control, done)
+    }
+
     /// Transcribes audio `files`, each from its resume point, reporting
     /// every window of an unfinished file and every finished file to
     /// `events` with the file's index; stops between windows once `stop`

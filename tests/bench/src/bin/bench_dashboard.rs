@@ -62,6 +62,7 @@ async fn simulate(
                 host: format!("mac-{i:04}"),
                 device: "metal:0".into(),
                 slots: 1,
+                holds: 0,
                 draining: false,
                 leaving: false,
                 owner: if i % 7 == 0 {

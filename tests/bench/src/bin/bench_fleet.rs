@@ -789,6 +789,7 @@ async fn scale(n: usize, secs: u64) -> Result<String> {
                         host: format!("sim-{i:05}"),
                         device: "metal:0".into(),
                         slots: 1,
+                        holds: 0,
                         draining: false,
                         leaving: false,
                         owner: "available".into(),

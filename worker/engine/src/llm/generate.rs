@@ -1,4 +1,5 @@
-//! Continuous batching over one shard's records.
+//! Continuous batching over one shard's records, and over the records of
+//! further shards that join the run while it goes on ([`Feed`]).
 //!
 //! Up to [`GenLimits::max_seqs`] sequences are in flight, each with its own
 //! cache sized for its prompt plus its `max_tokens`; a sequence is admitted
@@ -133,6 +134,43 @@ pub(super) fn plan_pass(
     plan
 }
 
+/// Records that join a run while it goes on, and records that leave it
+/// unfinished. A run takes new records between passes, so they share the
+/// passes of the records already running; a record's tokens never depend
+/// on what shares its passes, so a record that joined equals the same
+/// record run alone.
+pub trait Feed {
+    /// Records ready to join now (their indices unique within the run), or
+    /// the reason one cannot run.
+    fn take(&mut self) -> Vec<Result<Prepared, (usize, String)>>;
+    /// Whether record `index` still wants its result; `false` drops it from
+    /// the run, unfinished, and frees its cache.
+    fn wanted(&self, index: usize) -> bool;
+    /// Called when nothing is left to run: returns the records that join
+    /// now, or none, which ends the run (a feed that ends a run takes no
+    /// records after it).
+    fn wait(&mut self) -> Vec<Result<Prepared, (usize, String)>>;
+    /// Called before each pass: sequences running and records waiting for
+    /// room.
+    fn settled(&mut self, running: usize, waiting: usize);
+}
+
+/// The feed of a run over one fixed set of records: nothing joins.
+pub struct NoFeed;
+
+impl Feed for NoFeed {
+    fn take(&mut self) -> Vec<Result<Prepared, (usize, String)>> {
+        Vec::new()
+    }
+    fn wanted(&self, _: usize) -> bool {
+        true
+    }
+    fn wait(&mut self) -> Vec<Result<Prepared, (usize, String)>> {
+        Vec::new()
+    }
+    fn settled(&mut self, _: usize, _: usize) {}
+}
+
 /// Runs `work` to the end (or until `control.stop`), handing each finished
 /// record to `done` as soon as it ends.
 pub fn generate(
@@ -141,6 +179,21 @@ pub fn generate(
     work: Vec<Prepared>,
     limits: GenLimits,
     control: &GenControl,
+    done: &mut dyn FnMut(usize, Generation),
+) -> Result<(), ModelError> {
+    generate_fed(model, tokenizer, work, limits, control, &mut NoFeed, done)
+}
+
+/// [`generate`], taking in the records `feed` brings while it runs and
+/// dropping those it no longer wants; ends when nothing runs and the feed
+/// brings nothing more.
+pub fn generate_fed(
+    model: &Llama,
+    tokenizer: &GgufTokenizer,
+    work: Vec<Prepared>,
+    limits: GenLimits,
+    control: &GenControl,
+    feed: &mut dyn Feed,
     done: &mut dyn FnMut(usize, Generation),
 ) -> Result<(), ModelError> {
     let per_token = model.config().kv_bytes_per_token();
@@ -171,10 +224,30 @@ pub fn generate(
     };
     let mut pending: VecDeque<Prepared> = work.into();
     let mut active: Vec<Active> = Vec::new();
+    let arrive = |pending: &mut VecDeque<Prepared>,
+                  got: Vec<Result<Prepared, (usize, String)>>,
+                  done: &mut dyn FnMut(usize, Generation)| {
+        for g in got {
+            match g {
+                Ok(p) => pending.push_back(p),
+                Err((index, why)) => done(index, Generation::failed(why)),
+            }
+        }
+    };
     loop {
         if control.stop.load(Ordering::Relaxed) {
             return Ok(());
         }
+        // Records whose shard left go; those joining queue behind the rest.
+        active.retain(|a| {
+            let keep = feed.wanted(a.index);
+            if !keep {
+                used -= a.bytes;
+            }
+            keep
+        });
+        pending.retain(|p| feed.wanted(p.index));
+        arrive(&mut pending, feed.take(), done);
         while active.len() < limits.max_seqs.max(1) {
             let Some(next) = pending.front() else { break };
             let tokens = next.prompt.len() + next.params.max_tokens as usize;
@@ -214,8 +287,15 @@ pub fn generate(
                 bytes,
             });
         }
+        feed.settled(active.len(), pending.len());
         if active.is_empty() {
-            return Ok(());
+            // Nothing runs, so nothing waits (one record is always let in).
+            let more = feed.wait();
+            if more.is_empty() {
+                return Ok(());
+            }
+            arrive(&mut pending, more, done);
+            continue;
         }
         let plan = plan_pass(
             active.iter().map(|a| (a.read, a.prompt.len())),

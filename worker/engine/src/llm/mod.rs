@@ -32,7 +32,7 @@ use candle_core::Device;
 use minions_schemas::messages::{Generation, GenerationRecord, ModelFamily, Prompt};
 
 pub use chat::{ChatMessage, ChatTemplate};
-pub use generate::{GenControl, GenLimits, Prepared};
+pub use generate::{Feed, GenControl, GenLimits, NoFeed, Prepared};
 pub use gguf::{GgufFile, GgufPieces, LlamaConfig};
 pub use llama::Llama;
 pub use tokenizer::GgufTokenizer;
@@ -270,8 +270,93 @@ impl Model for GgufGenerator {
         generate::generate(&self.model, &self.tokenizer, work, limits, control, done)
     }
 
+    fn joins(&self) -> bool {
+        true
+    }
+
+    fn generate_joined(
+        &self,
+        records: &[(usize, &GenerationRecord)],
+        limits: GenLimits,
+        control: &GenControl,
+        joining: &mut dyn Joining,
+        done: &mut dyn FnMut(usize, Generation),
+    ) -> Result<(), ModelError> {
+        let work = self.prepare_all(records, done)?;
+        let mut feed = Preparing {
+            generator: self,
+            joining,
+        };
+        generate::generate_fed(
+            &self.model,
+            &self.tokenizer,
+            work,
+            limits,
+            control,
+            &mut feed,
+            done,
+        )
+    }
+
     fn memory_bytes(&self) -> u64 {
         self.weight_bytes
+    }
+}
+
+/// Records of other shards that join a running generation, as the worker
+/// hands them over: see [`Model::generate_joined`].
+pub trait Joining: Send {
+    /// Records that join now, each with its index within the run.
+    fn take(&mut self) -> Vec<(usize, GenerationRecord)>;
+    /// Whether record `index` still wants its result (its shard has not
+    /// left the run).
+    fn wanted(&self, index: usize) -> bool;
+    /// Called when nothing is left to run: the records that join now, or
+    /// none to end the run; once it returns none it takes no more.
+    fn wait(&mut self) -> Vec<(usize, GenerationRecord)>;
+    /// Called before each pass with the sequences running and the records
+    /// waiting for room.
+    fn settled(&mut self, running: usize, waiting: usize);
+}
+
+/// A [`Joining`] seen as the batching loop's [`Feed`]: tokenizes what joins.
+struct Preparing<'a> {
+    generator: &'a GgufGenerator,
+    joining: &'a mut dyn Joining,
+}
+
+impl Preparing<'_> {
+    fn prepared(
+        &self,
+        got: Vec<(usize, GenerationRecord)>,
+    ) -> Vec<Result<Prepared, (usize, String)>> {
+        got.into_iter()
+            .map(
+                |(index, record)| match self.generator.prepare(index, &record) {
+                    Ok(p) => Ok(p),
+                    // As `prepare_all` reports it for a shard's own records.
+                    Err(ModelError::BadInput(m)) => Err((index, m)),
+                    Err(e) => Err((index, e.to_string())),
+                },
+            )
+            .collect()
+    }
+}
+
+impl Feed for Preparing<'_> {
+    fn take(&mut self) -> Vec<Result<Prepared, (usize, String)>> {
+        let got = self.joining.take();
+        self.prepared(got)
+    }
+    fn wanted(&self, index: usize) -> bool {
+        self.joining.wanted(index)
+    }
+    fn wait(&mut self) -> Vec<Result<Prepared, (usize, String)>> {
+        let got = self.joining.wait();
+        self.prepared(got)
+    }
+    fn settled(&mut self, running: usize, waiting: usize) {
+        self.joining.settled(running, waiting);
     }
 }
 
