@@ -1,13 +1,14 @@
 //! Benchmark: LLM generation, Minions against llama.cpp, same machine, same
-//! GGUF file (SmolLM2-135M-Instruct Q4_1), same prompts and max tokens, one
-//! run.
+//! GGUF file (SmolLM2-135M-Instruct Q4_1), same prompts and max tokens.
 //!
 //! - A job of chat prompts through a local fleet of W workers (one CPU
 //!   thread each), timed from `minions submit` to `done`, against
 //!   `llama-server` with the same total threads at each `--parallel`
 //!   setting (continuous batching), driven with as many concurrent
-//!   requests; generated tokens/s each, the ratio against llama-server's
-//!   best setting.
+//!   requests, in rounds side by side; generated tokens/s each, the ratio
+//!   against llama-server's best setting, and how full each kept its batch
+//!   (llama-server's busy slots; our running sequences per pass, from the
+//!   workers' "generation run ended" lines).
 //! - The engine in-process against `llama-batched-bench`: prompt tokens/s
 //!   (one 128-token prompt) and generated tokens/s one sequence wide and 32
 //!   wide.
@@ -38,6 +39,7 @@ Usage: bench_llm --llama-bin DIR [--write] [FLAGS]
   --max-tokens M    tokens to generate per prompt (32)
   --workers W       Minions workers of one thread each; llama-server gets W threads (2)
   --parallel LIST   llama-server --parallel settings to try (4,8,16,32)
+  --rounds R        rounds of every setting and Minions, side by side (3)
   --llama-bin DIR   folder with llama-server and llama-batched-bench
   --engine-only     only the engine in-process against llama-batched-bench (no --write)
   --ours-only       only our engine in-process, no llama.cpp (no --llama-bin; for profiling)
@@ -45,8 +47,17 @@ Usage: bench_llm --llama-bin DIR [--write] [FLAGS]
   --write           put the Markdown into BENCHMARKS.md between its markers
 ";
 
+/// What one run of a job gave: generated tokens/s, and the mean sequences
+/// in flight (busy slots for llama-server, running sequences per pass for
+/// Minions; `NaN` when not read).
+#[derive(Clone, Copy)]
+struct Run {
+    rate: f64,
+    occupancy: f64,
+}
+
 /// llama-server at `--parallel p` driven by `p` client threads: generated
-/// tokens/s over all prompts.
+/// tokens/s over all prompts, and its busy slots (`/slots` read every 50 ms).
 fn llama_server(
     bin: &Path,
     model: &Path,
@@ -54,7 +65,7 @@ fn llama_server(
     p: usize,
     qs: &[String],
     max: u64,
-) -> Result<f64> {
+) -> Result<Run> {
     let dir = tempfile::tempdir()?;
     let args: Vec<String> = [
         "-m",
@@ -105,6 +116,36 @@ fn llama_server(
     let next = Arc::new(AtomicUsize::new(0));
     let tokens = Arc::new(Mutex::new(0u64));
     let qs = Arc::new(qs.to_vec());
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (done, slots) = (done.clone(), format!("http://127.0.0.1:{port}/slots"));
+        std::thread::spawn(move || {
+            let (mut sum, mut samples) = (0usize, 0usize);
+            while !done.load(Ordering::Relaxed) {
+                let busy = ureq::get(&slots)
+                    .call()
+                    .ok()
+                    .and_then(|mut r| r.body_mut().read_json::<serde_json::Value>().ok())
+                    .and_then(|v| {
+                        v.as_array().map(|a| {
+                            a.iter()
+                                .filter(|s| s["is_processing"].as_bool() == Some(true))
+                                .count()
+                        })
+                    });
+                if let Some(b) = busy {
+                    sum += b;
+                    samples += 1;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if samples == 0 {
+                f64::NAN
+            } else {
+                sum as f64 / samples as f64
+            }
+        })
+    };
     let started = Instant::now();
     let clients: Vec<_> = (0..p)
         .map(|_| {
@@ -132,12 +173,35 @@ fn llama_server(
         c.join().map_err(|_| "client thread panicked")??;
     }
     let secs = started.elapsed().as_secs_f64();
+    done.store(true, Ordering::Relaxed);
+    let occupancy = watcher.join().map_err(|_| "slot watcher panicked")?;
     let total = *tokens.lock().map_err(|e| e.to_string())?;
-    Ok(total as f64 / secs)
+    Ok(Run {
+        rate: total as f64 / secs,
+        occupancy,
+    })
 }
 
-/// The same prompts as a Minions job on `workers` workers: generated tokens/s.
-fn minions(model: &Path, workers: u64, qs: &[String], max: u64) -> Result<(f64, u64)> {
+/// Passes and the mean sequences they ran, from the "generation run ended"
+/// lines of a worker's log after the first `skip`.
+fn runs_logged(log: &Path, skip: usize) -> Vec<(f64, f64)> {
+    let field = |l: &str, key: &str| -> Option<f64> {
+        let at = l.find(&format!(" {key}="))? + key.len() + 2;
+        l[at..].split_whitespace().next()?.parse().ok()
+    };
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("generation run ended"))
+        .skip(skip)
+        .filter_map(|l| Some((field(l, "passes")?, field(l, "mean_running")?)))
+        .collect()
+}
+
+/// The same prompts as a Minions job on `workers` workers: generated
+/// tokens/s, the mean sequences per pass over all its workers' passes, and
+/// the tokens.
+fn minions(model: &Path, workers: u64, qs: &[String], max: u64) -> Result<(Run, u64)> {
     let mut fleet = Fleet::local()?;
     fleet
         .worker_env
@@ -179,6 +243,11 @@ fn minions(model: &Path, workers: u64, qs: &[String], max: u64) -> Result<(f64, 
     ])?;
     fleet.wait_job(&w, Duration::from_secs(300))?;
     let shard = (qs.len() as u64).div_ceil(workers * 4).max(1).to_string();
+    let before: Vec<usize> = fleet
+        .workers
+        .iter()
+        .map(|w| runs_logged(&w.log, 0).len())
+        .collect();
     let started = Instant::now();
     let job = fleet.cli(&[
         "submit",
@@ -205,7 +274,25 @@ fn minions(model: &Path, workers: u64, qs: &[String], max: u64) -> Result<(f64, 
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .map(|v| v["completion_tokens"].as_u64().unwrap_or(0))
         .sum();
-    Ok((tokens as f64 / secs, tokens))
+    let (mut passes, mut seqs) = (0.0, 0.0);
+    for (w, skip) in fleet.workers.iter().zip(before) {
+        for (p, mean) in runs_logged(&w.log, skip) {
+            passes += p;
+            seqs += p * mean;
+        }
+    }
+    let occupancy = if passes > 0.0 {
+        seqs / passes
+    } else {
+        f64::NAN
+    };
+    Ok((
+        Run {
+            rate: tokens as f64 / secs,
+            occupancy,
+        },
+        tokens,
+    ))
 }
 
 /// llama-batched-bench's prompt and generation tokens/s at 1 and 32 wide.
@@ -344,18 +431,52 @@ fn main() -> Result<()> {
         return Ok(());
     }
 
-    let mut servers = Vec::new();
-    for &p in &parallel {
-        let rate = llama_server(&bin, &model, workers, p, &qs, max)?;
-        out!("llama-server --parallel {p} -t {workers}: {rate:.1} generated tokens/s");
-        servers.push((p, rate));
+    let rounds = num("--rounds", 3)?.max(1) as usize;
+    // Every round runs each setting and then Minions, so that drifts of a
+    // noisy machine fall on all of them alike.
+    let mut servers: Vec<(usize, Vec<Run>)> = parallel.iter().map(|&p| (p, Vec::new())).collect();
+    let mut ours_runs = Vec::new();
+    let mut tokens = 0;
+    for round in 1..=rounds {
+        for (p, runs) in servers.iter_mut() {
+            let r = llama_server(&bin, &model, workers, *p, &qs, max)?;
+            out!(
+                "round {round}: llama-server --parallel {p} -t {workers}: {:.1} generated tokens/s, {:.1} slots busy on average",
+                r.rate,
+                r.occupancy
+            );
+            runs.push(r);
+        }
+        let (r, t) = minions(&model, workers, &qs, max)?;
+        out!(
+            "round {round}: Minions, {workers} workers: {:.1} generated tokens/s ({t} tokens), {:.1} sequences per pass on average",
+            r.rate,
+            r.occupancy
+        );
+        ours_runs.push(r);
+        tokens = t;
     }
-    let (ours, tokens) = minions(&model, workers, &qs, max)?;
-    out!("Minions, {workers} workers: {ours:.1} generated tokens/s ({tokens} tokens)");
+    let mean =
+        |runs: &[Run], f: fn(&Run) -> f64| runs.iter().map(f).sum::<f64>() / runs.len() as f64;
     let (best_p, best) = servers
         .iter()
-        .copied()
+        .map(|(p, runs)| (*p, mean(runs, |r| r.rate)))
         .fold((0, 0.0), |a, b| if b.1 > a.1 { b } else { a });
+    let ours = mean(&ours_runs, |r| r.rate);
+    // Each round's ratio against that round's best setting.
+    let per_round: Vec<String> = (0..rounds)
+        .map(|i| {
+            let best_here = servers
+                .iter()
+                .map(|(_, runs)| runs[i].rate)
+                .fold(0.0, f64::max);
+            format!("{:.3}", ours_runs[i].rate / best_here)
+        })
+        .collect();
+    out!(
+        "Minions against the best setting, round by round: {}",
+        per_round.join(", ")
+    );
 
     let bb = batched_bench(&bin, &model, workers)?;
     let g = GgufGenerator::load(&model, &candle_core::Device::Cpu)?;
@@ -371,15 +492,18 @@ fn main() -> Result<()> {
     let (_, _, ltg32) = find(32);
 
     let mut rows = Vec::new();
-    for (p, rate) in &servers {
+    for (p, runs) in &servers {
+        let rate = mean(runs, |r| r.rate);
         rows.push(format!(
-            "| llama-server --parallel {p} -t {workers} | {rate:.1} | {:.3} |",
-            rate / best
+            "| llama-server --parallel {p} -t {workers} | {rate:.1} | {:.3} | {:.1} slots busy |",
+            rate / best,
+            mean(runs, |r| r.occupancy)
         ));
     }
     rows.push(format!(
-        "| Minions, {workers} workers of 1 thread, --max-seqs 32 | {ours:.1} | **{:.3}** |",
-        ours / best
+        "| Minions, {workers} workers of 1 thread, --max-seqs 32 | {ours:.1} | **{:.3}** | {:.1} sequences per pass |",
+        ours / best,
+        mean(&ours_runs, |r| r.occupancy)
     ));
     let doc = format!(
         "## LLM generation against llama.cpp\n\n\
@@ -390,8 +514,11 @@ fn main() -> Result<()> {
          requests; Minions: a local fleet of {workers} workers of one thread each, timed from \
          `minions submit` to `done` (model loaded beforehand). Generated tokens/s as each counts \
          them (`usage.completion_tokens`); the ratio is against llama-server's best setting \
-         (`--parallel {best_p}`).\n\n\
-         | what | generated tokens/s | ratio |\n|---|---:|---:|\n{}\n\n\
+         (`--parallel {best_p}`). Means over {rounds} rounds, each running every setting and \
+         then Minions ({tokens} tokens a Minions run); Minions against the round's best setting, \
+         round by round: {}. In flight: llama-server's busy slots (its `/slots`, read every \
+         50 ms), Minions' running sequences per forward pass over all its workers' passes.\n\n\
+         | what | generated tokens/s | ratio | in flight |\n|---|---:|---:|---:|\n{}\n\n\
          The engine in-process against `llama-batched-bench -npp 128 -ntg 128 -npl 1,32 -t {workers}`:\n\n\
          | what | llama.cpp | Minions engine | ratio |\n|---|---:|---:|---:|\n\
          | prompt tokens/s (128-token prompt) | {lpp1:.1} | {pp1:.1} | {:.3} |\n\
@@ -399,6 +526,7 @@ fn main() -> Result<()> {
          | generated tokens/s, 32 sequences | {ltg32:.1} | {tg32:.1} | {:.3} |\n",
         utc_now(),
         machine(),
+        per_round.join(", "),
         rows.join("\n"),
         pp1 / lpp1,
         tg1 / ltg1,
