@@ -64,6 +64,8 @@ struct Run {
     max_seqs: usize,
     joinable: bool,
     control: GenControl,
+    /// A member left since the run's thread last looked.
+    departed: AtomicBool,
     state: Mutex<RunState>,
     inner: Arc<Inner>,
 }
@@ -197,6 +199,7 @@ impl SharedRuns {
             max_seqs: limits.max_seqs.max(1),
             joinable: model.joins() && max_shards > 1,
             control: GenControl::default(),
+            departed: AtomicBool::new(false),
             state: Mutex::new(RunState::default()),
             inner: self.inner.clone(),
         });
@@ -358,6 +361,7 @@ impl Membership {
             return;
         };
         m.left = true;
+        self.run.departed.store(true, Ordering::SeqCst);
         let id = self.id;
         let RunState { queue, tickets, .. } = &mut *st;
         queue.retain(|(t, _)| tickets.get(t).is_none_or(|(m, _)| *m != id));
@@ -384,6 +388,10 @@ struct RunFeed {
 impl Joining for RunFeed {
     fn take(&mut self) -> Vec<(usize, GenerationRecord)> {
         std::mem::take(&mut lock(&self.run.state).queue)
+    }
+
+    fn departed(&mut self) -> bool {
+        self.run.departed.swap(false, Ordering::SeqCst)
     }
 
     fn wanted(&self, index: usize) -> bool {

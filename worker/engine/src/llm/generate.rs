@@ -143,6 +143,10 @@ pub trait Feed {
     /// Records ready to join now (their indices unique within the run), or
     /// the reason one cannot run.
     fn take(&mut self) -> Vec<Result<Prepared, (usize, String)>>;
+    /// Whether a record may have stopped being wanted since the last call
+    /// (cheap: asked before every pass); only then is [`Feed::wanted`] asked
+    /// of each record.
+    fn departed(&mut self) -> bool;
     /// Whether record `index` still wants its result; `false` drops it from
     /// the run, unfinished, and frees its cache.
     fn wanted(&self, index: usize) -> bool;
@@ -161,6 +165,9 @@ pub struct NoFeed;
 impl Feed for NoFeed {
     fn take(&mut self) -> Vec<Result<Prepared, (usize, String)>> {
         Vec::new()
+    }
+    fn departed(&mut self) -> bool {
+        false
     }
     fn wanted(&self, _: usize) -> bool {
         true
@@ -239,14 +246,16 @@ pub fn generate_fed(
             return Ok(());
         }
         // Records whose shard left go; those joining queue behind the rest.
-        active.retain(|a| {
-            let keep = feed.wanted(a.index);
-            if !keep {
-                used -= a.bytes;
-            }
-            keep
-        });
-        pending.retain(|p| feed.wanted(p.index));
+        if feed.departed() {
+            active.retain(|a| {
+                let keep = feed.wanted(a.index);
+                if !keep {
+                    used -= a.bytes;
+                }
+                keep
+            });
+            pending.retain(|p| feed.wanted(p.index));
+        }
         arrive(&mut pending, feed.take(), done);
         while active.len() < limits.max_seqs.max(1) {
             let Some(next) = pending.front() else { break };

@@ -308,6 +308,9 @@ impl Model for GgufGenerator {
 pub trait Joining: Send {
     /// Records that join now, each with its index within the run.
     fn take(&mut self) -> Vec<(usize, GenerationRecord)>;
+    /// Whether a shard may have left since the last call (asked before
+    /// every pass; [`Joining::wanted`] is asked of each record only then).
+    fn departed(&mut self) -> bool;
     /// Whether record `index` still wants its result (its shard has not
     /// left the run).
     fn wanted(&self, index: usize) -> bool;
@@ -347,6 +350,9 @@ impl Feed for Preparing<'_> {
     fn take(&mut self) -> Vec<Result<Prepared, (usize, String)>> {
         let got = self.joining.take();
         self.prepared(got)
+    }
+    fn departed(&mut self) -> bool {
+        self.joining.departed()
     }
     fn wanted(&self, index: usize) -> bool {
         self.joining.wanted(index)

@@ -11,7 +11,7 @@ use candle_core::{Device, Tensor};
 use minions_schemas::canary::{MODEL_SEED, SPEECH_SIGNALS, SPEECH_TOKENS};
 use minions_schemas::messages::{CanaryAnswer, Precision};
 
-use super::ct2::{Ct2File, encode_file};
+use super::ct2::{Ct2File, TinyWhisper, encode_file};
 use super::mel::{MelFrontEnd, N_FRAMES, SAMPLE_RATE};
 use super::whisper::Whisper;
 use crate::canary::{SplitMix, fnv1a};
@@ -93,54 +93,15 @@ fn signal(i: usize) -> Vec<f32> {
 /// small and centred on 0, the cross-attention and the token embeddings
 /// larger), stored as f16.
 fn model_bytes() -> Vec<u8> {
-    let d = WIDTH;
-    let mut shapes: Vec<(String, Vec<u32>)> = vec![
-        ("encoder/conv1/weight".into(), vec![d, MELS, 3]),
-        ("encoder/conv1/bias".into(), vec![d]),
-        ("encoder/conv2/weight".into(), vec![d, d, 3]),
-        ("encoder/conv2/bias".into(), vec![d]),
-        (
-            "encoder/position_encodings/encodings".into(),
-            vec![AUDIO_CTX, d],
-        ),
-        ("decoder/embeddings/weight".into(), vec![VOCAB, d]),
-        (
-            "decoder/position_encodings/encodings".into(),
-            vec![TEXT_CTX, d],
-        ),
-    ];
-    let linear = |shapes: &mut Vec<(String, Vec<u32>)>, p: &str, out: u32, inp: u32| {
-        shapes.push((format!("{p}/weight"), vec![out, inp]));
-        shapes.push((format!("{p}/bias"), vec![out]));
-    };
-    let norm = |shapes: &mut Vec<(String, Vec<u32>)>, p: &str| {
-        shapes.push((format!("{p}/gamma"), vec![d]));
-        shapes.push((format!("{p}/beta"), vec![d]));
-    };
-    for side in ["encoder", "decoder"] {
-        for l in 0..LAYERS {
-            let p = format!("{side}/layer_{l}");
-            norm(&mut shapes, &format!("{p}/self_attention/layer_norm"));
-            linear(
-                &mut shapes,
-                &format!("{p}/self_attention/linear_0"),
-                3 * d,
-                d,
-            );
-            linear(&mut shapes, &format!("{p}/self_attention/linear_1"), d, d);
-            norm(&mut shapes, &format!("{p}/ffn/layer_norm"));
-            linear(&mut shapes, &format!("{p}/ffn/linear_0"), 4 * d, d);
-            linear(&mut shapes, &format!("{p}/ffn/linear_1"), d, 4 * d);
-            if side == "decoder" {
-                let p = format!("{p}/attention");
-                norm(&mut shapes, &format!("{p}/layer_norm"));
-                linear(&mut shapes, &format!("{p}/linear_0"), d, d);
-                linear(&mut shapes, &format!("{p}/linear_1"), 2 * d, d);
-                linear(&mut shapes, &format!("{p}/linear_2"), d, d);
-            }
-        }
-        norm(&mut shapes, &format!("{side}/layer_norm"));
+    let mut shapes = TinyWhisper {
+        width: WIDTH,
+        mels: MELS,
+        vocab: VOCAB,
+        text_ctx: TEXT_CTX,
+        audio_ctx: AUDIO_CTX,
+        layers: LAYERS,
     }
+    .variables();
     shapes.sort();
     let mut vars: Vec<(String, Vec<u32>, u8, Vec<u8>)> = shapes
         .into_iter()

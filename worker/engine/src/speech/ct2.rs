@@ -333,6 +333,75 @@ impl Ct2File {
     }
 }
 
+/// The sizes of a small Whisper model in CTranslate2's layout: what tests
+/// and the speech canary build their random-weight models from.
+pub(crate) struct TinyWhisper {
+    /// Model width (both sides).
+    pub(crate) width: u32,
+    /// Mel bands.
+    pub(crate) mels: u32,
+    /// Vocabulary.
+    pub(crate) vocab: u32,
+    /// Decoder positions.
+    pub(crate) text_ctx: u32,
+    /// Encoder positions.
+    pub(crate) audio_ctx: u32,
+    /// Layers on each side.
+    pub(crate) layers: usize,
+}
+
+impl TinyWhisper {
+    /// Every weight's name and dims, as CTranslate2 names them (fused
+    /// self-attention QKV, fused cross-attention KV); heads are not
+    /// weights and are left to the caller.
+    pub(crate) fn variables(&self) -> Vec<(String, Vec<u32>)> {
+        let d = self.width;
+        let mut vars: Vec<(String, Vec<u32>)> = vec![
+            ("encoder/conv1/weight".into(), vec![d, self.mels, 3]),
+            ("encoder/conv1/bias".into(), vec![d]),
+            ("encoder/conv2/weight".into(), vec![d, d, 3]),
+            ("encoder/conv2/bias".into(), vec![d]),
+            (
+                "encoder/position_encodings/encodings".into(),
+                vec![self.audio_ctx, d],
+            ),
+            ("decoder/embeddings/weight".into(), vec![self.vocab, d]),
+            (
+                "decoder/position_encodings/encodings".into(),
+                vec![self.text_ctx, d],
+            ),
+        ];
+        let linear = |vars: &mut Vec<(String, Vec<u32>)>, p: &str, out: u32, inp: u32| {
+            vars.push((format!("{p}/weight"), vec![out, inp]));
+            vars.push((format!("{p}/bias"), vec![out]));
+        };
+        let norm = |vars: &mut Vec<(String, Vec<u32>)>, p: &str| {
+            vars.push((format!("{p}/gamma"), vec![d]));
+            vars.push((format!("{p}/beta"), vec![d]));
+        };
+        for side in ["encoder", "decoder"] {
+            for l in 0..self.layers {
+                let p = format!("{side}/layer_{l}");
+                norm(&mut vars, &format!("{p}/self_attention/layer_norm"));
+                linear(&mut vars, &format!("{p}/self_attention/linear_0"), 3 * d, d);
+                linear(&mut vars, &format!("{p}/self_attention/linear_1"), d, d);
+                norm(&mut vars, &format!("{p}/ffn/layer_norm"));
+                linear(&mut vars, &format!("{p}/ffn/linear_0"), 4 * d, d);
+                linear(&mut vars, &format!("{p}/ffn/linear_1"), d, 4 * d);
+                if side == "decoder" {
+                    let p = format!("{p}/attention");
+                    norm(&mut vars, &format!("{p}/layer_norm"));
+                    linear(&mut vars, &format!("{p}/linear_0"), d, d);
+                    linear(&mut vars, &format!("{p}/linear_1"), 2 * d, d);
+                    linear(&mut vars, &format!("{p}/linear_2"), d, d);
+                }
+            }
+            norm(&mut vars, &format!("{side}/layer_norm"));
+        }
+        vars
+    }
+}
+
 /// A model file's bytes in CTranslate2's layout (a Whisper spec):
 /// `(name, dims, type id, bytes)` variables and `(alias, target)` pairs.
 /// Tests and the speech canary build their tiny models with it.

@@ -771,6 +771,7 @@ fn full_attention(qkv: &Tensor, heads: usize) -> candle_core::Result<Tensor> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::speech::ct2::TinyWhisper;
     use crate::speech::ct2::tests::write;
 
     /// A random-weight Whisper in CTranslate2's layout: width 8, 2 heads,
@@ -786,41 +787,22 @@ pub(crate) mod tests {
                 })
                 .collect()
         };
-        let mut vars: Vec<(String, Vec<u32>, u8, Vec<u8>)> = Vec::new();
-        let mut add = |name: String, dims: Vec<u32>| {
-            let n = dims.iter().product();
-            vars.push((name, dims, 0, vals(n)));
+        let layout = TinyWhisper {
+            width: d,
+            mels,
+            vocab,
+            text_ctx: text,
+            audio_ctx: 1500,
+            layers: 1,
         };
-        let lin = |add: &mut dyn FnMut(String, Vec<u32>), p: &str, out: u32, inp: u32| {
-            add(format!("{p}/weight"), vec![out, inp]);
-            add(format!("{p}/bias"), vec![out]);
-        };
-        let norm = |add: &mut dyn FnMut(String, Vec<u32>), p: &str| {
-            add(format!("{p}/gamma"), vec![d]);
-            add(format!("{p}/beta"), vec![d]);
-        };
-        add("encoder/conv1/weight".into(), vec![d, mels, 3]);
-        add("encoder/conv1/bias".into(), vec![d]);
-        add("encoder/conv2/weight".into(), vec![d, d, 3]);
-        add("encoder/conv2/bias".into(), vec![d]);
-        add("encoder/position_encodings/encodings".into(), vec![1500, d]);
-        add("decoder/embeddings/weight".into(), vec![vocab, d]);
-        add("decoder/position_encodings/encodings".into(), vec![text, d]);
-        for side in ["encoder", "decoder"] {
-            let p = format!("{side}/layer_0");
-            norm(&mut add, &format!("{p}/self_attention/layer_norm"));
-            lin(&mut add, &format!("{p}/self_attention/linear_0"), 3 * d, d);
-            lin(&mut add, &format!("{p}/self_attention/linear_1"), d, d);
-            norm(&mut add, &format!("{p}/ffn/layer_norm"));
-            lin(&mut add, &format!("{p}/ffn/linear_0"), 4 * d, d);
-            lin(&mut add, &format!("{p}/ffn/linear_1"), d, 4 * d);
-            norm(&mut add, &format!("{side}/layer_norm"));
-        }
-        let p = "decoder/layer_0/attention";
-        norm(&mut add, &format!("{p}/layer_norm"));
-        lin(&mut add, &format!("{p}/linear_0"), d, d);
-        lin(&mut add, &format!("{p}/linear_1"), 2 * d, d);
-        lin(&mut add, &format!("{p}/linear_2"), d, d);
+        let mut vars: Vec<(String, Vec<u32>, u8, Vec<u8>)> = layout
+            .variables()
+            .into_iter()
+            .map(|(name, dims)| {
+                let n = dims.iter().product();
+                (name, dims, 0, vals(n))
+            })
+            .collect();
         vars.push(("encoder/num_heads".into(), vec![], 1, vec![2]));
         vars.push(("decoder/num_heads".into(), vec![], 1, vec![2]));
         let refs: Vec<(&str, Vec<u32>, u8, Vec<u8>)> = vars
