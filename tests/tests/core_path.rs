@@ -1,5 +1,5 @@
 //! The core path end to end on a local-directory store, then an int8 job on
-//! the same fleet.
+//! the same fleet; small shards packed into shared passes.
 
 use std::time::Duration;
 
@@ -57,5 +57,54 @@ fn int8_job(fleet: &Fleet) -> Result<()> {
     eprintln!("int8 job against f32: mean cosine {mean:.6}, worst {worst:.6}");
     assert!(worst < 0.999_999, "int8 gave the f32 vectors");
     assert!(mean > 0.99 && worst > 0.95, "mean {mean}, worst {worst}");
+    Ok(())
+}
+
+/// Shards far smaller than a pass, on one worker that holds up to four at
+/// once: they share passes, and each gets what its texts give in-process
+/// (today's tolerance, max abs diff 1e-5).
+#[tokio::test(flavor = "multi_thread")]
+async fn small_shards_share_passes_and_give_what_they_give_alone() -> Result<()> {
+    let mut fleet = Fleet::local()?;
+    let r = packed_job(&mut fleet).await;
+    fleet.explain(r)
+}
+
+async fn packed_job(fleet: &mut Fleet) -> Result<()> {
+    // The paced model holds the device 20 ms a record, as a slower
+    // machine would, so that shards wait for it side by side.
+    let model = fleet.push_slow_model()?;
+    let input = fleet.dir.path().join("small.jsonl");
+    let texts = write_corpus(&input, 200)?;
+    fleet.add_watchdog(&[])?;
+    fleet
+        .worker_env
+        .push(("RUST_LOG".into(), "info,minions_worker::pack=debug".into()));
+    fleet.add_worker(&["--slots", "1", "--max-shards", "4"])?;
+    let job = fleet.submit("slow", &input, 5, "small")?;
+    let status = fleet.wait_job(&job, Duration::from_secs(120))?;
+    assert_eq!(status["state"], "done", "{status}");
+    assert_eq!(status["done"], 40, "{status}");
+    fleet.check_outputs(&job, &model, &texts)?;
+    let log = std::fs::read_to_string(&fleet.workers[0].log)?;
+    let packs: Vec<u64> = log
+        .lines()
+        .filter(|l| l.contains("embedding pack ran"))
+        .filter_map(|l| {
+            let at = l.find("shards=")? + "shards=".len();
+            l[at..].split(' ').next()?.parse().ok()
+        })
+        .collect();
+    let packed: u64 = packs.iter().sum();
+    eprintln!(
+        "40 shards of 5 records: {} passes shared by {packed} shards (most {}), {} alone",
+        packs.len(),
+        packs.iter().max().unwrap_or(&0),
+        40 - packed
+    );
+    assert!(
+        packs.iter().any(|&s| s >= 3),
+        "no pass shared by 3 shards: {packs:?}"
+    );
     Ok(())
 }

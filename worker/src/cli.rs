@@ -86,13 +86,14 @@ pub struct WorkerArgs {
     /// does not fit with it goes to a machine that can hold it.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(16..), help_heading = "Generation")]
     pub kv_budget_mb: u32,
-    /// Generation shards: how many shards of one model may share the running
-    /// batch at once. While the batch has free sequences and nothing queued,
-    /// the worker pulls another shard of that model (beyond --slots) and its
-    /// records join, so the batch stays full as a shard's last records end.
-    /// Each shard is still written and acked on its own. 1 runs each shard
-    /// alone.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64), help_heading = "Generation")]
+    /// How many shards the worker may hold at once to keep the device's
+    /// passes full. While a pass has room and nothing else waits, it pulls
+    /// another shard of the running model (beyond --slots). Generation: its
+    /// records join the running batch, so the batch stays full as a shard's
+    /// last records end. Embeddings: small shards waiting for the device
+    /// share passes of up to --max-batch texts. Each shard is still written
+    /// and acked on its own. 1 runs each shard alone.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub max_shards: u16,
     /// Generation shards: seconds between checkpoints of finished records.
     /// A shard redelivered after a crash resumes from its last checkpoint;

@@ -30,6 +30,8 @@ pub(crate) struct Ctx {
     pub(crate) compute: Arc<Semaphore>,
     /// The generation run that shards of one model share.
     pub(crate) runs: crate::shared_run::SharedRuns,
+    /// Embedding shards waiting for the device, packed into shared passes.
+    pub(crate) packs: crate::pack::Packer,
     /// Who this worker is.
     pub(crate) identity: Identity,
     /// How it runs shards.

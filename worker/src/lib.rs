@@ -62,6 +62,7 @@ mod lock;
 pub mod model;
 pub mod owner;
 pub mod pace;
+mod pack;
 pub mod process_env;
 mod provenance;
 mod quarantine;

@@ -138,9 +138,17 @@ pub async fn run(
 
 /// [`run`], less the record of a start that failed before the canary.
 async fn serve(
-    config: WorkerConfig,
+    mut config: WorkerConfig,
     shutdown: CancellationToken,
 ) -> Result<RunSummary, WorkerError> {
+    let duty_cycle = config.policy.as_ref().map_or(1.0, |p| p.max_duty_cycle);
+    if duty_cycle < 1.0 {
+        // Quiet mode rests each slot after its shard in proportion to the
+        // shard's compute; a shard pulled beside it would run in that
+        // rest. It holds one shard per slot.
+        let most = &mut config.generation.max_shards;
+        *most = (*most).min(config.slots.max(1));
+    }
     let host = host::host_name();
     let name = config.name.clone().unwrap_or_else(|| host.clone());
     let worker = new_worker_id(&name);
@@ -196,6 +204,8 @@ async fn serve(
             "PACE SWITCH ON: this worker waits on purpose after each shard of one model, for tests only");
     }
     let beats = Arc::new(Beats::default());
+    let compute = Arc::new(Semaphore::new(1));
+    let runs = crate::shared_run::SharedRuns::new();
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         js,
@@ -204,8 +214,13 @@ async fn serve(
             .with_engine_path(config.engine_path)
             .with_budget_mb(mem_budget_mb)
             .with_kv_mb((config.generation.kv_budget_bytes >> 20) as u64),
-        compute: Arc::new(Semaphore::new(1)),
-        runs: crate::shared_run::SharedRuns::new(),
+        packs: crate::pack::Packer::new(
+            compute.clone(),
+            runs.clone(),
+            config.generation.max_shards,
+        ),
+        compute,
+        runs,
         sched: crate::schedule::Scheduler::new(lend_mb, device_name.clone()),
         identity: Identity::new(worker.clone(), name, host, device_name, chip, made_by),
         settings: Settings {
@@ -217,7 +232,7 @@ async fn serve(
             max_deliver,
             cancel_check: config.cancel_check,
             mem_budget_mb: mem_budget_mb.unwrap_or(0),
-            duty_cycle: config.policy.as_ref().map_or(1.0, |p| p.max_duty_cycle),
+            duty_cycle,
             perturb,
             pace,
         },

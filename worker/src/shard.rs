@@ -144,9 +144,8 @@ pub(crate) async fn handle(
         // checkpoint what it finished before it lets go.
         run(ctx, &task, attempt, &hand_back, &cancel, claim).await
     } else {
-        drop(claim);
         tokio::select! {
-            r = run(ctx, &task, attempt, &hand_back, &cancel, None) => r,
+            r = run(ctx, &task, attempt, &hand_back, &cancel, claim) => r,
             _ = hand_back.cancelled() => Err(ShardError::Stopping),
             _ = cancel.cancelled() => Err(ShardError::Cancelled),
         }
@@ -277,7 +276,7 @@ async fn run(
             )
         }
         _ => {
-            let (payload, compute_ms) = embed(ctx, task, model, input).await?;
+            let (payload, compute_ms) = embed(ctx, task, model, input, claim).await?;
             (payload, compute_ms, Work::default())
         }
     };
@@ -300,12 +299,15 @@ struct Work {
     audio_ms: u64,
 }
 
-/// Runs an embedding shard's texts on the device.
+/// Runs an embedding shard's texts on the device, packed with the other
+/// shards of the same model that wait for it ([`crate::pack`]). `claim`,
+/// for a join slot's pull, is let go once the shard is queued.
 async fn embed(
     ctx: &Ctx,
     task: &ShardTask,
     model: std::sync::Arc<dyn crate::model::Model>,
     input: ShardInput,
+    claim: Option<crate::shared_run::Claim>,
 ) -> Result<(minions_schemas::messages::OutputPayload, u64), ShardError> {
     let batching = Batching {
         max_texts: if task.max_batch > 0 {
@@ -315,29 +317,28 @@ async fn embed(
         },
         max_tokens: ctx.settings.batch_tokens,
     };
-    let permit = ctx
-        .runs
-        .waiting_for_device(ctx.compute.acquire())
-        .await
-        .map_err(|_| ShardError::Stopping)?;
-    let compute_started = Instant::now();
     let texts = input.texts;
+    // The test-only pace switch: the device stays held, as on a slower
+    // machine (a hand-back of every shard of the pack ends the wait).
     let paced = ctx
         .settings
         .pace
         .as_ref()
         .and_then(|p| p.for_shard(task.model_hash.as_str(), texts.len()));
-    let payload = tokio::task::spawn_blocking(move || model.run(&texts, batching))
-        .await
-        .map_err(|e| ShardError::Transient(format!("inference task failed: {e}")))??;
-    if let Some(at_least) = paced {
-        // The test-only pace switch: the slot stays held, as on a slower
-        // machine (the shard's caller ends this wait on a hand-back).
-        tokio::time::sleep(at_least.saturating_sub(compute_started.elapsed())).await;
+    let waiting = ctx.packs.queue(crate::pack::Request {
+        model_hash: task.model_hash.clone(),
+        model,
+        batching,
+        texts,
+        paced,
+    });
+    if claim.is_some() {
+        // Queued: the next extra pull may start, while the pack has room.
+        drop(claim);
+        ctx.packs.reconsider();
     }
-    let compute_ms = compute_started.elapsed().as_millis() as u64;
-    drop(permit);
-    Ok((payload, compute_ms))
+    let packed = waiting.result().await?;
+    Ok((packed.payload, packed.compute_ms))
 }
 
 /// Writes a computed output create-only ("already exists": an earlier

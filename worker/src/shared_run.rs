@@ -44,7 +44,8 @@ pub(crate) enum Arrived {
 }
 
 /// The worker's generation runs: at most one at a time (it holds the
-/// device), and what decides who may join it.
+/// device), and what decides who may join it. Clones share them.
+#[derive(Clone)]
 pub(crate) struct SharedRuns {
     inner: Arc<Inner>,
 }
@@ -122,6 +123,25 @@ impl SharedRuns {
     /// The running model while its run could take another shard's records.
     pub(crate) fn room(&self) -> watch::Receiver<Option<ModelHash>> {
         self.inner.room.subscribe()
+    }
+
+    /// Names `model` as having room for another shard, so that the join
+    /// slots pull its jobs, while no other work waits for the device and
+    /// no extra pull is under way; `None` closes the room. For work that
+    /// shares the device other than a generation run (embedding packs).
+    pub(crate) fn offer_room(&self, model: Option<ModelHash>) {
+        let open = model.filter(|_| {
+            self.inner.waiting.load(Ordering::SeqCst) == 0
+                && self.inner.claims.load(Ordering::SeqCst) == 0
+        });
+        self.inner.room.send_if_modified(|r| {
+            if *r == open {
+                false
+            } else {
+                *r = open;
+                true
+            }
+        });
     }
 
     /// Claims the room for one extra pull: no other extra pull starts until

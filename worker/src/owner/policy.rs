@@ -52,8 +52,9 @@ pub struct Policy {
     /// How often the signals are read, ms. The yield happens within one period.
     pub sample_every_ms: u64,
     /// Quiet mode: the largest share of time the device may work, in (0, 1];
-    /// after each shard the worker rests in proportion. Lower: cooler and
-    /// quieter, and slower.
+    /// after each shard the worker rests in proportion, and below 1 it
+    /// holds one shard per slot (no `--max-shards` beyond `--slots`).
+    /// Lower: cooler and quieter, and slower.
     pub max_duty_cycle: f64,
     /// Local hours `[from, to)` in which lending is allowed; `from > to`
     /// wraps past midnight (`[19, 8]`: evenings and nights). `[0, 24]`: always.
