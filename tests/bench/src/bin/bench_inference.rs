@@ -275,6 +275,11 @@ Usage: bench_inference [--python PATH] [--onnx-python PATH] [--write] [FLAGS]
                      precision's job follows its in-process run)
   --precision P      with --ours-only: f32 or int8 alone
   --shard N          our code embeds N texts per call, as a worker per shard (all in one)
+  --packing N        the texts as jobs in shards of N through two local fleets of one worker,
+                     one running a shard at a time (--max-shards 1) and one packing small
+                     shards into shared passes (the default), --rounds R each, turn about;
+                     prints a Markdown row per precision (with --precision, that one alone):
+                     texts/s of each, the ratio, shards per pass
   --write            put the Markdown into BENCHMARKS.md between its markers
 ";
 
@@ -320,15 +325,30 @@ fn per_path(texts: u64) -> Result<Vec<(CpuPath, f64, f64)>> {
 /// pushed; its jobs are timed from `minions submit` to `done`.
 struct LocalFleet {
     fleet: minions_tests::Fleet,
+    /// Texts per shard of its jobs.
+    shard: u64,
     /// The first 64 texts: a job of them loads the model, as the
     /// in-process run's warm-up does.
     warm: std::path::PathBuf,
     warm_count: usize,
     jobs: usize,
+    /// The precisions whose warm-up job has run.
+    warmed: Vec<Precision>,
 }
 
 impl LocalFleet {
     fn start(model_dir: &Path, texts: &Path) -> Result<Self> {
+        Self::start_with(model_dir, texts, 256, &[])
+    }
+
+    /// [`LocalFleet::start`] with jobs in shards of `shard` texts and the
+    /// worker started with `worker_args`; its packs of shards are logged.
+    fn start_with(
+        model_dir: &Path,
+        texts: &Path,
+        shard: u64,
+        worker_args: &[&str],
+    ) -> Result<Self> {
         let mut fleet = minions_tests::Fleet::local()?;
         fleet.cli(&[
             "model",
@@ -337,7 +357,11 @@ impl LocalFleet {
             "--name",
             "minilm",
         ])?;
-        fleet.add_worker(&[])?;
+        fleet.worker_env.push((
+            "RUST_LOG".to_owned(),
+            "info,minions_worker::pack=debug".to_owned(),
+        ));
+        fleet.add_worker(worker_args)?;
         wait_workers(&fleet, 1)?;
         let warm = fleet.dir.path().join("warm.jsonl");
         let head: String = std::fs::read_to_string(texts)?
@@ -349,18 +373,22 @@ impl LocalFleet {
         std::fs::write(&warm, head)?;
         Ok(Self {
             fleet,
+            shard,
             warm,
             warm_count,
             jobs: 0,
+            warmed: Vec::new(),
         })
     }
 
-    /// The texts as one job in `precision` (shards of 256, the default),
-    /// after a warm-up job the first time: texts/s.
+    /// The texts as one job in `precision` (in the fleet's shards: 256,
+    /// the default, unless started otherwise), after a warm-up job the
+    /// first time in that precision: texts/s.
     fn run(&mut self, texts: &Path, n: usize, precision: Precision) -> Result<f64> {
         let p = precision.as_str();
         self.jobs += 1;
-        if self.jobs <= 2 {
+        if !self.warmed.contains(&precision) {
+            self.warmed.push(precision);
             job(
                 &self.fleet,
                 &self.warm,
@@ -372,10 +400,26 @@ impl LocalFleet {
         }
         let name = format!("fleet-{p}-{}", self.jobs);
         let submitted = minions_schemas::time::now_ms();
-        let rate = job(&self.fleet, texts, n, &name, 256, p)?;
-        out!("Minions fleet, one worker ({p}): {rate:.1} texts/s");
+        let rate = job(&self.fleet, texts, n, &name, self.shard, p)?;
+        out!(
+            "Minions fleet, one worker ({p}, shards of {}): {rate:.1} texts/s",
+            self.shard
+        );
         self.breakdown(&name, n as f64 / rate, submitted)?;
         Ok(rate)
+    }
+
+    /// Passes that shards shared so far, and the shards in them, from the
+    /// worker's log.
+    fn packs(&self) -> (u64, u64) {
+        let log = std::fs::read_to_string(&self.fleet.workers[0].log).unwrap_or_default();
+        log.lines()
+            .filter(|l| l.contains("embedding pack ran"))
+            .filter_map(|l| {
+                let at = l.find("shards=")? + "shards=".len();
+                l[at..].split(' ').next()?.parse::<u64>().ok()
+            })
+            .fold((0, 0), |(p, s), n| (p + 1, s + n))
     }
 
     /// Where a job of `secs` submitted at `submitted` (ms) spent its time,
@@ -411,6 +455,53 @@ impl LocalFleet {
         );
         Ok(())
     }
+}
+
+/// `--packing N`: the texts as jobs in shards of N on two local fleets of
+/// one worker each, one holding a shard at a time (`--max-shards 1`) and
+/// one packing small shards into shared passes (the default), taking turns
+/// going first, round by round.
+fn packing(model_dir: &Path, texts_path: &Path, n: usize, shard: u64) -> Result<()> {
+    let rounds = num("--rounds", 3)?;
+    let only = arg("--precision");
+    let mut fleets = [
+        LocalFleet::start_with(model_dir, texts_path, shard, &["--max-shards", "1"])?,
+        LocalFleet::start_with(model_dir, texts_path, shard, &[])?,
+    ];
+    for p in [Precision::F32, Precision::Int8] {
+        if only.as_deref().is_some_and(|o| o != p.as_str()) {
+            continue;
+        }
+        let mut rates: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+        let before = fleets[1].packs();
+        for round in 0..rounds {
+            for k in [round as usize % 2, 1 - round as usize % 2] {
+                rates[k].push(fleets[k].run(texts_path, n, p)?);
+            }
+        }
+        let (passes, shards) = fleets[1].packs();
+        let (passes, shards) = (passes - before.0, shards - before.1);
+        let all = rounds * n.div_ceil(shard as usize) as u64;
+        let mean = |r: &[f64]| r.iter().sum::<f64>() / r.len().max(1) as f64;
+        let each = |r: &[f64]| {
+            r.iter()
+                .map(|x| format!("{x:.1}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        out!(
+            "| {} | {shard} | {:.1} ({}) | {:.1} ({}) | **{:.3}** | {:.2} |",
+            p.as_str(),
+            mean(&rates[0]),
+            each(&rates[0]),
+            mean(&rates[1]),
+            each(&rates[1]),
+            mean(&rates[1]) / mean(&rates[0]),
+            // Shards per pass: shared passes, and the shards that ran alone.
+            all as f64 / (passes + all.saturating_sub(shards)).max(1) as f64,
+        );
+    }
+    Ok(())
 }
 
 /// Several runs of one engine in one precision: their throughputs and the
@@ -480,6 +571,12 @@ fn main() -> Result<()> {
     };
     if flag("--ours-only") {
         return ours_only(&model_dir, &device, &texts_path, &texts, ours_batch);
+    }
+    if let Some(shard) = arg("--packing") {
+        let shard: u64 = shard
+            .parse()
+            .map_err(|_| format!("--packing {shard}: expected texts per shard"))?;
+        return packing(&model_dir, &texts_path, texts.len(), shard.max(1));
     }
     let on = match &device {
         Device::Cpu => format!("CPU, {} kernels", CpuPath::get().name()),
