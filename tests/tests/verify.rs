@@ -320,10 +320,19 @@ async fn one_machine(fleet: &mut Fleet) -> Result<()> {
     })?;
     let said = fleet.cli(&["status", "alone"])?;
     assert!(said.contains("no second machine"), "{said}\n{waiting}");
+    // The job page follows the events the watchdog has folded, which may
+    // trail `status` by a moment (its last `done` still on the way).
     let base = fleet.dashboards.first().ok_or("no dashboard")?;
-    let (code, page) = minions_tests::web::get(&format!("{base}/api/jobs/alone"))?;
-    assert_eq!(code, 200, "{page}");
-    assert!(page.contains("checks_wait"), "{page}");
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (code, page) = minions_tests::web::get(&format!("{base}/api/jobs/alone"))?;
+        assert_eq!(code, 200, "{page}");
+        if page.contains("checks_wait") {
+            break;
+        }
+        assert!(Instant::now() < until, "{page}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let done = fleet.wait_job("alone", Duration::from_secs(60))?;
     assert_eq!(done["state"], "done", "{done}");
     assert_eq!(done["unverified"], 8, "{done}");
