@@ -294,6 +294,32 @@ impl Fleet {
         minions_submit(&self.cli_env(), model, input, shard_size, &["--job", job])
     }
 
+    /// Submits the prompts in `input` to the generation model `model` as
+    /// job `job`, in shards of `shard_size` with at most `max_tokens` new
+    /// tokens each; returns the job id that `submit` printed.
+    pub fn submit_prompts(
+        &self,
+        model: &str,
+        input: &Path,
+        shard_size: u64,
+        max_tokens: u64,
+        job: &str,
+    ) -> Result<String> {
+        self.cli(&[
+            "submit",
+            "--model",
+            model,
+            "--input",
+            &input.display().to_string(),
+            "--shard-size",
+            &shard_size.to_string(),
+            "--max-tokens",
+            &max_tokens.to_string(),
+            "--job",
+            job,
+        ])
+    }
+
     /// Runs the CLI against this fleet and returns the whole output.
     pub fn cli_raw(&self, args: &[&str]) -> Result<Output> {
         minions(args, &self.cli_env())

@@ -63,31 +63,6 @@ fn read_lines(path: &Path) -> Result<Vec<serde_json::Value>> {
         .collect()
 }
 
-/// Submits the prompts in `input` to the fleet's `smollm2` model as job
-/// `job`, in shards of `shard_size` with at most `max_tokens` new tokens
-/// each; returns the job's id.
-fn submit_prompts(
-    fleet: &Fleet,
-    input: &Path,
-    shard_size: usize,
-    max_tokens: u32,
-    job: &str,
-) -> Result<String> {
-    fleet.cli(&[
-        "submit",
-        "--model",
-        "smollm2",
-        "--input",
-        &input.display().to_string(),
-        "--shard-size",
-        &shard_size.to_string(),
-        "--max-tokens",
-        &max_tokens.to_string(),
-        "--job",
-        job,
-    ])
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_500_prompt_job_completes_in_input_order() -> Result<()> {
     let mut fleet = Fleet::local()?;
@@ -107,7 +82,7 @@ async fn big_job(fleet: &mut Fleet) -> Result<()> {
     fleet.add_worker(&["--slots", "1"])?;
     fleet.add_worker(&["--slots", "1"])?;
     let started = Instant::now();
-    let job = submit_prompts(fleet, &input, 50, 4, "gen500")?;
+    let job = fleet.submit_prompts("smollm2", &input, 50, 4, "gen500")?;
     let status = fleet.wait_job(&job, Duration::from_secs(1500))?;
     eprintln!(
         "{PROMPTS} prompts done in {:.0} s; status: {} tokens, {:.1} tokens/s",
@@ -175,7 +150,13 @@ async fn disrupted_shard(
     let mut args = vec!["--slots", "1", "--checkpoint-secs", "1", "--max-seqs", "8"];
     args.extend_from_slice(first_worker);
     fleet.add_worker(&args)?;
-    let job = submit_prompts(fleet, &input, shard.records, shard.max_tokens, job)?;
+    let job = fleet.submit_prompts(
+        "smollm2",
+        &input,
+        shard.records as u64,
+        u64::from(shard.max_tokens),
+        job,
+    )?;
     let log1 = fleet.workers[0].log.clone();
     let until = Instant::now() + Duration::from_secs(600);
     while log_value(&log1, "checkpoint written", "records").unwrap_or(0) < shard.checkpointed {
@@ -393,7 +374,7 @@ async fn sharing(fleet: &mut Fleet) -> Result<()> {
     let mut first = flags.to_vec();
     first.extend(["--policy", policy.as_str()]);
     fleet.add_worker(&first)?;
-    let job = submit_prompts(fleet, &input, 4, shard.max_tokens, "shared")?;
+    let job = fleet.submit_prompts("smollm2", &input, 4, u64::from(shard.max_tokens), "shared")?;
 
     // The owner returns while the first worker holds several shards.
     let log1 = fleet.workers[0].log.clone();

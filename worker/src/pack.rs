@@ -287,23 +287,29 @@ fn take_pack(queue: &mut VecDeque<Entry>, most: usize) -> Vec<Entry> {
 /// that fails runs again shard by shard.
 async fn run_pack(mut pack: Vec<Entry>) {
     let started = Instant::now();
-    let texts: Vec<Vec<String>> = pack
-        .iter_mut()
-        .map(|e| std::mem::take(&mut e.texts))
-        .collect();
+    let counts: Vec<usize> = pack.iter().map(|e| e.texts.len()).collect();
     let model = pack[0].model.clone();
     let batching = pack[0].batching;
     let shards = pack.len();
-    let results = match compute(&model, batching, texts.concat()).await {
-        Ok(payload) => split(payload, &texts),
-        Err(e) if shards == 1 => vec![Err(e)],
-        Err(e) => {
-            tracing::warn!(shards, error = %e, "embedding pack failed; running its shards one by one");
-            let mut each = Vec::with_capacity(shards);
-            for t in texts.iter() {
-                each.push(compute(&model, batching, t.clone()).await);
+    let results = if shards == 1 {
+        // A shard alone: its texts go as they are, uncopied.
+        let texts = std::mem::take(&mut pack[0].texts);
+        vec![compute(&model, batching, texts).await]
+    } else {
+        let texts: Vec<Vec<String>> = pack
+            .iter_mut()
+            .map(|e| std::mem::take(&mut e.texts))
+            .collect();
+        match compute(&model, batching, texts.concat()).await {
+            Ok(payload) => split(payload, &counts),
+            Err(e) => {
+                tracing::warn!(shards, error = %e, "embedding pack failed; running its shards one by one");
+                let mut each = Vec::with_capacity(shards);
+                for t in texts {
+                    each.push(compute(&model, batching, t).await);
+                }
+                each
             }
-            each
         }
     };
     // The test-only pace holds the device as a slower machine would, until
@@ -318,14 +324,14 @@ async fn run_pack(mut pack: Vec<Entry>) {
         }
     }
     let elapsed_ms = started.elapsed().as_millis() as u64;
-    let total: usize = texts.iter().map(Vec::len).sum::<usize>().max(1);
+    let total: usize = counts.iter().sum::<usize>().max(1);
     if shards > 1 {
         tracing::debug!(shards, texts = total, ms = elapsed_ms, "embedding pack ran");
     }
-    for ((e, t), r) in pack.into_iter().zip(&texts).zip(results) {
+    for ((e, n), r) in pack.into_iter().zip(&counts).zip(results) {
         let r = r.map(|payload| Packed {
             payload,
-            compute_ms: elapsed_ms * t.len() as u64 / total as u64,
+            compute_ms: elapsed_ms * *n as u64 / total as u64,
         });
         let _ = e.tx.send(r);
     }
@@ -343,12 +349,12 @@ async fn compute(
         .map_err(ShardError::from)
 }
 
-/// Cuts a pack's rows into each shard's own, in order.
-fn split(payload: OutputPayload, texts: &[Vec<String>]) -> Vec<Result<OutputPayload, ShardError>> {
-    let rows: usize = texts.iter().map(Vec::len).sum();
+/// Cuts a pack's rows into each shard's own (`counts` rows each), in order.
+fn split(payload: OutputPayload, counts: &[usize]) -> Vec<Result<OutputPayload, ShardError>> {
+    let rows: usize = counts.iter().sum();
     let OutputPayload::Embeddings { dim, data } = payload else {
         let e = ShardError::Permanent("an embedding model returned no embeddings".into());
-        return texts.iter().map(|_| Err(e.clone())).collect();
+        return counts.iter().map(|_| Err(e.clone())).collect();
     };
     let row_bytes = dim as usize * 4;
     if data.len() != rows * row_bytes {
@@ -356,13 +362,13 @@ fn split(payload: OutputPayload, texts: &[Vec<String>]) -> Vec<Result<OutputPayl
             "an embedding pack returned {} bytes for {rows} rows of {dim}",
             data.len()
         ));
-        return texts.iter().map(|_| Err(e.clone())).collect();
+        return counts.iter().map(|_| Err(e.clone())).collect();
     }
     let mut at = 0;
-    texts
+    counts
         .iter()
-        .map(|t| {
-            let end = at + t.len() * row_bytes;
+        .map(|n| {
+            let end = at + n * row_bytes;
             let part = data[at..end].to_vec();
             at = end;
             Ok(OutputPayload::Embeddings { dim, data: part })
@@ -444,9 +450,8 @@ mod tests {
 
     #[test]
     fn a_pack_is_cut_back_into_each_shards_rows_in_order() {
-        let t = vec![texts(2, "a"), texts(1, "b"), texts(3, "c")];
         let data: Vec<u8> = (0..6u8).flat_map(|r| [r; 8]).collect();
-        let parts = split(OutputPayload::Embeddings { dim: 2, data }, &t);
+        let parts = split(OutputPayload::Embeddings { dim: 2, data }, &[2, 1, 3]);
         let rows: Vec<Vec<u8>> = parts
             .into_iter()
             .map(|p| match p {
@@ -461,13 +466,12 @@ mod tests {
 
     #[test]
     fn a_pack_with_the_wrong_number_of_rows_fails_every_shard() {
-        let t = vec![texts(2, "a"), texts(1, "b")];
         let parts = split(
             OutputPayload::Embeddings {
                 dim: 2,
                 data: vec![0; 16],
             },
-            &t,
+            &[2, 1],
         );
         assert!(parts.iter().all(Result::is_err));
     }

@@ -242,26 +242,14 @@ fn minions(model: &Path, workers: u64, qs: &[String], max: u64) -> Result<(Run, 
         "warm",
     ])?;
     fleet.wait_job(&w, Duration::from_secs(300))?;
-    let shard = (qs.len() as u64).div_ceil(workers * 4).max(1).to_string();
+    let shard = (qs.len() as u64).div_ceil(workers * 4).max(1);
     let before: Vec<usize> = fleet
         .workers
         .iter()
         .map(|w| runs_logged(&w.log, 0).len())
         .collect();
     let started = Instant::now();
-    let job = fleet.cli(&[
-        "submit",
-        "--model",
-        "smollm2",
-        "--input",
-        &input.display().to_string(),
-        "--shard-size",
-        &shard,
-        "--max-tokens",
-        &max.to_string(),
-        "--job",
-        "bench",
-    ])?;
+    let job = fleet.submit_prompts("smollm2", &input, shard, max, "bench")?;
     let status = fleet.wait_job(&job, Duration::from_secs(3600))?;
     let secs = started.elapsed().as_secs_f64();
     if status["state"] != "done" {
