@@ -23,17 +23,20 @@ source deploy/tools.sh --test
 step tools
 cargo fmt --all --check
 step fmt
-# Lints run on the CUDA build (`--features cuda`) so that it never rots:
-# every crate compiles with candle's CUDA backend, and candle's CUDA kernels
+# The CUDA build (`--features cuda`) never rots: the lints run on it, so
+# every crate compiles with candle's CUDA backend and candle's CUDA kernels
 # compile with nvcc from PyPI's CUDA 13.0 wheels (tests/gpu/cuda_tools.sh),
-# unoptimised (-O0: a check's kernels are never run; it takes half the
-# time). The code a build without the feature compiles is the same code
-# (the feature only changes `cfg!` values). Linking needs CUDA's libraries
-# too: tests/gpu/build.sh builds the binaries, about 30 minutes on 2 cores.
-# Where nvcc has no wheel (macOS, Windows), the lints run without CUDA.
+# unoptimised (-O0: these kernels are never run here; it takes half the
+# time); then the worker is built and linked with it, against stubs of the
+# CUDA libraries it names (no CUDA library is installed), and loaded with
+# every symbol bound to show that the executable is whole. The code a build
+# without the feature compiles is the same code (the feature only changes
+# `cfg!` values). The build without CUDA runs after it, so the binaries the
+# tests run are the plain ones. Where nvcc has no wheel (macOS, Windows),
+# the lints run without CUDA and nothing is linked for it.
 clippy_features=()
 if [[ "$(uname -s)" == Linux && "$(uname -m)" =~ ^(x86_64|aarch64)$ ]]; then
-  source tests/gpu/cuda_tools.sh --compiler-only
+  source tests/gpu/cuda_tools.sh
   export NVCC_APPEND_FLAGS="-Xcicc -O0 -Xptxas -O0"
   # candle's kernel build runs nvcc on half the cores unless told.
   export CUDAFORGE_THREADS="$(nproc)"
@@ -42,6 +45,14 @@ if [[ "$(uname -s)" == Linux && "$(uname -m)" =~ ^(x86_64|aarch64)$ ]]; then
 fi
 cargo clippy --workspace --all-targets ${clippy_features[@]+"${clippy_features[@]}"} -- -D warnings
 step "clippy (with --features cuda on Linux)"
+if [[ ${#clippy_features[@]} -gt 0 ]]; then
+  # The same packages as the build below, so that only the crates the
+  # feature changes are built twice.
+  cargo build --workspace --exclude minions-bench --features minions-worker/cuda \
+    --bin minions-worker
+  bash tests/gpu/loads.sh "${CARGO_TARGET_DIR:-target}/debug/minions-worker"
+  step "cuda build (the worker, linked)"
+fi
 unset NVCC_APPEND_FLAGS CUDAFORGE_THREADS
 # Integration tests drive the real binaries: build them first (cargo test
 # builds only the binaries of packages that have integration tests), in

@@ -7,7 +7,8 @@
 #   bash tests/gpu/build.sh            # CUDA_COMPUTE_CAP=80 (A100; H100/H200 by PTX)
 #   CUDA_COMPUTE_CAP=90 bash tests/gpu/build.sh
 #
-# CUDA 13.0's compiler and libraries come from PyPI (tests/gpu/cuda_tools.sh).
+# CUDA 13.0's compiler and headers come from PyPI, and the CUDA libraries
+# are linked as stubs (tests/gpu/cuda_tools.sh); the GPU machine brings them.
 # On 2 cores from a clean target: about 32 minutes, of which candle's CUDA
 # kernels (nvcc, one compute capability) take 8 to 16.
 set -euo pipefail

@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
-# Sourced by tests/gpu/build.sh: installs what building the worker with
-# `--features cuda` needs on a machine with no GPU and no CUDA toolkit, into
-# .tools/cuda (idempotent), and exports CUDA_HOME, PATH and CUDA_COMPUTE_CAP.
-# Sourced with `--compiler-only` (the test command's lints of the CUDA
-# build, tests/run.sh), it installs the compiler and headers alone (about
-# 200 MB unpacked): enough to compile, not to link.
+# Sourced by tests/gpu/build.sh and the test command (tests/run.sh):
+# installs what building the worker with `--features cuda` needs on a
+# machine with no GPU and no CUDA toolkit, into .tools/cuda (idempotent,
+# about 200 MB unpacked), and exports CUDA_HOME, PATH and CUDA_COMPUTE_CAP.
 #
-# Everything comes from NVIDIA's PyPI wheels of CUDA 13.0 (files only, no pip
-# install): the compiler (nvidia-cuda-nvcc, -crt, nvidia-nvvm), headers
-# (nvidia-cuda-runtime, nvidia-cuda-cccl) and, for the link only, the
-# libraries candle links by name (cuBLAS, cuBLASLt, cuRAND, NVRTC, the CUDA
-# runtime). CUDA 12's wheels ship ptxas but no nvcc, so 13.0 it is: the
-# oldest 13.x, for the widest driver support (a 580 driver or newer).
+# The compiler and headers come from NVIDIA's PyPI wheels of CUDA 13.0 (files
+# only, no pip install): nvidia-cuda-nvcc, -crt, nvidia-nvvm, and
+# nvidia-cuda-runtime (headers and libcudart, which candle's kernels link),
+# nvidia-cuda-cccl. CUDA 12's wheels ship ptxas but no nvcc, so 13.0 it is:
+# the oldest 13.x, for the widest driver support (a 580 driver or newer).
 #
-# The driver library, libcuda.so.1, comes with the GPU's driver and has no
-# wheel: the link is made against a stub of the same name that exports the
-# driver functions cudarc declares (as the toolkit's own lib64/stubs does).
-# At run time the real libraries are loaded by name: the driver's libcuda,
-# and libcublas.so.13 and the others from a CUDA 13 toolkit or the same
-# wheels (PyTorch built for CUDA 13 brings them; tests/gpu/run.sh finds them).
+# No other CUDA library is needed to link. candle turns on cudarc's
+# `dynamic-linking`, so the binary names libcuda.so.1, libcublas.so.13,
+# libcublasLt.so.13, libcurand.so.10 and libnvrtc.so.13; the link is made
+# against stubs of those names that export every function cudarc's bindings
+# declare for them (as the toolkit's own lib64/stubs does for the driver).
+# The stubs are never loaded: at run time the real libraries are found by
+# name, the driver's libcuda and the others from a CUDA 13 toolkit or
+# NVIDIA's cu13 wheels (PyTorch built for CUDA 13 brings them;
+# tests/gpu/run.sh finds them).
 #
 # CUDA_COMPUTE_CAP (default 80): the GPU generation candle's statically
 # built kernels (quantized products) are compiled for, as SASS plus PTX, so
@@ -29,9 +29,6 @@ _cuda_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/.tools/cuda"
 _cuda_compiler=(
   "nvidia-cuda-nvcc==13.0.88" "nvidia-cuda-crt==13.0.88" "nvidia-nvvm==13.0.88"
   "nvidia-cuda-runtime==13.0.96" "nvidia-cuda-cccl==13.0.85"
-)
-_cuda_libraries=(
-  "nvidia-cublas==13.0.2.14" "nvidia-curand==10.4.0.35" "nvidia-cuda-nvrtc==13.0.88"
 )
 _cuda_home="$_cuda_root/x/nvidia/cu13"
 # Unpacks PyPI wheels (files only, no pip install) into .tools/cuda/x.
@@ -51,28 +48,35 @@ if [[ ! -f "$_cuda_root/.compiler" && ! -f "$_cuda_root/.done" ]]; then
   chmod +x "$_cuda_home"/bin/* "$_cuda_home"/nvvm/bin/*
   touch "$_cuda_root/.compiler"
 fi
-if [[ "${1:-}" != "--compiler-only" && ! -f "$_cuda_root/.done" ]]; then
-  echo "cuda: fetching the CUDA 13.0 libraries candle links (PyPI, about 600 MB)" >&2
-  _cuda_fetch "${_cuda_libraries[@]}"
-  # The linker looks for the unversioned names.
-  for so in "$_cuda_home"/lib/lib*.so.*; do
-    base="${so%%.so.*}.so"
-    [[ -e "$base" ]] || ln -s "$(basename "$so")" "$base"
-  done
-  # The driver stub: every cu* function cudarc's driver bindings declare.
+# The link stubs: one shared library per name the binary links, exporting
+# every function cudarc's bindings (the version in Cargo.lock) declare for it.
+if [[ ! -f "$_cuda_root/.stubs" ]]; then
   cudarc="$(awk '/^name = "cudarc"$/ { getline; gsub(/"/, "", $3); print $3 }' \
     "$_cuda_root/../../Cargo.lock")"
   (cd "$_cuda_root/../.." && cargo fetch --quiet)
-  bindings="$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/"cudarc-$cudarc" | head -n 1)"
-  bindings="$bindings/src/driver/sys/mod.rs"
-  grep -oE 'pub unsafe fn cu[A-Za-z0-9_]+' "$bindings" | sed 's/pub unsafe fn //' | sort -u \
-    | sed 's/.*/void &(void) {}/' > "$_cuda_root/cuda_stub.c"
-  mkdir -p "$_cuda_home/lib/stubs"
-  cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$_cuda_home/lib/stubs/libcuda.so" \
-    "$_cuda_root/cuda_stub.c"
-  touch "$_cuda_root/.done"
+  bindings="$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/"cudarc-$cudarc" | head -n 1)/src"
+  # In lib itself: cudarc's build script looks there (and in lib/stubs only
+  # where that existed when it first ran). Only the linker reads these
+  # unversioned names; the loader asks for the sonames, which are not here.
+  # name, soname, cudarc's bindings
+  while read -r name soname module; do
+    grep -ohE 'pub unsafe fn [A-Za-z0-9_]+' "$bindings/$module/sys/mod.rs" \
+      | sed 's/pub unsafe fn //' | sort -u | sed 's/.*/void &(void) {}/' \
+      > "$_cuda_root/$name.c"
+    cc -shared -fPIC -Wl,-soname,"$soname" -o "$_cuda_home/lib/lib$name.so" \
+      "$_cuda_root/$name.c"
+    rm "$_cuda_root/$name.c"
+  done <<'STUBS'
+cuda libcuda.so.1 driver
+cublas libcublas.so.13 cublas
+cublasLt libcublasLt.so.13 cublaslt
+curand libcurand.so.10 curand
+nvrtc libnvrtc.so.13 nvrtc
+STUBS
+  # candle's kernels link the runtime by its unversioned name.
+  ln -sf libcudart.so.13 "$_cuda_home/lib/libcudart.so"
+  touch "$_cuda_root/.stubs"
 fi
 export CUDA_HOME="$_cuda_home"
 export PATH="$_cuda_home/bin:$PATH"
 export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-80}"
-# cudarc's build looks for the libraries in $CUDA_HOME/lib and lib/stubs.
