@@ -311,10 +311,15 @@ fn every_family() -> Vec<ModelFamily> {
 }
 
 fn every_precision() -> Vec<Precision> {
-    let all = vec![Precision::F32, Precision::Int8, Precision::F16];
+    let all = vec![
+        Precision::F32,
+        Precision::Int8,
+        Precision::F16,
+        Precision::Bf16,
+    ];
     for p in &all {
         match p {
-            Precision::F32 | Precision::Int8 | Precision::F16 => {}
+            Precision::F32 | Precision::Int8 | Precision::F16 | Precision::Bf16 => {}
         }
     }
     all

@@ -7,7 +7,8 @@
 #
 # It starts a nats-server, a watchdog and one worker on the device, and prints:
 #   - the canary's verdict on the device (`minions-worker doctor`);
-#   - embeddings of a 20,000-text corpus as fleet jobs in f32 and f16: texts/s
+#   - embeddings of a 20,000-text corpus as fleet jobs in f32 and f16 (and bf16
+#     on a GPU, against sentence-transformers' fp32): texts/s
 #     (submit to done, model loaded), max abs diff and cosine against the
 #     committed sentence-transformers vectors and against sentence-transformers
 #     on the same device, and sentence-transformers' own texts/s at its best
@@ -180,7 +181,10 @@ if [[ ",$PARTS," == *,embed,* ]]; then
       say "sentence-transformers: not installed here; agreement with the committed vectors only"
     fi
     start_worker gpu-embed
-    for precision in f32 f16; do
+    # bf16 on a GPU only: a CPU worker runs it as f32, as it does f16.
+    precisions="f32 f16"
+    [[ "$DEVICE" != cpu ]] && precisions+=" bf16"
+    for precision in $precisions; do
       head -n 64 "$OUT/texts.jsonl" > "$OUT/warm.jsonl"
       run_job "warm-$precision" --model minilm --input "$OUT/warm.jsonl" --precision "$precision" || continue
       run_job "embed-$precision" --model minilm --input "$OUT/texts.jsonl" \

@@ -5,8 +5,8 @@
 //! - Embeddings of texts of mixed lengths in one padded batch (padding must
 //!   not leak): f32 equal to the fast path's to a cosine of 0.9999 per row;
 //!   int8 (candle's Q8_0, as GPUs run it) within 0.998 of f32 per row;
-//!   f16 within 0.9995 of f32 on average (and equal to f32 on the fast
-//!   path, which runs f16 as f32).
+//!   f16 and bf16 within 0.9995 of f32 on average, bf16 within 0.999 per row
+//!   (both equal to f32 on the fast path, which runs them as f32).
 //! - SmolLM2 under teacher forcing: the next-token argmax agrees with the
 //!   fast path's at 95% of positions or more, and only at near ties where
 //!   it does not: the distance between llama.cpp's own two attention paths
@@ -89,19 +89,24 @@ fn embeddings_on_the_device_path_match_the_fast_path() -> Result<()> {
     let (device, device_alone, _) = embed(Precision::F32, EnginePath::Device)?;
     let (device_int8, device_int8_alone, _) = embed(Precision::Int8, EnginePath::Device)?;
     let (device_f16, device_f16_alone, _) = embed(Precision::F16, EnginePath::Device)?;
-    // The CPU's own kernels have no faster f16 product: f16 is f32 there.
-    let (fast_f16, _, _) = embed(Precision::F16, EnginePath::Fast)?;
-    assert!(fast_f16 == fast, "f16 on the fast path is not f32");
+    let (device_bf16, device_bf16_alone, _) = embed(Precision::Bf16, EnginePath::Device)?;
+    // The CPU's own kernels have no faster half product: f16 and bf16 are
+    // f32 there.
+    for p in [Precision::F16, Precision::Bf16] {
+        let (fast_half, _, _) = embed(p, EnginePath::Fast)?;
+        assert!(fast_half == fast, "{p} on the fast path is not f32");
+    }
 
     let f32_cos = row_cosines(&device, &fast, dim);
     let int8_cos = row_cosines(&device_int8, &fast, dim);
     let fast_int8_cos = row_cosines(&fast_int8, &fast, dim);
     let int8_apart = row_cosines(&device_int8, &fast_int8, dim);
     let f16_cos = row_cosines(&device_f16, &fast, dim);
+    let bf16_cos = row_cosines(&device_bf16, &fast, dim);
     eprintln!(
         "{} texts in one padded batch, cosine per row (least, mean): device f32 to fast f32 {f32_cos:?}; \
          device int8 to fast f32 {int8_cos:?}; fast int8 to fast f32 {fast_int8_cos:?}; device int8 to fast int8 {int8_apart:?}; \
-         device f16 to fast f32 {f16_cos:?}",
+         device f16 to fast f32 {f16_cos:?}; device bf16 to fast f32 {bf16_cos:?}",
         texts.len()
     );
     assert!(f32_cos.0 >= 0.9999, "f32: least cosine {}", f32_cos.0);
@@ -124,10 +129,23 @@ fn embeddings_on_the_device_path_match_the_fast_path() -> Result<()> {
         "f16: least cosine to f32 {}",
         f16_cos.0
     );
+    // bfloat16 keeps 8 bits of mantissa to f16's 11: the same mean, and
+    // its own stated tolerance per row.
+    assert!(
+        bf16_cos.1 >= 0.9995,
+        "bf16: mean cosine to f32 {}",
+        bf16_cos.1
+    );
+    assert!(
+        f64::from(bf16_cos.0) >= Precision::Bf16.min_cosine_across(),
+        "bf16: least cosine to f32 {}",
+        bf16_cos.0
+    );
     for (what, alone, batched) in [
         ("f32", &device_alone, &device),
         ("int8", &device_int8_alone, &device_int8),
         ("f16", &device_f16_alone, &device_f16),
+        ("bf16", &device_bf16_alone, &device_bf16),
     ] {
         let (least, _) = row_cosines(alone, &batched[..alone.len()], dim);
         // Padding that leaked would move a row far more; int8 quantises

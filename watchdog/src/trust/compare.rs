@@ -5,7 +5,7 @@
 //!   computes the same bits, but devices (Metal, CUDA, CPU) sum in different
 //!   orders, so equal bits cannot be asked of them; a cosine of at least
 //!   0.9999 (f32), 0.999 (int8, whose activations are quantised per
-//!   product) or 0.9995 (f16) can, and 0.98 for int8 between makers of different arithmetic
+//!   product; also bf16) or 0.9995 (f16) can, and 0.98 for int8 between makers of different arithmetic
 //!   ([`Provenance::same_arithmetic`]), which quantise differently. A faulty
 //!   machine is outside: a single component off by 0.25 in a unit vector
 //!   gives about 0.97.

@@ -19,9 +19,10 @@
 //!   with its bias, GELU and residual add in the product's epilogue and
 //!   the layer norm that follows it on the finished rows; elsewhere int8
 //!   is candle's quantized matmul (ggml's Q8_0);
-//! - in f16 off the CPU, candle's product over f16 weights with the
-//!   activations rounded to f16, its result back in f32 for the rest; the
-//!   CPU has no faster f16 product and runs f16 as f32;
+//! - in f16 or bf16 off the CPU, candle's product over half-precision
+//!   weights with the activations rounded to the same type, its result
+//!   back in f32 for the rest; our CPU kernels have no faster half product
+//!   and run both as f32;
 //! - on the CPU, attention is our kernel over the packed rows, text by
 //!   text ([`super::kernels::packed_attention`]), and layer norm is ours
 //!   ([`super::kernels::layer_norm`]); elsewhere attention runs in the
@@ -50,8 +51,9 @@ use minions_schemas::messages::Precision;
 enum Weight {
     /// f32, stored `(in, out)`; off the CPU.
     Dense(Tensor),
-    /// f16, stored `(in, out)`; off the CPU. Activations are rounded to f16
-    /// for the product, its result taken back to f32.
+    /// f16 or bf16, stored `(in, out)`; off the CPU. Activations are
+    /// rounded to the weight's type for the product, its result taken back
+    /// to f32.
     Half(Tensor),
     /// f32 for our CPU op (gemm's product onto the bias and residual),
     /// which also holds the bias.
@@ -84,10 +86,12 @@ impl Linear {
     /// kernels run it ([`crate::EnginePath::host_kernels`]).
     fn new(w: Tensor, b: Tensor, precision: Precision, host: bool) -> candle_core::Result<Self> {
         let w = match precision {
-            // f16 never arrives here on our kernels (EnginePath::runs_as).
+            // f16 and bf16 never arrive here on our kernels
+            // (EnginePath::runs_as).
             Precision::F32 if host => Weight::DenseCpu(DenseWeight::new(&w, &b)?),
             Precision::F32 => Weight::Dense(w.t()?.contiguous()?),
             Precision::F16 => Weight::Half(w.t()?.contiguous()?.to_dtype(DType::F16)?),
+            Precision::Bf16 => Weight::Half(w.t()?.contiguous()?.to_dtype(DType::BF16)?),
             Precision::Int8 if own_int8(host) => Weight::Int8Cpu(Int8Weight::new(&w, &b)?),
             Precision::Int8 => Weight::Int8(QMatMul::from_qtensor(QTensor::quantize(
                 &w,
@@ -130,7 +134,7 @@ impl Linear {
                 return dense_linear(d, x, act, residual, norm.map(|n| &n.params));
             }
             Weight::Dense(w) => x.matmul(w)?,
-            Weight::Half(w) => x.to_dtype(DType::F16)?.matmul(w)?.to_dtype(DType::F32)?,
+            Weight::Half(w) => x.to_dtype(w.dtype())?.matmul(w)?.to_dtype(DType::F32)?,
             Weight::Int8(q) => q.forward(x)?,
         };
         let y = match act {

@@ -61,13 +61,14 @@ impl EnginePath {
     }
 
     /// The precision a model asked to run in `precision` on `device` runs
-    /// in: our host kernels have no faster f16 product and run f16 as f32
+    /// in: our host kernels have no faster f16 or bf16 product and run both
+    /// as f32
     /// (bit for bit f32's vectors); everything else runs as asked. The one
     /// place this rule lives: the encoder's load and the worker's model
     /// cache (one warm copy for f32 and f16 jobs) both ask here.
     pub fn runs_as(self, device: &Device, precision: Precision) -> Precision {
         match precision {
-            Precision::F16 if self.host_kernels(device) => Precision::F32,
+            Precision::F16 | Precision::Bf16 if self.host_kernels(device) => Precision::F32,
             p => p,
         }
     }
@@ -112,16 +113,16 @@ mod tests {
     }
 
     #[test]
-    fn only_our_kernels_run_f16_as_f32() {
+    fn only_our_kernels_run_half_precisions_as_f32() {
         let cpu = Device::Cpu;
         assert_eq!(
             EnginePath::Fast.runs_as(&cpu, Precision::F16),
             Precision::F32
         );
-        assert_eq!(
-            EnginePath::Device.runs_as(&cpu, Precision::F16),
-            Precision::F16
-        );
+        for p in [Precision::F16, Precision::Bf16] {
+            assert_eq!(EnginePath::Fast.runs_as(&cpu, p), Precision::F32);
+            assert_eq!(EnginePath::Device.runs_as(&cpu, p), p);
+        }
         for p in [Precision::F32, Precision::Int8] {
             assert_eq!(EnginePath::Fast.runs_as(&cpu, p), p);
         }
