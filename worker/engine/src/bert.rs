@@ -5,9 +5,9 @@
 
 use std::path::Path;
 
+use crate::BertConfig;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::bert::Config;
 use minions_schemas::messages::{ModelFamily, OutputPayload};
 use tokenizers::{Tokenizer, TruncationParams};
 
@@ -61,7 +61,7 @@ impl BertEmbedder {
         precision: Precision,
         path: EnginePath,
     ) -> Result<Self, ModelError> {
-        let config: Config = serde_json::from_slice(&read(dir, "config.json")?)
+        let config: BertConfig = serde_json::from_slice(&read(dir, "config.json")?)
             .map_err(|e| invalid(format!("config.json: {e}")))?;
         let max_len = match read(dir, "sentence_bert_config.json") {
             Ok(bytes) => {

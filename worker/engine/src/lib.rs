@@ -19,6 +19,7 @@
 //! - [`canary`] — the known shard a worker runs before it pulls work.
 
 mod bert;
+mod bert_config;
 pub mod canary;
 mod device;
 mod encoder;
@@ -35,6 +36,7 @@ use std::sync::Arc;
 use minions_schemas::messages::{Generation, GenerationRecord, ModelFamily, OutputPayload};
 
 pub use bert::BertEmbedder;
+pub use bert_config::BertConfig;
 pub use device::{DeviceChoice, describe_device, select_device};
 pub use engine_path::{ENGINE_PATH_ENV, EnginePath};
 pub use error::ModelError;

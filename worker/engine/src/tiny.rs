@@ -8,11 +8,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use super::{BertConfig, ModelError};
 use candle_core::{DType, Device};
 use candle_nn::{VarBuilder, VarMap};
-use candle_transformers::models::bert::{BertModel, Config, HiddenAct};
-
-use super::ModelError;
 
 const SPECIAL: [&str; 5] = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"];
 const WORDS: &str = "the a an and or of to in on at for with by from is are was were be been it this that \
@@ -116,21 +114,18 @@ pub(crate) fn write_bert(
 ) -> Result<(), ModelError> {
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let vocab = vocab();
-    let config = Config {
+    let config = BertConfig {
         vocab_size: vocab.len(),
         hidden_size: spec.hidden,
         num_hidden_layers: spec.layers,
         num_attention_heads: spec.heads,
         intermediate_size: spec.hidden * 4,
-        hidden_act: HiddenAct::Gelu,
-        hidden_dropout_prob: 0.0,
+        hidden_act: "gelu".into(),
         max_position_embeddings: spec.max_len,
         type_vocab_size: 2,
-        initializer_range: 0.02,
         layer_norm_eps: 1e-12,
         pad_token_id: 0,
-        model_type: Some("bert".to_owned()),
-        ..Default::default()
+        position_embedding_type: "absolute".into(),
     };
     let config_json = serde_json::json!({
         "architectures": ["BertModel"], "model_type": "bert",
@@ -158,9 +153,35 @@ pub(crate) fn write_bert(
     )?;
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
-    BertModel::load(vb, &config)?;
+    declare_bert(&vb, &config)?;
     fill(&varmap)?;
     varmap.save(dir.join("model.safetensors"))?;
+    Ok(())
+}
+
+/// Creates every weight of a BERT encoder of shape `c` under `vb`, with
+/// the names and shapes of Hugging Face's checkpoints (no pooler), as
+/// candle-nn's builders start them: embeddings drawn from N(0, 1), linear
+/// layers uniform in ±1/√inputs, layer norms at ones and zeros.
+pub(crate) fn declare_bert(vb: &VarBuilder<'_>, c: &BertConfig) -> candle_core::Result<()> {
+    let h = c.hidden_size;
+    let emb = vb.pp("embeddings");
+    candle_nn::embedding(c.vocab_size, h, emb.pp("word_embeddings"))?;
+    candle_nn::embedding(c.max_position_embeddings, h, emb.pp("position_embeddings"))?;
+    candle_nn::embedding(c.type_vocab_size, h, emb.pp("token_type_embeddings"))?;
+    candle_nn::layer_norm(h, c.layer_norm_eps, emb.pp("LayerNorm"))?;
+    for i in 0..c.num_hidden_layers {
+        let layer = vb.pp(format!("encoder.layer.{i}"));
+        let att = layer.pp("attention");
+        for name in ["query", "key", "value"] {
+            candle_nn::linear(h, h, att.pp("self").pp(name))?;
+        }
+        candle_nn::linear(h, h, att.pp("output").pp("dense"))?;
+        candle_nn::layer_norm(h, c.layer_norm_eps, att.pp("output").pp("LayerNorm"))?;
+        candle_nn::linear(h, c.intermediate_size, layer.pp("intermediate").pp("dense"))?;
+        candle_nn::linear(c.intermediate_size, h, layer.pp("output").pp("dense"))?;
+        candle_nn::layer_norm(h, c.layer_norm_eps, layer.pp("output").pp("LayerNorm"))?;
+    }
     Ok(())
 }
 
