@@ -63,6 +63,9 @@ if [[ ! -f "$_cuda_root/.stubs" ]]; then
     grep -ohE 'pub unsafe fn [A-Za-z0-9_]+' "$bindings/$module/sys/mod.rs" \
       | sed 's/pub unsafe fn //' | sort -u | sed 's/.*/void &(void) {}/' \
       > "$_cuda_root/$name.c"
+    # A folder from before the stubs may hold the name as a link to a real
+    # library: replace the link, never write through it.
+    rm -f "$_cuda_home/lib/lib$name.so"
     cc -shared -fPIC -Wl,-soname,"$soname" -o "$_cuda_home/lib/lib$name.so" \
       "$_cuda_root/$name.c"
     rm "$_cuda_root/$name.c"
