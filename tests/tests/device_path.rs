@@ -227,7 +227,7 @@ fn greedy_answers_on_the_device_path_are_batch_independent_and_part_only_at_near
     let wide = generate_all(&device, &records, 32)?;
     let (mut same, mut widest) = (0, 0f64);
     for (i, (c, g)) in cases.iter().zip(&wide).enumerate() {
-        if i < 4 || i >= 32 {
+        if !(4..32).contains(&i) {
             let alone = generate_all(&device, std::slice::from_ref(&records[i]), 1)?;
             assert_eq!(
                 alone.first().map(|a| &a.text),

@@ -56,24 +56,31 @@ impl Sampler {
 
 impl Draw {
     fn next(&mut self, logits: &[f32]) -> Result<u32, ModelError> {
-        // Candidates, most likely first (ties: the lower id first), cut to
-        // top-k.
+        // Candidates, cut to top-k; most likely first (ties: the lower id
+        // first) where top-k or top-p needs the order, else in id order
+        // (no sort of the whole vocabulary per token).
         let mut order: Vec<u32> = (0..logits.len() as u32).collect();
         let by_logit = |a: &u32, b: &u32| {
             logits[*b as usize]
                 .total_cmp(&logits[*a as usize])
                 .then(a.cmp(b))
         };
-        if self.top_k > 0 && self.top_k < order.len() {
+        let cut = self.top_k > 0 && self.top_k < order.len();
+        if cut {
             order.select_nth_unstable_by(self.top_k - 1, by_logit);
             order.truncate(self.top_k);
         }
-        order.sort_unstable_by(by_logit);
-        let Some(&first) = order.first() else {
+        if cut || self.top_p < 1.0 {
+            order.sort_unstable_by(by_logit);
+        }
+        if order.is_empty() {
             return Err(ModelError::BadInput("no logits to sample from".into()));
-        };
+        }
         // Softmax at the temperature over the candidates.
-        let top = logits[first as usize];
+        let top = order
+            .iter()
+            .map(|&i| logits[i as usize])
+            .fold(f32::NEG_INFINITY, f32::max);
         if !top.is_finite() {
             return Err(ModelError::BadInput(format!(
                 "the largest logit is {top}: nothing to sample from"
