@@ -1,12 +1,13 @@
 //! A BERT checkpoint's `config.json`: the fields the encoder reads, with
 //! Hugging Face's defaults where a file may leave one out.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-/// The shape and settings of a BERT encoder. Unknown fields are ignored;
+/// The shape and settings of a BERT encoder, read from and written as
+/// `config.json` (tiny test models). Unknown fields are ignored;
 /// the activation and position-embedding kinds are kept as written, so
 /// that the encoder can refuse what it does not run by name.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BertConfig {
     /// Rows of the word-embedding table.
     pub vocab_size: usize,

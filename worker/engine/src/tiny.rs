@@ -127,16 +127,19 @@ pub(crate) fn write_bert(
         pad_token_id: 0,
         position_embedding_type: "absolute".into(),
     };
-    let config_json = serde_json::json!({
-        "architectures": ["BertModel"], "model_type": "bert",
-        "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
-        "num_hidden_layers": config.num_hidden_layers, "num_attention_heads": config.num_attention_heads,
-        "intermediate_size": config.intermediate_size, "hidden_act": "gelu",
-        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
-        "max_position_embeddings": config.max_position_embeddings, "type_vocab_size": 2,
-        "initializer_range": 0.02, "layer_norm_eps": 1e-12, "pad_token_id": 0,
-        "position_embedding_type": "absolute"
-    });
+    // The config as the encoder reads it, plus what a checkpoint's file
+    // also says.
+    let mut config_json = serde_json::to_value(&config).map_err(|e| ModelError::Invalid {
+        family: "bert-embedding",
+        reason: e.to_string(),
+    })?;
+    if let Some(fields) = config_json.as_object_mut() {
+        fields.insert("architectures".into(), serde_json::json!(["BertModel"]));
+        fields.insert("model_type".into(), "bert".into());
+        fields.insert("hidden_dropout_prob".into(), 0.0.into());
+        fields.insert("attention_probs_dropout_prob".into(), 0.0.into());
+        fields.insert("initializer_range".into(), 0.02.into());
+    }
     let write_json = |name: &str, value: &serde_json::Value| -> Result<(), ModelError> {
         let path = dir.join(name);
         let text = serde_json::to_string_pretty(value).map_err(|e| ModelError::Invalid {
