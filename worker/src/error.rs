@@ -41,11 +41,14 @@ pub enum ShardError {
 
 impl ShardError {
     /// Chooses how to settle this failure on delivery number `attempt`
-    /// (1-based): naks back off exponentially from 1 s up to 30 s.
+    /// (1-based): naks back off exponentially from 1 s up to 30 s, or from
+    /// 5 s up to 60 s for a machine too small for the shard's model, so the
+    /// shard's deliveries last long enough for a larger machine to take it.
     pub fn settle(&self, attempt: u64) -> Settle {
         match self {
             Self::Permanent(_) | Self::Cancelled => Settle::Term,
-            Self::Transient(_) | Self::WrongMachine(_) => Settle::Nak(backoff(attempt)),
+            Self::Transient(_) => Settle::Nak(backoff(attempt)),
+            Self::WrongMachine(_) => Settle::Nak(wrong_machine_backoff(attempt)),
             Self::Stopping => Settle::HandBack,
         }
     }
@@ -55,6 +58,14 @@ impl ShardError {
 pub fn backoff(attempt: u64) -> Duration {
     let exp = attempt.saturating_sub(1).min(5) as u32;
     Duration::from_secs(1u64 << exp).min(Duration::from_secs(30))
+}
+
+/// Nak delay after delivery number `attempt` (1-based) reached a machine too
+/// small for the model: 5 s, 10 s, 20 s, 40 s, then 60 s. With the default
+/// five deliveries a shard waits 75 s for a larger machine before it fails.
+pub fn wrong_machine_backoff(attempt: u64) -> Duration {
+    let exp = attempt.saturating_sub(1).min(4) as u32;
+    Duration::from_secs(5u64 << exp).min(Duration::from_secs(60))
 }
 
 impl From<ModelError> for ShardError {
@@ -85,7 +96,7 @@ mod tests {
         assert_eq!(ShardError::Stopping.settle(3), Settle::HandBack);
         assert_eq!(
             ShardError::WrongMachine("x".into()).settle(2),
-            Settle::Nak(Duration::from_secs(2))
+            Settle::Nak(Duration::from_secs(10))
         );
         let too_large = ShardError::from(ModelError::TooLarge {
             needs_mb: 10,
@@ -98,5 +109,7 @@ mod tests {
         );
         assert_eq!(backoff(3), Duration::from_secs(4));
         assert_eq!(backoff(50), Duration::from_secs(30));
+        assert_eq!(wrong_machine_backoff(1), Duration::from_secs(5));
+        assert_eq!(wrong_machine_backoff(50), Duration::from_secs(60));
     }
 }

@@ -528,6 +528,12 @@ async fn slot_loop(
                     if let Some(prev) = handled.settling.and_then(|s| settling.replace(s)) {
                         let _ = prev.await;
                     }
+                    if let Some(rest) = handled.rest {
+                        tokio::select! {
+                            () = tokio::time::sleep(rest) => {}
+                            () = stop_pulling.cancelled() => {}
+                        }
+                    }
                     quiet_pause(&ctx, handled.busy_ms, &stop_pulling).await;
                 }
                 Err(e) => tracing::debug!(slot, job = %job, error = %e, "fetch ended"),

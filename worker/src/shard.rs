@@ -55,7 +55,16 @@ pub(crate) struct Handled {
     pub settling: Option<JoinHandle<()>>,
     /// A check run this machine must not run, handed back unrun.
     pub avoided: bool,
+    /// How long the slot rests before it pulls again: set when this machine
+    /// is too small for the shard's model, so a larger one takes it.
+    pub rest: Option<std::time::Duration>,
 }
+
+/// How long past a refused shard's return the refusing slot rests.
+const WRONG_MACHINE_REST: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The longest a slot rests after refusing a shard too large for it.
+const MAX_WRONG_MACHINE_REST: std::time::Duration = std::time::Duration::from_secs(31);
 
 /// How long a check run of this machine's own result stays away after it
 /// is handed back, at least (up to 200 ms more, at random).
@@ -159,20 +168,22 @@ pub(crate) async fn handle(
     if result.is_ok() {
         let ctx = ctx.clone();
         let settling = tokio::spawn(async move {
-            settle(&ctx, &msg, &task, attempt, duration_ms, result, energy).await;
+            let _ = settle(&ctx, &msg, &task, attempt, duration_ms, result, energy).await;
             ctx.running.untrack(task.job.as_str(), task.shard);
         });
         return Handled {
             busy_ms,
             settling: Some(settling),
             avoided: false,
+            rest: None,
         };
     }
-    settle(ctx, &msg, &task, attempt, duration_ms, result, energy).await;
+    let rest = settle(ctx, &msg, &task, attempt, duration_ms, result, energy).await;
     ctx.running.untrack(task.job.as_str(), task.shard);
     Handled {
         busy_ms,
         settling: None,
+        rest,
         avoided: false,
     }
 }
@@ -184,6 +195,7 @@ impl Handled {
             busy_ms: 0,
             settling: None,
             avoided: false,
+            rest: None,
         }
     }
 }
@@ -483,7 +495,7 @@ async fn settle(
     duration_ms: u64,
     result: Result<Done, ShardError>,
     energy: Option<Energy>,
-) {
+) -> Option<std::time::Duration> {
     match result {
         Ok(done) => {
             let kind = if task.check > 0 {
@@ -521,7 +533,7 @@ async fn settle(
                 if let Err(e) = msg.ack_with(AckKind::Nak(Some(backoff(attempt)))).await {
                     tracing::warn!(error = %e, "nak not sent; the shard returns after the ack wait");
                 }
-                return;
+                return None;
             }
             match msg.double_ack().await {
                 Ok(()) => tracing::info!(job = %task.job, shard = task.shard, attempt, duration_ms,
@@ -591,10 +603,11 @@ async fn settle(
                         tracing::warn!(error = %e, "nak not sent; the shard returns after the ack wait");
                     }
                     if matches!(err, ShardError::WrongMachine(_)) {
-                        // The shard is at the head of the queue: pulling again
-                        // at once would take it back. Let another machine's
-                        // waiting pull be served first.
-                        tokio::time::sleep(delay.min(std::time::Duration::from_secs(2))).await;
+                        // Pulling again before the shard is back would queue
+                        // this slot's pull ahead of a larger machine's and
+                        // take the shard again. Rest until a second after it
+                        // returns, so a waiting larger machine is served first.
+                        return Some((delay + WRONG_MACHINE_REST).min(MAX_WRONG_MACHINE_REST));
                     }
                 }
                 Settle::HandBack => {
@@ -617,6 +630,7 @@ async fn settle(
             }
         }
     }
+    None
 }
 
 /// Terminates a delivery with a reason (JetStream keeps it in its advisory).
