@@ -5,6 +5,7 @@
 mod attention;
 mod cpu_path;
 mod dense;
+mod dots;
 mod fault;
 mod gelu;
 mod ggml_math;
@@ -20,6 +21,7 @@ mod softmax;
 pub(crate) use attention::packed_attention;
 pub use cpu_path::{CPU_PATH_ENV, CpuPath};
 pub(crate) use dense::{DenseWeight, dense_linear};
+pub(crate) use dots::{dots, weighted_sum};
 pub use fault::{KERNEL_FAULT_ENV, kernel_fault};
 pub(crate) use gelu::bias_gelu;
 pub(crate) use ggml_math::{Math, RmsWeight, rms_norm, swiglu};

@@ -8,7 +8,7 @@
 
 use rayon::prelude::*;
 
-use crate::kernels::Math;
+use crate::kernels::{Math, dots, weighted_sum};
 
 /// Query rows per task of the encoder's attention: their scores against
 /// a whole window (128 × 1,500 values, 750 KB) stay in the core's cache,
@@ -83,24 +83,6 @@ impl KvHost {
     }
 }
 
-/// `Σ a·b` with eight independent sums (vectorised by the compiler).
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for j in 0..8 {
-            acc[j] += x[j] * y[j];
-        }
-    }
-    let mut s: f32 = acc.iter().sum();
-    for (x, y) in ra.iter().zip(rb) {
-        s += x * y;
-    }
-    s
-}
-
 /// Attention of `rows·n` queries (`q`: each row's `n` positions, `stride`
 /// values apart, the heads' queries at the start of each, pre-scaled)
 /// over `kv`: position `i` of a row sees the first `seen(i)` cached
@@ -115,6 +97,7 @@ pub(crate) fn attend(
     let (h, hd, cap) = (kv.heads, kv.hd, kv.cap);
     let d = h * hd;
     let rows = kv.rows();
+    let math = Math::detect();
     let mut out = vec![0f32; rows * n * d];
     out.par_chunks_mut(n * d)
         .enumerate()
@@ -127,23 +110,13 @@ pub(crate) fn attend(
                 for i in 0..n {
                     let t = seen(i).min(cap);
                     let qi = &q[(r * n + i) * stride + head * hd..][..hd];
-                    let mut max = f32::NEG_INFINITY;
-                    for (j, wj) in w[..t].iter_mut().enumerate() {
-                        *wj = dot(qi, &keys[j * hd..(j + 1) * hd]);
-                        max = max.max(*wj);
-                    }
-                    let mut sum = 0f32;
-                    for wj in &mut w[..t] {
-                        *wj = (*wj - max).exp();
-                        sum += *wj;
-                    }
+                    let w = &mut w[..t];
+                    dots(qi, &keys[..t * hd], hd, w);
+                    let max = w.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let inv = (1.0 / math.exp_sum(w, max)) as f32;
+                    w.iter_mut().for_each(|x| *x *= inv);
                     let o = &mut out_r[i * d + head * hd..i * d + (head + 1) * hd];
-                    for (j, &wj) in w[..t].iter().enumerate() {
-                        let p = wj / sum;
-                        for (oe, ve) in o.iter_mut().zip(&vals[j * hd..(j + 1) * hd]) {
-                            *oe += p * ve;
-                        }
-                    }
+                    weighted_sum(w, &vals[..t * hd], o);
                 }
             }
         });
@@ -163,13 +136,9 @@ pub(crate) fn logits(x: &[f32], e: &[f32], d: usize) -> Vec<Vec<f32>> {
     flat.par_chunks_mut(CHUNK * rows)
         .enumerate()
         .for_each(|(c, out)| {
-            let from = c * CHUNK;
-            for (k, o) in out.chunks_exact_mut(rows).enumerate() {
-                let ev = &e[(from + k) * d..(from + k + 1) * d];
-                for (r, or) in o.iter_mut().enumerate() {
-                    *or = dot(&x[r * d..(r + 1) * d], ev);
-                }
-            }
+            let from = c * CHUNK * d;
+            let to = (from + CHUNK * d).min(e.len());
+            dots(x, &e[from..to], d, out);
         });
     (0..rows)
         .map(|r| (0..vocab).map(|v| flat[v * rows + r]).collect())
