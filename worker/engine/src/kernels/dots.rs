@@ -4,9 +4,10 @@
 //!
 //! Left to the compiler, such loops build for the baseline x86-64 CPU
 //! (four lanes, no fused multiply-add) and chain every sum through one
-//! register. Here the AVX2 path keeps eight independent sums per block
-//! (four rows of one operand against two of the other) in fused
-//! multiply-adds. A dot product's terms are summed in one order whatever
+//! register. Here the AVX2 path keeps eight independent sums, eight rows
+//! of one operand against one row of the other, in fused multiply-adds:
+//! the other operand is read once, in order (for the logits, the 80 MB
+//! table streams from memory once a step, whatever the rows). A dot product's terms are summed in one order whatever
 //! the blocking: element `i` into lane `i % 8`, the lanes in [`hsum8`]'s
 //! order, then the tail, so a row's results do not depend on how many
 //! other rows run beside it. The portable path sums in the same order
@@ -15,8 +16,12 @@
 use super::lanes::{Lanes, Plain};
 use super::{CpuPath, hsum8};
 
+/// Rows of `a` per block of [`dots`]: eight sums at once. (Measured at
+/// the logits' shapes, 8 × 51,864 × 384: blocks of 4 × 2 and 2 × 4 rows,
+/// which read several rows of `b` at once, took 1.3-2× as long.)
+const DOT_NA: usize = 8;
 /// Rows of `b` per block of [`dots`].
-const B_BLOCK: usize = 4;
+const DOT_NB: usize = 1;
 
 /// Eight values of `v` from `at`.
 #[inline(always)]
@@ -37,76 +42,87 @@ fn finish<S: Lanes>(s: S, acc: S::V, a: &[f32], b: &[f32], from: usize) -> f32 {
     sum
 }
 
-/// [`dots`] compiled for `S`.
+/// The first `body` values of `v` (a multiple of eight) as lanes.
 #[inline(always)]
-fn dots_with<S: Lanes>(s: S, a: &[f32], b: &[f32], d: usize, out: &mut [f32]) {
+fn lanes_of(v: &[f32], body: usize) -> &[[f32; 8]] {
+    pulp::as_arrays::<8, f32>(&v[..body]).0
+}
+
+/// `NA` rows of `a` against `NB` rows of `b`, eight lanes at a time: the
+/// sums' lanes, `[a][b]`. Every row holds `len` lanes.
+#[inline(always)]
+fn block<S: Lanes, const NA: usize, const NB: usize>(
+    s: S,
+    a: [&[[f32; 8]]; NA],
+    b: [&[[f32; 8]]; NB],
+    len: usize,
+) -> [[S::V; NB]; NA] {
+    let a = a.map(|r| &r[..len]);
+    let b = b.map(|r| &r[..len]);
+    let mut acc = [[s.zero(); NB]; NA];
+    for i in 0..len {
+        let x: [S::V; NA] = std::array::from_fn(|r| s.load(a[r][i]));
+        for (j, bj) in b.iter().enumerate() {
+            let y = s.load(bj[i]);
+            for (r, xr) in x.iter().enumerate() {
+                acc[r][j] = s.mul_add(*xr, y, acc[r][j]);
+            }
+        }
+    }
+    acc
+}
+
+/// [`dots`] compiled for `S`: blocks of `NB` rows of `b` against `NA`
+/// rows of `a`, the rest one by one.
+#[inline(always)]
+fn dots_with<S: Lanes, const NA: usize, const NB: usize>(
+    s: S,
+    a: &[f32],
+    b: &[f32],
+    d: usize,
+    out: &mut [f32],
+) {
     let na = a.len() / d;
     let body = d - d % 8;
-    let mut k0 = 0;
-    for (blk, o) in b.chunks(B_BLOCK * d).zip(out.chunks_mut(B_BLOCK * na)) {
+    let len = body / 8;
+    let lanes = |v| lanes_of(v, body);
+    let arow = |r: usize| &a[r * d..(r + 1) * d];
+    for (blk, o) in b.chunks(NB * d).zip(out.chunks_mut(NB * na)) {
         let nb = blk.len() / d;
-        let mut r = 0;
-        if nb == B_BLOCK {
-            let bs: [&[f32]; B_BLOCK] = std::array::from_fn(|j| &blk[j * d..(j + 1) * d]);
-            // Two rows of `a` against four of `b`: eight sums.
-            while r + 2 <= na {
-                let (a0, a1) = (&a[r * d..(r + 1) * d], &a[(r + 1) * d..(r + 2) * d]);
-                let mut acc0 = [s.zero(); B_BLOCK];
-                let mut acc1 = [s.zero(); B_BLOCK];
-                let mut i = 0;
-                while i < body {
-                    let (x0, x1) = (s.load(eight(a0, i)), s.load(eight(a1, i)));
-                    for j in 0..B_BLOCK {
-                        let y = s.load(eight(bs[j], i));
-                        acc0[j] = s.mul_add(x0, y, acc0[j]);
-                        acc1[j] = s.mul_add(x1, y, acc1[j]);
+        let brow = |j: usize| &blk[j * d..(j + 1) * d];
+        if nb == NB {
+            let bl: [&[[f32; 8]]; NB] = std::array::from_fn(|j| lanes(brow(j)));
+            let mut r = 0;
+            while r + NA <= na {
+                let al: [&[[f32; 8]]; NA] = std::array::from_fn(|i| lanes(arow(r + i)));
+                let acc = block::<S, NA, NB>(s, al, bl, len);
+                for (i, acc) in acc.iter().enumerate() {
+                    for (j, acc) in acc.iter().enumerate() {
+                        o[j * na + r + i] = finish(s, *acc, arow(r + i), brow(j), body);
                     }
-                    i += 8;
                 }
-                for j in 0..B_BLOCK {
-                    o[j * na + r] = finish(s, acc0[j], a0, bs[j], body);
-                    o[j * na + r + 1] = finish(s, acc1[j], a1, bs[j], body);
-                }
-                r += 2;
+                r += NA;
             }
-            if r < na {
-                let a0 = &a[r * d..(r + 1) * d];
-                let mut acc = [s.zero(); B_BLOCK];
-                let mut i = 0;
-                while i < body {
-                    let x = s.load(eight(a0, i));
-                    for j in 0..B_BLOCK {
-                        acc[j] = s.mul_add(x, s.load(eight(bs[j], i)), acc[j]);
-                    }
-                    i += 8;
-                }
-                for j in 0..B_BLOCK {
-                    o[j * na + r] = finish(s, acc[j], a0, bs[j], body);
+            for r in r..na {
+                let acc = block::<S, 1, NB>(s, [lanes(arow(r))], bl, len);
+                for (j, acc) in acc[0].iter().enumerate() {
+                    o[j * na + r] = finish(s, *acc, arow(r), brow(j), body);
                 }
             }
         } else {
-            // The last rows of `b`, fewer than a block: one at a time.
             for j in 0..nb {
-                let bj = &blk[j * d..(j + 1) * d];
                 for r in 0..na {
-                    let ar = &a[r * d..(r + 1) * d];
-                    let mut acc = s.zero();
-                    let mut i = 0;
-                    while i < body {
-                        acc = s.mul_add(s.load(eight(ar, i)), s.load(eight(bj, i)), acc);
-                        i += 8;
-                    }
-                    o[j * na + r] = finish(s, acc, ar, bj, body);
+                    let acc = block::<S, 1, 1>(s, [lanes(arow(r))], [lanes(brow(j))], len);
+                    o[j * na + r] = finish(s, acc[0][0], arow(r), brow(j), body);
                 }
             }
         }
-        k0 += nb;
     }
-    debug_assert_eq!(k0 * na, out.len());
 }
 
 /// Every dot product of a row of `a` with a row of `b`, rows `d` long:
 /// `out[k · rows_a + r] = a_r · b_k` (`out` holds `rows_a · rows_b`).
+/// Fastest with many rows in `a`: `b` is read once, a row at a time.
 pub(crate) fn dots(a: &[f32], b: &[f32], d: usize, out: &mut [f32]) {
     assert!(
         d > 0 && a.len() % d == 0 && b.len() % d == 0,
@@ -126,7 +142,7 @@ pub(crate) fn dots(a: &[f32], b: &[f32], d: usize, out: &mut [f32]) {
         type Output = ();
         #[inline(always)]
         fn call(self) {
-            dots_with(self.s, self.a, self.b, self.d, self.out);
+            dots_with::<S, DOT_NA, DOT_NB>(self.s, self.a, self.b, self.d, self.out);
         }
     }
     #[cfg(target_arch = "x86_64")]
@@ -210,15 +226,17 @@ mod tests {
 
     #[test]
     fn dots_match_plain_sums_and_do_not_depend_on_the_blocking() {
+        // Eleven rows of `a`: one block of eight and three alone.
+        let (na, nb) = (11, 5);
         for d in [8, 19, 64, 384] {
-            let a: Vec<f32> = (0..5 * d).map(val).collect();
-            let b: Vec<f32> = (0..11 * d).map(|i| val(i + 5)).collect();
-            let mut out = vec![0f32; 5 * 11];
+            let a: Vec<f32> = (0..na * d).map(val).collect();
+            let b: Vec<f32> = (0..nb * d).map(|i| val(i + 5)).collect();
+            let mut out = vec![0f32; na * nb];
             dots(&a, &b, d, &mut out);
-            for k in 0..11 {
-                for r in 0..5 {
+            for k in 0..nb {
+                for r in 0..na {
                     let want: f32 = (0..d).map(|i| a[r * d + i] * b[k * d + i]).sum();
-                    let got = out[k * 5 + r];
+                    let got = out[k * na + r];
                     assert!((want - got).abs() < 1e-4 * d as f32, "d {d}: {want} {got}");
                     // One row against one row: the same bits.
                     let mut one = [0f32];

@@ -70,13 +70,30 @@ impl KvHost {
         }
     }
 
-    /// Keeps only `rows`, in that order.
+    /// Keeps only `rows`, in that order. Rows kept in ascending order (a
+    /// batch whose finished rows leave) move within the store; others are
+    /// copied into new ones.
     pub(crate) fn keep(&mut self, rows: &[usize]) {
         let len = self.row_len();
+        if rows.windows(2).all(|w| w[0] < w[1]) {
+            // Row `rows[i] ≥ i`: moving rows down in order never
+            // overwrites one still to be moved.
+            for (i, &r) in rows.iter().enumerate() {
+                if r != i {
+                    self.k.copy_within(r * len..(r + 1) * len, i * len);
+                    self.v.copy_within(r * len..(r + 1) * len, i * len);
+                }
+            }
+            self.k.truncate(rows.len() * len);
+            self.v.truncate(rows.len() * len);
+            return;
+        }
         let pick = |src: &[f32]| -> Vec<f32> {
-            rows.iter()
-                .flat_map(|&r| src[r * len..(r + 1) * len].iter().copied())
-                .collect()
+            let mut out = Vec::with_capacity(rows.len() * len);
+            for &r in rows {
+                out.extend_from_slice(&src[r * len..(r + 1) * len]);
+            }
+            out
         };
         self.k = pick(&self.k);
         self.v = pick(&self.v);
@@ -111,7 +128,8 @@ pub(crate) fn attend(
                     let t = seen(i).min(cap);
                     let qi = &q[(r * n + i) * stride + head * hd..][..hd];
                     let w = &mut w[..t];
-                    dots(qi, &keys[..t * hd], hd, w);
+                    // Keys as the many rows: eight sums at once.
+                    dots(&keys[..t * hd], qi, hd, w);
                     let max = w.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                     let inv = (1.0 / math.exp_sum(w, max)) as f32;
                     w.iter_mut().for_each(|x| *x *= inv);
@@ -305,6 +323,35 @@ mod tests {
             for v in [0, 511, 512, 999] {
                 let want: f32 = (0..d).map(|k| x[r * d + k] * e[v * d + k]).sum();
                 assert!((row[v] - want).abs() < 1e-5);
+            }
+        }
+    }
+
+    #[test]
+    fn kept_rows_hold_their_own_values() {
+        let (h, cap, hd) = (2, 3, 4);
+        let len = h * cap * hd;
+        let fill = |rows: usize| {
+            let mut kv = KvHost::new(rows, h, cap, hd);
+            for (i, x) in kv.k.iter_mut().enumerate() {
+                *x = (i / len) as f32;
+            }
+            for (i, x) in kv.v.iter_mut().enumerate() {
+                *x = -((i / len) as f32);
+            }
+            kv
+        };
+        for rows in [vec![1, 3, 4], vec![4, 0, 0, 2], vec![0, 1, 2, 3, 4], vec![]] {
+            let mut kv = fill(5);
+            kv.keep(&rows);
+            assert_eq!(kv.rows(), rows.len());
+            for (i, &r) in rows.iter().enumerate() {
+                assert!(kv.k[i * len..(i + 1) * len].iter().all(|&x| x == r as f32));
+                assert!(
+                    kv.v[i * len..(i + 1) * len]
+                        .iter()
+                        .all(|&x| x == -(r as f32))
+                );
             }
         }
     }
