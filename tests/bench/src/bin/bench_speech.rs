@@ -2,7 +2,8 @@
 //! wall time by our Whisper family, over the speech clips of
 //! `deploy/speech_assets.sh` (Debian's pocketsphinx-testdata and the files
 //! joined from it to over 60 s), with segment timestamps, at several window
-//! batch sizes; and the encoder's share of the time. The reference engine's
+//! batch sizes; and the encoder's share of the time. It allocates through
+//! mimalloc with the worker's process settings, as the worker does. The reference engine's
 //! figures on the same files come from `tests/bench/speech.sh`.
 //!
 //!   cargo build --release -p minions-bench --bin bench_speech
@@ -20,6 +21,10 @@ use minions_worker::model::EnginePath;
 use minions_worker::model::speech::SpeechModel;
 use minions_worker::model::speech::audio::{AudioLimits, decode};
 use minions_worker::model::speech::transcribe::TranscribeOptions;
+
+// The worker's allocator, so the engine runs here as it runs there.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// What `--help` prints.
 const USAGE: &str = "\
@@ -53,6 +58,9 @@ fn main() -> Result<()> {
     if help(USAGE) {
         return Ok(());
     }
+    // The worker's process settings (thread count, how long freed memory
+    // is kept): without them every encoder batch faults its memory in anew.
+    minions_worker::process_env::fix_process_env();
     let name = arg("--model").unwrap_or_else(|| "tiny.en".into());
     let rounds = num("--rounds", 2)?;
     let batches: Vec<usize> = list("--batches", "1,4,8")?;
