@@ -478,7 +478,7 @@ impl Whisper {
             // 1,500 positions a window: blocks of queries against every
             // key, not the packed kernel made for short texts.
             let a = if matches!(self.embed, Table::Host(_)) {
-                let a = encoder_attention(&qkv.flatten_all()?.to_vec1()?, ctx, heads, d / heads);
+                let a = with_host_f32(&qkv, |v| encoder_attention(v, ctx, heads, d / heads))?;
                 Tensor::from_vec(a, (b * ctx, d), &self.device)?
             } else {
                 full_attention(&qkv.reshape((b, ctx, 3 * d))?, heads)?.reshape((b * ctx, d))?
@@ -726,6 +726,20 @@ impl Whisper {
         }
         Ok(())
     }
+}
+
+/// `f` over the values of `t`, an f32 tensor on the CPU, read in place
+/// when it is contiguous (a copy otherwise).
+fn with_host_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
+    {
+        let (storage, layout) = t.storage_and_layout();
+        if let (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((from, to))) =
+            (&*storage, layout.contiguous_offsets())
+        {
+            return Ok(f(&v[from..to]));
+        }
+    }
+    Ok(f(&t.flatten_all()?.to_vec1::<f32>()?))
 }
 
 /// The additive causal mask for `n` new positions after `past` cached
