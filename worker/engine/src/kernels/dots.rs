@@ -125,7 +125,7 @@ fn dots_with<S: Lanes, const NA: usize, const NB: usize>(
 /// Fastest with many rows in `a`: `b` is read once, a row at a time.
 pub(crate) fn dots(a: &[f32], b: &[f32], d: usize, out: &mut [f32]) {
     assert!(
-        d > 0 && a.len() % d == 0 && b.len() % d == 0,
+        d > 0 && a.len().is_multiple_of(d) && b.len().is_multiple_of(d),
         "dots: rows of {d} in {} and {}",
         a.len(),
         b.len()
