@@ -7,21 +7,20 @@
 //! register. Here the AVX2 path keeps eight independent sums, eight rows
 //! of one operand against one row of the other, in fused multiply-adds:
 //! the other operand is read once, in order (for the logits, the 80 MB
-//! table streams from memory once a step, whatever the rows). A dot product's terms are summed in one order whatever
-//! the blocking: element `i` into lane `i % 8`, the lanes in [`hsum8`]'s
+//! table streams from memory once a step, whatever the rows). A dot
+//! product's terms are summed in one order whatever the blocking: element `i` into lane `i % 8`, the lanes in [`hsum8`]'s
 //! order, then the tail, so a row's results do not depend on how many
 //! other rows run beside it. The portable path sums in the same order
 //! without fusing, so its last bits may differ from the AVX2 path's.
 
 use super::lanes::{Lanes, Plain};
-use super::{CpuPath, hsum8};
+use super::{Math, hsum8};
 
-/// Rows of `a` per block of [`dots`]: eight sums at once. (Measured at
-/// the logits' shapes, 8 × 51,864 × 384: blocks of 4 × 2 and 2 × 4 rows,
-/// which read several rows of `b` at once, took 1.3-2× as long.)
-const DOT_NA: usize = 8;
-/// Rows of `b` per block of [`dots`].
-const DOT_NB: usize = 1;
+/// Rows of `a` per block of [`dots`], against one row of `b`: eight sums
+/// at once. (Measured at the logits' shapes, 8 × 51,864 × 384: blocks of
+/// 4 × 2 and 2 × 4 rows, which read several rows of `b` at once, took
+/// 1.3-2× as long.)
+const BLOCK: usize = 8;
 
 /// Eight values of `v` from `at`.
 #[inline(always)]
@@ -48,74 +47,50 @@ fn lanes_of(v: &[f32], body: usize) -> &[[f32; 8]] {
     pulp::as_arrays::<8, f32>(&v[..body]).0
 }
 
-/// `NA` rows of `a` against `NB` rows of `b`, eight lanes at a time: the
-/// sums' lanes, `[a][b]`. Every row holds `len` lanes.
+/// `N` rows of `a` against row `b`, eight lanes at a time: the sums'
+/// lanes. Every row holds `len` lanes.
 #[inline(always)]
-fn block<S: Lanes, const NA: usize, const NB: usize>(
+fn block<S: Lanes, const N: usize>(
     s: S,
-    a: [&[[f32; 8]]; NA],
-    b: [&[[f32; 8]]; NB],
+    a: [&[[f32; 8]]; N],
+    b: &[[f32; 8]],
     len: usize,
-) -> [[S::V; NB]; NA] {
+) -> [S::V; N] {
     let a = a.map(|r| &r[..len]);
-    let b = b.map(|r| &r[..len]);
-    let mut acc = [[s.zero(); NB]; NA];
-    for i in 0..len {
-        let x: [S::V; NA] = std::array::from_fn(|r| s.load(a[r][i]));
-        for (j, bj) in b.iter().enumerate() {
-            let y = s.load(bj[i]);
-            for (r, xr) in x.iter().enumerate() {
-                acc[r][j] = s.mul_add(*xr, y, acc[r][j]);
-            }
+    let b = &b[..len];
+    let mut acc = [s.zero(); N];
+    for (i, y) in b.iter().enumerate() {
+        let y = s.load(*y);
+        for (acc, ar) in acc.iter_mut().zip(&a) {
+            *acc = s.mul_add(s.load(ar[i]), y, *acc);
         }
     }
     acc
 }
 
-/// [`dots`] compiled for `S`: blocks of `NB` rows of `b` against `NA`
+/// [`dots`] compiled for `S`: for each row of `b`, blocks of [`BLOCK`]
 /// rows of `a`, the rest one by one.
 #[inline(always)]
-fn dots_with<S: Lanes, const NA: usize, const NB: usize>(
-    s: S,
-    a: &[f32],
-    b: &[f32],
-    d: usize,
-    out: &mut [f32],
-) {
+fn dots_with<S: Lanes>(s: S, a: &[f32], b: &[f32], d: usize, out: &mut [f32]) {
     let na = a.len() / d;
     let body = d - d % 8;
     let len = body / 8;
     let lanes = |v| lanes_of(v, body);
     let arow = |r: usize| &a[r * d..(r + 1) * d];
-    for (blk, o) in b.chunks(NB * d).zip(out.chunks_mut(NB * na)) {
-        let nb = blk.len() / d;
-        let brow = |j: usize| &blk[j * d..(j + 1) * d];
-        if nb == NB {
-            let bl: [&[[f32; 8]]; NB] = std::array::from_fn(|j| lanes(brow(j)));
-            let mut r = 0;
-            while r + NA <= na {
-                let al: [&[[f32; 8]]; NA] = std::array::from_fn(|i| lanes(arow(r + i)));
-                let acc = block::<S, NA, NB>(s, al, bl, len);
-                for (i, acc) in acc.iter().enumerate() {
-                    for (j, acc) in acc.iter().enumerate() {
-                        o[j * na + r + i] = finish(s, *acc, arow(r + i), brow(j), body);
-                    }
-                }
-                r += NA;
+    for (brow, o) in b.chunks_exact(d).zip(out.chunks_exact_mut(na)) {
+        let bl = lanes(brow);
+        let mut r = 0;
+        while r + BLOCK <= na {
+            let al: [&[[f32; 8]]; BLOCK] = std::array::from_fn(|i| lanes(arow(r + i)));
+            let acc = block::<S, BLOCK>(s, al, bl, len);
+            for (i, acc) in acc.iter().enumerate() {
+                o[r + i] = finish(s, *acc, arow(r + i), brow, body);
             }
-            for r in r..na {
-                let acc = block::<S, 1, NB>(s, [lanes(arow(r))], bl, len);
-                for (j, acc) in acc[0].iter().enumerate() {
-                    o[j * na + r] = finish(s, *acc, arow(r), brow(j), body);
-                }
-            }
-        } else {
-            for j in 0..nb {
-                for r in 0..na {
-                    let acc = block::<S, 1, 1>(s, [lanes(arow(r))], [lanes(brow(j))], len);
-                    o[j * na + r] = finish(s, acc[0][0], arow(r), brow(j), body);
-                }
-            }
+            r += BLOCK;
+        }
+        for (r, o) in o.iter_mut().enumerate().skip(r) {
+            let acc = block::<S, 1>(s, [lanes(arow(r))], bl, len);
+            *o = finish(s, acc[0], arow(r), brow, body);
         }
     }
 }
@@ -142,17 +117,20 @@ pub(crate) fn dots(a: &[f32], b: &[f32], d: usize, out: &mut [f32]) {
         type Output = ();
         #[inline(always)]
         fn call(self) {
-            dots_with::<S, DOT_NA, DOT_NB>(self.s, self.a, self.b, self.d, self.out);
+            dots_with(self.s, self.a, self.b, self.d, self.out);
         }
     }
-    #[cfg(target_arch = "x86_64")]
-    if CpuPath::get() >= CpuPath::Avx2
-        && let Some(s) = pulp::x86::V3::try_new()
-    {
-        return s.run(Task { s, a, b, d, out });
+    match Math::detect() {
+        #[cfg(target_arch = "x86_64")]
+        Math::V3(s) => s.run(Task { s, a, b, d, out }),
+        Math::Plain => Plain.run(Task {
+            s: Plain,
+            a,
+            b,
+            d,
+            out,
+        }),
     }
-    let s = Plain;
-    s.run(Task { s, a, b, d, out });
 }
 
 /// [`weighted_sum`] compiled for `S`, `out` of one width `N` × 8.
@@ -206,14 +184,16 @@ pub(crate) fn weighted_sum(p: &[f32], rows: &[f32], out: &mut [f32]) {
             }
         }
     }
-    #[cfg(target_arch = "x86_64")]
-    if CpuPath::get() >= CpuPath::Avx2
-        && let Some(s) = pulp::x86::V3::try_new()
-    {
-        return s.run(Task { s, p, rows, out });
+    match Math::detect() {
+        #[cfg(target_arch = "x86_64")]
+        Math::V3(s) => s.run(Task { s, p, rows, out }),
+        Math::Plain => Plain.run(Task {
+            s: Plain,
+            p,
+            rows,
+            out,
+        }),
     }
-    let s = Plain;
-    s.run(Task { s, p, rows, out });
 }
 
 #[cfg(test)]
