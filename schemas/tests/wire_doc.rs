@@ -1096,12 +1096,14 @@ fn check_all(c: &mut Checker) -> Res {
         ended: vec![4],
         steps: vec![StageStep {
             seq: 9,
-            start: 0,
+            start: 12,
             tokens: 1,
             sample: true,
             open: Some(StageOpen {
                 capacity: 80,
                 params,
+                prefix_of: Some(2),
+                shared: true,
             }),
         }],
         width: 2,

@@ -701,6 +701,8 @@ fn runs() -> R<Vec<(&'static str, Run)>> {
                         seed: 5,
                         stop: vec!["\n".into()],
                     },
+                    prefix_of: None,
+                    shared: false,
                 }),
             },
             StageStep {

@@ -201,17 +201,24 @@ mod group {
 
     /// Later stages on threads; parts go through channels as they would
     /// through NATS. `garble` flips a byte in the part with that number
-    /// sent to the second stage.
+    /// sent to the second stage; `on_prefix` counts the sequences opened
+    /// on a shared prefix.
     struct ThreadLink {
         to_second: Sender<Vec<u8>>,
         replies: Receiver<Vec<u8>>,
         reader: ReplyReader,
         sent: usize,
         garble: Option<usize>,
+        on_prefix: usize,
     }
 
     impl StageLink for ThreadLink {
         fn send(&mut self, pass: StagePass) -> std::result::Result<(), ModelError> {
+            self.on_prefix += pass
+                .steps
+                .iter()
+                .filter(|s| s.open.as_ref().is_some_and(|o| o.prefix_of.is_some()))
+                .count();
             for mut part in pass_parts(&pass)? {
                 if self.garble == Some(self.sent) {
                     let at = part.len() - 3;
@@ -241,11 +248,18 @@ mod group {
         }
     }
 
-    /// The group over `bounds`: its first stage and a link to the others,
-    /// which run until the link is dropped.
-    fn group(bounds: &[usize], garble: Option<usize>) -> Result<(Llama, ThreadLink)> {
-        let mut loaded = stages_on(bounds, EnginePath::Fast)?.into_iter();
-        let first = loaded.next().ok_or("no stage")?;
+    /// The group over `bounds`: its first stage and a link to the others
+    /// (running the code `later` names), which run until the link is
+    /// dropped.
+    fn group(
+        bounds: &[usize],
+        later: EnginePath,
+        garble: Option<usize>,
+    ) -> Result<(Llama, ThreadLink)> {
+        let first = stages_on(&bounds[..2], EnginePath::Fast)?
+            .pop()
+            .ok_or("no stage")?;
+        let loaded = stages_on(&bounds[1..], later)?.into_iter();
         let (to_first, replies) = channel::<Vec<u8>>();
         let later: Vec<Llama> = loaded.collect();
         let mut inboxes = Vec::new();
@@ -285,6 +299,7 @@ mod group {
             reader: ReplyReader::default(),
             sent: 0,
             garble,
+            on_prefix: 0,
         };
         Ok((first, link))
     }
@@ -342,17 +357,26 @@ mod group {
         Ok(got)
     }
 
-    /// What the group over `bounds` gives with `micro` micro-batch groups;
-    /// a run that fails is run again, in a new epoch, for the records it
-    /// did not finish. Returns the results and the runs it took.
+    /// What a group's run gave: each record's result, the runs it took
+    /// and the sequences opened on a shared prefix.
+    struct SplitRan {
+        got: Vec<Option<Generation>>,
+        runs: usize,
+        on_prefix: usize,
+    }
+
+    /// What the group over `bounds` (its later stages on `later`) gives
+    /// with `micro` micro-batch groups; a run that fails is run again, in
+    /// a new epoch, for the records it did not finish.
     fn split_run(
         records: &[GenerationRecord],
         bounds: &[usize],
+        later: EnginePath,
         micro: usize,
         garble: Option<usize>,
-    ) -> Result<(Vec<Option<Generation>>, usize)> {
+    ) -> Result<SplitRan> {
         let generator = generator()?;
-        let (first, mut link) = group(bounds, garble)?;
+        let (first, mut link) = group(bounds, later, garble)?;
         let widest = bounds.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(1);
         let mut split = Split::new("g", 1, micro, widest);
         let mut got: Vec<Option<Generation>> = vec![None; records.len()];
@@ -377,7 +401,13 @@ mod group {
                 },
             );
             match r {
-                Ok(()) => return Ok((got, run)),
+                Ok(()) => {
+                    return Ok(SplitRan {
+                        got,
+                        runs: run,
+                        on_prefix: link.on_prefix,
+                    });
+                }
                 Err(ModelError::StageLost(why)) => {
                     eprintln!("run {run} ended: {why}");
                     split.restart();
@@ -397,10 +427,12 @@ mod group {
             let want = whole(&records)?;
             assert!(want.iter().all(Option::is_some));
             for &(bounds, micro) in splits {
-                let (got, runs) = split_run(&records, bounds, micro, None)?;
-                assert_eq!(runs, 1);
+                let ran = split_run(&records, bounds, EnginePath::Fast, micro, None)?;
+                assert_eq!(ran.runs, 1);
+                // The chat template's system prompt is read once.
+                assert!(ran.on_prefix > 0, "no sequence opened on the shared prefix");
                 assert_eq!(
-                    got, want,
+                    ran.got, want,
                     "split {bounds:?}, {micro} micro-batch groups, sampled {sampled}"
                 );
                 eprintln!(
@@ -416,9 +448,26 @@ mod group {
     fn a_garbled_part_ends_the_epoch_and_the_rerun_still_equals_the_whole_model() -> Result<()> {
         let records = records(6, true)?;
         let want = whole(&records)?;
-        let (got, runs) = split_run(&records, &[0, 10, 20, 30], 2, Some(9))?;
-        assert_eq!(runs, 2, "the garbled part went unnoticed");
-        assert_eq!(got, want);
+        let ran = split_run(&records, &[0, 10, 20, 30], EnginePath::Fast, 2, Some(9))?;
+        assert_eq!(ran.runs, 2, "the garbled part went unnoticed");
+        assert_eq!(ran.got, want);
+        Ok(())
+    }
+
+    #[test]
+    fn a_stage_that_cannot_read_a_prompt_in_parts_turns_prefix_sharing_off() -> Result<()> {
+        // The second stage on candle's ops, whose sums change with a
+        // prompt read in parts: it refuses the shared prefix, and the rerun
+        // reads every prompt whole.
+        let records = records(4, false)?;
+        let ran = split_run(&records, &[0, 15, 30], EnginePath::Device, 2, None)?;
+        assert_eq!(ran.runs, 2, "the prefix was not refused");
+        assert_eq!(ran.on_prefix, 0, "sequences opened on a refused prefix");
+        for (i, g) in ran.got.iter().enumerate() {
+            let g = g.as_ref().ok_or(format!("record {i} did not finish"))?;
+            assert!(g.error.is_none(), "record {i}: {:?}", g.error);
+            assert!(g.completion_tokens > 0, "record {i} generated nothing");
+        }
         Ok(())
     }
 
@@ -454,6 +503,8 @@ mod group {
                             seed: 0,
                             stop: vec![],
                         },
+                        prefix_of: None,
+                        shared: false,
                     }),
                 })
                 .collect(),
@@ -554,6 +605,35 @@ mod group {
             feed(&mut end, &pass(2, 1, &[(1, 0, 2, true)]), false)?,
             Ok(true)
         );
+        // Sequences opened on a shared prefix: on one it holds, and not on
+        // one it does not or past its end.
+        let on = |number: u64, seq: u64, prefix: u64, start: u32| {
+            let mut p = pass(2, number, &[(seq, start, 1, true)]);
+            if let Some(o) = p.steps[0].open.as_mut() {
+                o.prefix_of = Some(prefix);
+            }
+            p
+        };
+        assert_eq!(feed(&mut end, &on(2, 5, 1, 2), false)?, Ok(true));
+        refused(
+            feed(&mut end, &on(3, 6, 9, 2), false)?,
+            "sequence 6 opens on sequence 9, which is unknown here",
+        )?;
+        refused(
+            feed(&mut end, &on(4, 6, 1, 3), false)?,
+            "whose cache here holds 2",
+        )?;
+        // A stage on candle's ops refuses a prefix to share.
+        let device = stages_on(&[0, 10, 20], EnginePath::Device)?.swap_remove(1);
+        let mut end = StageEnd::new(StageServer::new(device, "g")?, 1);
+        let mut prefix = pass(2, 0, &[(1, 0, 2, true)]);
+        if let Some(o) = prefix.steps[0].open.as_mut() {
+            o.shared = true;
+        }
+        refused(
+            feed(&mut end, &prefix, false)?,
+            "do not read a prompt in parts",
+        )?;
         Ok(())
     }
 }

@@ -26,6 +26,18 @@ pub struct StageOpen {
     pub capacity: u32,
     /// How the last stage samples it.
     pub params: SamplingParams,
+    /// The sequence whose cache's first `start` positions this one's cache
+    /// begins with, copied before the step (a prompt prefix read once for
+    /// several sequences); none when the step starts at 0. Left out on the
+    /// wire when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_of: Option<u64>,
+    /// Other sequences will open on this one's cache (it is a shared
+    /// prompt prefix): a stage whose kernels do not read a prompt in parts
+    /// with the same bits as whole refuses it. Left out on the wire when
+    /// false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared: bool,
 }
 
 /// One sequence's part of a pass.
@@ -41,7 +53,8 @@ pub struct StageStep {
     /// Whether the last stage samples a token after this step (false for a
     /// prompt chunk that is not the prompt's last).
     pub sample: bool,
-    /// Present on the sequence's first step.
+    /// Present on the sequence's first step; that step starts at 0, or
+    /// where the prefix it copies ends.
     pub open: Option<StageOpen>,
 }
 

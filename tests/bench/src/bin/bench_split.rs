@@ -280,6 +280,14 @@ fn second_stage(url: &str, latency_us: u64, mbit: u64) -> Result<Child> {
     Ok(c)
 }
 
+/// The build profile this binary came from (its folder under `target/`).
+fn profile() -> String {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| Some(p.parent()?.file_name()?.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "release".into())
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -374,7 +382,7 @@ fn main() -> Result<()> {
         .map(|r| median(&mut r.1.clone()))
         .unwrap_or(1.0);
     let mut doc = format!(
-        "Run {} on {}: `target/debug/bench_split --at {at} --write` (dev profile, optimized; {rounds} rounds, side by side).\n\n\
+        "Run {} on {}: `target/{profile}/bench_split --at {at} --rounds {rounds} --write` ({rounds} rounds, side by side).\n\n\
 SmolLM2-135M-Instruct Q4_1, {n} chat prompts, {tokens} greedy tokens each, all in one batch. Split {at}/{rest}:\n\
 each stage a process of its own on one thread (`RAYON_NUM_THREADS=1`), hidden states in f32 through a\n\
 local nats-server; the link shim delays each frame by its bytes at the link's rate plus its latency.\n\
@@ -384,6 +392,7 @@ Efficiency: against one process on two threads. Median tokens/s; every round in 
         machine(),
         at = split_at(),
         rest = 30 - split_at(),
+        profile = profile(),
     );
     for (name, v) in &rows {
         let m = median(&mut v.clone());

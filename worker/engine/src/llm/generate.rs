@@ -366,7 +366,7 @@ const MIN_SHARED: usize = 4;
 /// How many leading tokens of a prompt of `len` tokens may come from a
 /// shared prefix: all but two of its first chunk, so the rest of that chunk
 /// is still read in a step of several tokens.
-fn shareable(len: usize, chunk: usize) -> usize {
+pub(super) fn shareable(len: usize, chunk: usize) -> usize {
     len.min(chunk).saturating_sub(2)
 }
 
@@ -375,7 +375,7 @@ fn shareable(len: usize, chunk: usize) -> usize {
 /// the records whose prompts start with it (and may share it), less the
 /// one read of it; 0 when that length is under [`MIN_SHARED`] tokens or
 /// sharing saves nothing.
-fn shared_prefix(work: &[Prepared], chunk: usize) -> usize {
+pub(super) fn shared_prefix(work: &[Prepared], chunk: usize) -> usize {
     let Some(first) = work.first() else { return 0 };
     let mut usable: Vec<usize> = work
         .iter()

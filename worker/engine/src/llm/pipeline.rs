@@ -11,8 +11,12 @@
 //! that asks for one ([`super::stage`]).
 //!
 //! A record's tokens do not depend on its batch (as for a whole model), so
-//! they equal the single worker's bit for bit. A prefix shared by many
-//! prompts is not read once here: each stage would have to copy it.
+//! they equal the single worker's bit for bit. A prefix most prompts share
+//! is read once, as on one worker: a pass of its own goes through every
+//! stage first, and each stage copies its keys and values into the caches
+//! of the sequences that open on it ([`StageOpen::prefix_of`]). A stage
+//! whose kernels cannot read a prompt in parts exactly refuses that pass;
+//! the group then reads whole prompts until it is re-formed.
 //!
 //! When a stage is lost, refuses a pass or answers out of turn, the run
 //! ends with [`ModelError::StageLost`]; the records handed to `done` are
@@ -27,7 +31,9 @@ use minions_schemas::messages::{
     Generation, SamplingParams, StageOpen, StagePass, StageReply, StageStep,
 };
 
-use super::generate::{GenControl, GenLimits, Plan, Prepared, advance, plan_pass};
+use super::generate::{
+    GenControl, GenLimits, Plan, Prepared, advance, plan_pass, shareable, shared_prefix,
+};
 use super::llama::{KvCache, Llama, StageOut, Step};
 use super::tokenizer::GgufTokenizer;
 use crate::ModelError;
@@ -67,6 +73,9 @@ pub struct Split {
     pub in_flight: usize,
     /// How fast the first stage runs its own layers.
     pub pace: std::sync::Arc<super::pace::Pace>,
+    /// A stage refused the pass that reads a shared prefix: prompts are
+    /// read whole until the group is re-formed ([`Split::begin`]).
+    prefix_refused: bool,
 }
 
 impl Split {
@@ -82,18 +91,26 @@ impl Split {
             unsettled: false,
             in_flight: 0,
             pace: Default::default(),
+            prefix_refused: false,
         }
     }
 
-    /// Begins a new epoch: every stage drops its caches when the first
-    /// pass of it comes, and replies of the old one are ignored.
+    /// Begins a new epoch of the same members: every stage drops its
+    /// caches when the first pass of it comes, and replies of the old one
+    /// are ignored.
     pub fn restart(&mut self) {
-        self.begin(self.epoch + 1);
+        self.next_epoch(self.epoch + 1);
     }
 
-    /// Begins epoch `epoch` (a re-formed group's), or the next one when
-    /// `epoch` is not newer than the current.
+    /// Begins epoch `epoch` of a re-formed group, or the next one when
+    /// `epoch` is not newer than the current; its members may share
+    /// prefixes again.
     pub fn begin(&mut self, epoch: u64) {
+        self.next_epoch(epoch);
+        self.prefix_refused = false;
+    }
+
+    fn next_epoch(&mut self, epoch: u64) {
         self.epoch = epoch.max(self.epoch + 1);
         self.next_pass = 0;
         self.next_seq = 0;
@@ -111,6 +128,8 @@ struct Seq {
     params: SamplingParams,
     bytes: usize,
     opened: bool,
+    /// The shared prefix's sequence, when the cache began as its copy.
+    prefix_of: Option<u64>,
 }
 
 /// One micro-batch group: its sequences and its pass in flight (the
@@ -180,11 +199,30 @@ fn drive(
     }
     let per_token = cfg.kv_bytes_per_token() / cfg.layers.max(1) * split.widest_stage.max(1);
     let groups = split.micro_groups.max(1);
+    let chunk = limits.prefill_chunk.max(1);
     let mut used = 0usize;
-    let mut pending: VecDeque<Prepared> = work.into();
     *micros = (0..groups).map(|_| Micro::default()).collect();
     let mut ended: Vec<u64> = Vec::new();
     split.unsettled = true;
+    let shared = if first.reads_in_parts_exactly() && !split.prefix_refused {
+        shared_prefix(&work, chunk)
+    } else {
+        0
+    };
+    let prefix = match work.first() {
+        Some(p) if shared > 0 => {
+            let tokens = p.prompt[..shared].to_vec();
+            let (id, cache) = match read_prefix(first, &tokens, &p.params, split, control, link) {
+                Ok(read) => read,
+                Err(_) if control.stop.load(Ordering::Relaxed) => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            used += shared * per_token;
+            Some((tokens, id, cache))
+        }
+        _ => None,
+    };
+    let mut pending: VecDeque<Prepared> = work.into();
     loop {
         if control.stop.load(Ordering::Relaxed) {
             return Ok(());
@@ -206,7 +244,7 @@ fn drive(
                     break;
                 }
                 let Some(p) = pending.pop_front() else { break };
-                let cache = match first.new_cache(tokens) {
+                let mut cache = match first.new_cache(tokens) {
                     Ok(c) => c,
                     Err(ModelError::BadInput(m)) => {
                         done(p.index, Generation::failed(m));
@@ -214,18 +252,30 @@ fn drive(
                     }
                     Err(e) => return Err(e),
                 };
+                let mut prefix_of = None;
+                if let Some((tokens, id, from)) = &prefix
+                    && p.prompt.starts_with(tokens)
+                    && tokens.len() <= shareable(p.prompt.len(), chunk)
+                {
+                    first.copy_prefix(&mut cache, from, tokens.len())?;
+                    prefix_of = Some(*id);
+                    control
+                        .prompt_read
+                        .fetch_add(tokens.len() as u64, Ordering::Relaxed);
+                }
                 used += bytes;
                 running += 1;
                 micros[g].seqs.push(Seq {
                     id: split.next_seq,
                     index: p.index,
+                    read: prefix_of.map_or(0, |_| cache.len()),
                     prompt: p.prompt,
-                    read: 0,
                     cache,
                     out: Vec::new(),
                     params: p.params,
                     bytes,
                     opened: false,
+                    prefix_of,
                 });
                 split.next_seq += 1;
             }
@@ -291,8 +341,12 @@ fn drive(
             done(s.index, result);
         }
     }
-    // The caches of the records that ended are dropped with a last, empty
-    // pass, whose answer also shows every stage took them.
+    // The caches of the records that ended, and the shared prefix's, are
+    // dropped with a last, empty pass, whose answer also shows every stage
+    // took them.
+    if let Some((_, id, _)) = &prefix {
+        ended.push(*id);
+    }
     if !ended.is_empty() {
         let pass = StagePass {
             v: SCHEMA_VERSION,
@@ -331,6 +385,81 @@ fn drive(
     }
     split.unsettled = false;
     Ok(())
+}
+
+/// Reads the shared prefix `tokens` as a sequence of its own through every
+/// stage, before any other pass of the run, and waits for the last stage's
+/// answer; returns the sequence and the first stage's cache of it. A stage
+/// that refuses it turns sharing off until the group is re-formed.
+fn read_prefix(
+    first: &Llama,
+    tokens: &[u32],
+    params: &SamplingParams,
+    split: &mut Split,
+    control: &GenControl,
+    link: &mut dyn StageLink,
+) -> Result<(u64, KvCache), ModelError> {
+    let mut cache = first.new_cache(tokens.len())?;
+    let out = first.forward_stage(
+        &mut [Step {
+            cache: &mut cache,
+            tokens,
+        }],
+        None,
+        false,
+    )?;
+    let StageOut::Hidden(h) = out else {
+        return Err(ModelError::Invalid {
+            family: "llm-generation",
+            reason: "the first stage of a split holds the head".into(),
+        });
+    };
+    let hidden = h.flatten_all()?.to_vec1::<f32>()?;
+    let id = split.next_seq;
+    split.next_seq += 1;
+    let want = split.next_pass;
+    split.next_pass += 1;
+    link.send(StagePass {
+        v: SCHEMA_VERSION,
+        group: split.group.clone(),
+        epoch: split.epoch,
+        pass: want,
+        micro: 0,
+        ended: Vec::new(),
+        steps: vec![StageStep {
+            seq: id,
+            start: 0,
+            tokens: tokens.len() as u32,
+            sample: false,
+            open: Some(StageOpen {
+                capacity: tokens.len() as u32,
+                params: params.clone(),
+                prefix_of: None,
+                shared: true,
+            }),
+        }],
+        width: first.config().hidden as u32,
+        hidden: StagePass::hidden_bytes(&hidden),
+    })?;
+    loop {
+        let reply = link.recv(&control.stop)?;
+        if reply.epoch < split.epoch {
+            continue;
+        }
+        if let Some(e) = reply.error {
+            split.prefix_refused = true;
+            return Err(ModelError::StageLost(format!(
+                "the shared prefix was refused ({e}); prompts are read whole from now on"
+            )));
+        }
+        if reply.epoch == split.epoch && reply.pass == want && reply.tokens.is_empty() {
+            return Ok((id, cache));
+        }
+        return Err(ModelError::StageLost(format!(
+            "a reply to pass {} of epoch {} came where the prefix's pass {want} was awaited",
+            reply.pass, reply.epoch
+        )));
+    }
 }
 
 /// The micro-batch group a reply answers; an error when it answers no
@@ -404,6 +533,8 @@ fn launch(
             open: (!s.opened).then(|| StageOpen {
                 capacity: cache.capacity() as u32,
                 params: s.params.clone(),
+                prefix_of: s.prefix_of,
+                shared: false,
             }),
         });
         steps.push(Step { cache, tokens });

@@ -6,9 +6,10 @@
 //! It refuses, before touching a cache, a pass of another group, of an
 //! older epoch, numbered at or below one it has run (stale or replayed), or
 //! whose steps do not continue its caches (a step must start where the
-//! sequence's cache ends, and only a new sequence may open). A pass of a
-//! newer epoch drops every cache first: the group's membership changed and
-//! the first stage reads its sequences again from their prompts.
+//! sequence's cache ends, and only a new sequence may open, at 0 or where
+//! the shared prefix it copies ends). A pass of a newer epoch drops every
+//! cache first: the group's membership changed and the first stage reads
+//! its sequences again from their prompts.
 
 use std::collections::HashMap;
 
@@ -118,6 +119,28 @@ impl StageServer {
         self.epoch
     }
 
+    /// Why sequence `seq` may not open on the first `start` positions of
+    /// sequence `prefix`'s cache, if it may not.
+    fn check_prefix(&self, seq: u64, prefix: u64, start: u32) -> Result<(), String> {
+        if !self.model.reads_in_parts_exactly() {
+            return Err(format!(
+                "sequence {seq} opens on a shared prefix; this stage's kernels do not read a \
+                 prompt in parts with the same bits as whole"
+            ));
+        }
+        match self.seqs.get(&prefix) {
+            Some(q) if start > 0 && q.cache.len() >= start as usize => Ok(()),
+            Some(q) => Err(format!(
+                "sequence {seq} opens on {start} positions of sequence {prefix}, whose cache here \
+                 holds {}",
+                q.cache.len()
+            )),
+            None => Err(format!(
+                "sequence {seq} opens on sequence {prefix}, which is unknown here"
+            )),
+        }
+    }
+
     /// Runs `pass`; see the module's rules for what is refused.
     pub fn run(&mut self, pass: StagePass) -> Result<StageAnswer, StageRefusal> {
         let mismatch = |reason: String| StageRefusal::Mismatch {
@@ -181,11 +204,21 @@ impl StageServer {
                 (Some(_), Some(_)) => {
                     return Err(mismatch(format!("sequence {} opened twice", s.seq)));
                 }
-                (None, Some(open)) if s.start == 0 => {
-                    if s.tokens > open.capacity {
+                (None, Some(open)) if s.start == 0 || open.prefix_of.is_some() => {
+                    if open.shared && !self.model.reads_in_parts_exactly() {
                         return Err(mismatch(format!(
-                            "sequence {} reads {} tokens into a cache of {}",
-                            s.seq, s.tokens, open.capacity
+                            "sequence {} is a prefix to share; this stage's kernels do not read \
+                             a prompt in parts with the same bits as whole",
+                            s.seq
+                        )));
+                    }
+                    if let Some(p) = open.prefix_of {
+                        self.check_prefix(s.seq, p, s.start).map_err(&mismatch)?;
+                    }
+                    if u64::from(s.start) + u64::from(s.tokens) > u64::from(open.capacity) {
+                        return Err(mismatch(format!(
+                            "sequence {} reads {} tokens from position {} into a cache of {}",
+                            s.seq, s.tokens, s.start, open.capacity
                         )));
                     }
                 }
@@ -201,7 +234,11 @@ impl StageServer {
         }
         for s in &pass.steps {
             if let Some(open) = &s.open {
-                let cache = self.model.new_cache(open.capacity as usize)?;
+                let mut cache = self.model.new_cache(open.capacity as usize)?;
+                if let Some(from) = open.prefix_of.and_then(|p| self.seqs.get(&p)) {
+                    self.model
+                        .copy_prefix(&mut cache, &from.cache, s.start as usize)?;
+                }
                 let sampler = last.then(|| Sampler::new(&open.params));
                 self.seqs.insert(s.seq, Seq { cache, sampler });
             }
