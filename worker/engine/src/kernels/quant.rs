@@ -11,10 +11,12 @@
 //! which rows share the product, and matches llama.cpp bit for bit.
 //!
 //! candle's own Q4_1 product is scalar; this one takes the best
-//! [`CpuPath`] the CPU runs: AVX-VNNI's `vpdpbusd` for the byte products
-//! where it has it, AVX2 (`pulp`'s run-time check) otherwise, and a
-//! portable path of the same arithmetic elsewhere, all the same bits. Four
-//! rows share each unpacked weight block.
+//! [`CpuPath`] the CPU runs: `vpdpbusd` on 256-bit registers for the byte
+//! products where it has it (AVX-VNNI's form, or AVX-512 VNNI's on the
+//! AVX-512 path: CPUs such as AMD's Zen 4 have only the latter), AVX2
+//! (`pulp`'s run-time check) otherwise, and a portable path of the same
+//! arithmetic elsewhere, all the same bits. Four rows share each unpacked
+//! weight block.
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape};
@@ -160,6 +162,11 @@ struct Acts {
     /// Per block (Q8_1): `d · Σq`, f16-rounded.
     s: Vec<f32>,
     q: Vec<[i8; 32]>,
+    /// `d` of each group of [`MR`] whole rows, the group's rows side by
+    /// side per block: group `g`, block `b` at `g · kb + b`.
+    d4: Vec<[f32; MR]>,
+    /// `s` laid out as `d4` (Q8_1 only).
+    s4: Vec<[f32; MR]>,
 }
 
 /// ggml's `quantize_row_q8_1` / `quantize_row_q8_0` of every row of `x`.
@@ -173,6 +180,8 @@ fn quantize(x: &[f32], rows: usize, k: usize, with_sums: bool) -> Acts {
             Vec::new()
         },
         q: vec![[0; 32]; rows * kb],
+        d4: Vec::new(),
+        s4: Vec::new(),
     };
     for (i, block) in x.chunks_exact(QK).enumerate() {
         let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -188,6 +197,16 @@ fn quantize(x: &[f32], rows: usize, k: usize, with_sums: bool) -> Acts {
         if with_sums {
             a.s[i] = f16::from_f32(d * sum as f32).to_f32();
         }
+    }
+    let side_by_side = |v: &[f32]| -> Vec<[f32; MR]> {
+        (0..rows / MR)
+            .flat_map(|g| (0..kb).map(move |b| (g, b)))
+            .map(|(g, b)| std::array::from_fn(|i| v[(g * MR + i) * kb + b]))
+            .collect()
+    };
+    a.d4 = side_by_side(&a.d);
+    if with_sums {
+        a.s4 = side_by_side(&a.s);
     }
     a
 }
@@ -350,24 +369,30 @@ mod simd {
     }
 
     /// Products of unsigned bytes `x` and signed bytes `y`, four summed per
-    /// lane, as f32: lane `l` holds elements `4l..4l + 4`. With `VNNI` one
-    /// `vpdpbusd`; without, `vpmaddubsw` then `vpmaddwd` (the pairs cannot
+    /// lane, as f32: lane `l` holds elements `4l..4l + 4`. With `DOT` 1
+    /// AVX-VNNI's `vpdpbusd`, with 2 AVX-512 VNNI's (EVEX-encoded, the
+    /// same instruction on 256 bits); with 0, `vpmaddubsw` then `vpmaddwd` (the pairs cannot
     /// saturate: |15 · 127 · 2| and |127 · 127 · 2| fit in i16 only for
     /// the first, and the second's operands are at most 127 in magnitude
     /// after the sign move, as ggml's). Both give the same sums.
     #[inline(always)]
-    fn quads<const VNNI: bool>(v3: V3, x: __m256i, y: __m256i) -> __m256 {
-        let sums = if VNNI {
-            // SAFETY: `quads::<true>` is reached only from `band_vnni`,
-            // which runs only where the CPU reported AVX-VNNI
-            // (`CpuPath::Vnni`); the intrinsic has no other precondition.
+    fn quads<const DOT: u8>(v3: V3, x: __m256i, y: __m256i) -> __m256 {
+        let zero = v3.avx._mm256_setzero_si256();
+        let sums = match DOT {
+            // SAFETY: `quads::<1>` is reached only from `band_vnni`, which
+            // runs only where the CPU reported AVX-VNNI (`Dot::AvxVnni`);
+            // the intrinsic has no other precondition.
             #[allow(unsafe_code)]
-            unsafe {
-                std::arch::x86_64::_mm256_dpbusd_avx_epi32(v3.avx._mm256_setzero_si256(), x, y)
+            1 => unsafe { std::arch::x86_64::_mm256_dpbusd_avx_epi32(zero, x, y) },
+            // SAFETY: `quads::<2>` is reached only from `band_vnni512`,
+            // which runs only where the CPU reported AVX-512 F, BW, VL and
+            // VNNI (`Dot::Avx512Vnni`); no other precondition.
+            #[allow(unsafe_code)]
+            2 => unsafe { std::arch::x86_64::_mm256_dpbusd_epi32(zero, x, y) },
+            _ => {
+                let pairs = v3.avx2._mm256_maddubs_epi16(x, y);
+                v3.avx2._mm256_madd_epi16(pairs, cast([1i16; 16]))
             }
-        } else {
-            let pairs = v3.avx2._mm256_maddubs_epi16(x, y);
-            v3.avx2._mm256_madd_epi16(pairs, cast([1i16; 16]))
         };
         v3.avx._mm256_cvtepi32_ps(sums)
     }
@@ -375,8 +400,8 @@ mod simd {
     /// [`quads`] of two signed blocks: the weights' signs move onto the
     /// activations, since the instruction multiplies unsigned by signed.
     #[inline(always)]
-    fn signed_quads<const VNNI: bool>(v3: V3, x: __m256i, y: __m256i) -> __m256 {
-        quads::<VNNI>(
+    fn signed_quads<const DOT: u8>(v3: V3, x: __m256i, y: __m256i) -> __m256 {
+        quads::<DOT>(
             v3,
             v3.avx2._mm256_sign_epi8(x, x),
             v3.avx2._mm256_sign_epi8(y, x),
@@ -403,21 +428,34 @@ mod simd {
     /// One activation row's blocks, scales and sums.
     type RowBlocks<'a> = (&'a [[i8; 32]], &'a [f32], &'a [f32]);
 
-    /// Proof that the CPU has AVX2 and FMA, and whether it has AVX-VNNI.
+    /// Which instruction sums the byte products.
     #[derive(Clone, Copy)]
-    pub(super) struct Simd(V3, bool);
+    enum Dot {
+        /// `vpmaddubsw` then `vpmaddwd`.
+        Avx2,
+        /// AVX-VNNI's `vpdpbusd`.
+        AvxVnni,
+        /// AVX-512 VNNI's `vpdpbusd` on 256-bit registers.
+        Avx512Vnni,
+    }
+
+    /// Proof that the CPU has AVX2 and FMA, and which byte product it runs.
+    #[derive(Clone, Copy)]
+    pub(super) struct Simd(V3, Dot);
 
     impl Simd {
-        /// The path `path` asks for, where the CPU runs it.
+        /// The path `path` asks for, where the CPU runs it. Blocks are 32
+        /// bytes, one 256-bit register, so the AVX-512 path takes its VNNI
+        /// on 256 bits (AVX-VNNI's where the CPU lacks AVX-512's).
         pub(super) fn try_new(path: CpuPath) -> Option<Self> {
+            let v3 = V3::try_new()?;
             match path {
                 CpuPath::Portable => None,
-                CpuPath::Avx2 => V3::try_new().map(|v3| Self(v3, false)),
-                // The 256-bit VNNI form; the AVX-512 path's blocks are 32
-                // bytes, one 256-bit register.
-                CpuPath::Vnni | CpuPath::Avx512 => V3::try_new()
-                    .filter(|_| CpuPath::has_avx_vnni())
-                    .map(|v3| Self(v3, true)),
+                CpuPath::Avx2 => Some(Self(v3, Dot::Avx2)),
+                CpuPath::Avx512 if CpuPath::has_avx512() => Some(Self(v3, Dot::Avx512Vnni)),
+                CpuPath::Vnni | CpuPath::Avx512 => {
+                    CpuPath::has_avx_vnni().then_some(Self(v3, Dot::AvxVnni))
+                }
             }
         }
 
@@ -432,19 +470,22 @@ mod simd {
             out: &mut [f32],
         ) {
             let v3 = self.0;
-            if self.1 {
-                // SAFETY: `self.1` is set only where the CPU reported
-                // AVX-VNNI, and `v3` proves AVX2 and FMA: every feature
-                // `band_vnni` is compiled for.
+            match self.1 {
+                // SAFETY: `Dot::AvxVnni` is set only where the CPU
+                // reported AVX-VNNI, and `v3` proves AVX2 and FMA: every
+                // feature `band_vnni` is compiled for.
                 #[allow(unsafe_code)]
-                unsafe {
-                    band_vnni(v3, w, a, cols, rows, out)
-                }
-            } else {
-                v3.vectorize(
+                Dot::AvxVnni => unsafe { band_vnni(v3, w, a, cols, rows, out) },
+                // SAFETY: `Dot::Avx512Vnni` is set only where the CPU
+                // reported AVX-512 F, BW, VL and VNNI, and `v3` proves
+                // AVX2 and FMA: every feature `band_vnni512` is compiled
+                // for.
+                #[allow(unsafe_code)]
+                Dot::Avx512Vnni => unsafe { band_vnni512(v3, w, a, cols, rows, out) },
+                Dot::Avx2 => v3.vectorize(
                     #[inline(always)]
-                    || band_body::<false>(v3, w, a, cols, rows, out),
-                )
+                    || band_body::<0>(v3, w, a, cols, rows, out),
+                ),
             }
         }
     }
@@ -459,12 +500,26 @@ mod simd {
         rows: usize,
         out: &mut [f32],
     ) {
-        band_body::<true>(v3, w, a, cols, rows, out)
+        band_body::<1>(v3, w, a, cols, rows, out)
+    }
+
+    /// [`band_body`] compiled for AVX2, FMA and AVX-512 VNNI (its 256-bit
+    /// forms).
+    #[target_feature(enable = "avx,avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
+    fn band_vnni512(
+        v3: V3,
+        w: &QuantWeight,
+        a: &Acts,
+        cols: std::ops::Range<usize>,
+        rows: usize,
+        out: &mut [f32],
+    ) {
+        band_body::<2>(v3, w, a, cols, rows, out)
     }
 
     /// Columns `cols` of every row into `out`, as [`Simd::band`] lays them.
     #[inline(always)]
-    fn band_body<const VNNI: bool>(
+    fn band_body<const DOT: u8>(
         v3: V3,
         w: &QuantWeight,
         a: &Acts,
@@ -476,7 +531,7 @@ mod simd {
         for c in cols.clone() {
             let at = (c - cols.start) * rows;
             for r0 in (0..full).step_by(MR) {
-                let sums = tile::<MR, VNNI>(v3, w, a, c, r0);
+                let sums = tile4::<DOT>(v3, w, a, c, r0 / MR);
                 out[at + r0..][..MR].copy_from_slice(&sums);
             }
         }
@@ -486,14 +541,14 @@ mod simd {
         for r in full..rows {
             let mut c = cols.start;
             while c + MR <= cols.end {
-                let sums = tile_cols::<MR, VNNI>(v3, w, a, c, r);
+                let sums = tile_cols::<MR, DOT>(v3, w, a, c, r);
                 for (j, v) in sums.into_iter().enumerate() {
                     out[(c + j - cols.start) * rows + r] = v;
                 }
                 c += MR;
             }
             for c in c..cols.end {
-                out[(c - cols.start) * rows + r] = tile::<1, VNNI>(v3, w, a, c, r)[0];
+                out[(c - cols.start) * rows + r] = tile::<1, DOT>(v3, w, a, c, r)[0];
             }
         }
     }
@@ -501,7 +556,7 @@ mod simd {
     /// Columns `c0..c0 + N` against row `r`: the same sums as [`tile`],
     /// one accumulator per column.
     #[inline(always)]
-    fn tile_cols<const N: usize, const VNNI: bool>(
+    fn tile_cols<const N: usize, const DOT: u8>(
         v3: V3,
         w: &QuantWeight,
         a: &Acts,
@@ -530,7 +585,7 @@ mod simd {
                     let s = v3.sse._mm_set_ss(as_[b]);
                     for j in 0..N {
                         let (wq, wd, wm) = cols[j];
-                        let f = quads::<VNNI>(v3, nibbles(v3, wq[b]), y);
+                        let f = quads::<DOT>(v3, nibbles(v3, wq[b]), y);
                         acc[j] = scaled(v3, wd[b] * ad[b], f, acc[j]);
                         summs[j] = v3.fma._mm_fmadd_ss(v3.sse._mm_set_ss(wm[b]), s, summs[j]);
                     }
@@ -545,7 +600,7 @@ mod simd {
                     let y: __m256i = cast(aq[b]);
                     for j in 0..N {
                         let (wq, wd) = cols[j];
-                        let f = signed_quads::<VNNI>(v3, cast(wq[b]), y);
+                        let f = signed_quads::<DOT>(v3, cast(wq[b]), y);
                         acc[j] = scaled(v3, wd[b] * ad[b], f, acc[j]);
                     }
                 }
@@ -554,9 +609,64 @@ mod simd {
         finish(v3, acc, summs)
     }
 
+    // `tile4` holds a group's rows in the four lanes of one 128-bit vector.
+    const _: () = assert!(MR == 4);
+
+    /// Column `c` against the [`MR`] rows of group `g`: the sums of
+    /// [`tile`], with the rows' scale products and minimums' terms one
+    /// vector operation per block for all four (each lane the same
+    /// multiply or fused multiply-add as [`tile`]'s scalar one).
+    #[inline(always)]
+    fn tile4<const DOT: u8>(v3: V3, w: &QuantWeight, a: &Acts, c: usize, g: usize) -> [f32; MR] {
+        let kb = w.kb;
+        let zero: __m256 = cast([0f32; 8]);
+        let mut acc = [zero; MR];
+        let mut summs = v3.sse._mm_setzero_ps();
+        let wd = &w.d[c * kb..][..kb];
+        let d4 = &a.d4[g * kb..][..kb];
+        let rows: [&[[i8; 32]]; MR] = std::array::from_fn(|i| &a.q[(g * MR + i) * kb..][..kb]);
+        let lane: [__m256i; MR] = std::array::from_fn(|i| cast([i as i32; 8]));
+        // Lane `i` of `scales` in every lane.
+        let spread = |scales: __m128, i: usize| -> __m256 {
+            v3.avx2
+                ._mm256_permutevar8x32_ps(v3.avx._mm256_castps128_ps256(scales), lane[i])
+        };
+        match w.kind {
+            Kind::Q4_1 => {
+                let wq = &w.q4[c * kb..][..kb];
+                let wm = &w.m[c * kb..][..kb];
+                let s4 = &a.s4[g * kb..][..kb];
+                for b in 0..kb {
+                    let x = nibbles(v3, wq[b]);
+                    let scales = v3.sse._mm_mul_ps(v3.sse._mm_set1_ps(wd[b]), cast(d4[b]));
+                    summs = v3
+                        .fma
+                        ._mm_fmadd_ps(v3.sse._mm_set1_ps(wm[b]), cast(s4[b]), summs);
+                    for i in 0..MR {
+                        let f = quads::<DOT>(v3, x, cast(rows[i][b]));
+                        acc[i] = v3.fma._mm256_fmadd_ps(spread(scales, i), f, acc[i]);
+                    }
+                }
+            }
+            Kind::Q8_0 => {
+                let wq = &w.q8[c * kb..][..kb];
+                for b in 0..kb {
+                    let x: __m256i = cast(wq[b]);
+                    let scales = v3.sse._mm_mul_ps(v3.sse._mm_set1_ps(wd[b]), cast(d4[b]));
+                    for i in 0..MR {
+                        let f = signed_quads::<DOT>(v3, x, cast(rows[i][b]));
+                        acc[i] = v3.fma._mm256_fmadd_ps(spread(scales, i), f, acc[i]);
+                    }
+                }
+            }
+        }
+        let summs: [f32; MR] = cast(summs);
+        std::array::from_fn(|i| hsum8(cast(acc[i])) + summs[i])
+    }
+
     /// Column `c` against rows `r0..r0 + N`.
     #[inline(always)]
-    fn tile<const N: usize, const VNNI: bool>(
+    fn tile<const N: usize, const DOT: u8>(
         v3: V3,
         w: &QuantWeight,
         a: &Acts,
@@ -592,7 +702,7 @@ mod simd {
                     let m = v3.sse._mm_set_ss(wm[b]);
                     for i in 0..N {
                         let (aq, ad, as_) = rows[i];
-                        let f = quads::<VNNI>(v3, x, cast(aq[b]));
+                        let f = quads::<DOT>(v3, x, cast(aq[b]));
                         acc[i] = scaled(v3, wd[b] * ad[b], f, acc[i]);
                         summs[i] = v3.fma._mm_fmadd_ss(m, v3.sse._mm_set_ss(as_[b]), summs[i]);
                     }
@@ -604,7 +714,7 @@ mod simd {
                     let x: __m256i = cast(wq[b]);
                     for i in 0..N {
                         let (aq, ad, _) = rows[i];
-                        let f = signed_quads::<VNNI>(v3, x, cast(aq[b]));
+                        let f = signed_quads::<DOT>(v3, x, cast(aq[b]));
                         acc[i] = scaled(v3, wd[b] * ad[b], f, acc[i]);
                     }
                 }
