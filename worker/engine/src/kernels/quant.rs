@@ -35,6 +35,8 @@ const MR: usize = 4;
 const SERIAL_MACS: usize = 1 << 17;
 /// Output columns per parallel task, at least.
 const COLS_PER_TASK: usize = 16;
+/// Columns moved into rows together: one cache line of each row.
+const TRANSPOSE_COLS: usize = 16;
 
 /// A weight matrix `(n, k)` in one of the block formats, unpacked into
 /// arrays of scales and quants.
@@ -309,9 +311,16 @@ fn product_on(path: CpuPath, w: &QuantWeight, x: &[f32], rows: usize, out: &mut 
     cols.par_chunks_mut(band * rows)
         .enumerate()
         .for_each(|(i, vals)| fill(i * band, vals));
-    for (c, col) in cols.chunks_exact(rows).enumerate() {
-        for (r, &v) in col.iter().enumerate() {
-            out[r * n + c] = v;
+    // Into rows, sixteen columns (a cache line of each row) at a time:
+    // column by column, every store went to another row, and rows whose
+    // stride is a multiple of 4 KiB share a few cache sets.
+    for (block, chunk) in cols.chunks(TRANSPOSE_COLS * rows).enumerate() {
+        let c0 = block * TRANSPOSE_COLS;
+        let width = chunk.len() / rows;
+        for r in 0..rows {
+            for (j, o) in out[r * n + c0..][..width].iter_mut().enumerate() {
+                *o = chunk[j * rows + r];
+            }
         }
     }
 }
