@@ -8,10 +8,11 @@
 //! of one operand against one row of the other, in fused multiply-adds:
 //! the other operand is read once, in order (for the logits, the 80 MB
 //! table streams from memory once a step, whatever the rows). A dot
-//! product's terms are summed in one order whatever the blocking: element `i` into lane `i % 8`, the lanes in [`hsum8`]'s
-//! order, then the tail, so a row's results do not depend on how many
-//! other rows run beside it. The portable path sums in the same order
-//! without fusing, so its last bits may differ from the AVX2 path's.
+//! product's terms are summed in one order whatever the blocking: element
+//! `i` into lane `i % 8`, the lanes in [`hsum8`]'s order, then the tail,
+//! so a row's results do not depend on how many other rows run beside it.
+//! The portable path sums in the same order without fusing, so its last
+//! bits may differ from the AVX2 path's.
 
 use super::lanes::{Lanes, Plain};
 use super::{Math, hsum8};

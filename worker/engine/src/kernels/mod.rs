@@ -104,7 +104,7 @@ fn round_even(x: f32) -> (i32, f32) {
 
 /// The values of a contiguous f32 CPU tensor, what every kernel here
 /// reads; an error naming `op` otherwise.
-fn contiguous_f32<'a>(
+pub(crate) fn contiguous_f32<'a>(
     op: &str,
     s: &'a candle_core::CpuStorage,
     l: &candle_core::Layout,

@@ -362,25 +362,11 @@ fn drive(
         split.next_pass += 1;
         let want = pass.pass;
         link.send(pass)?;
-        loop {
-            let reply = match link.recv(&control.stop) {
-                Ok(r) => r,
-                Err(_) if control.stop.load(Ordering::Relaxed) => return Ok(()),
-                Err(e) => return Err(e),
-            };
-            if reply.epoch < split.epoch {
-                continue;
-            }
-            if let Some(e) = reply.error {
-                return Err(ModelError::StageLost(e));
-            }
-            if reply.epoch == split.epoch && reply.pass == want && reply.tokens.is_empty() {
-                break;
-            }
-            return Err(ModelError::StageLost(format!(
-                "a reply to pass {} of epoch {} came where the closing pass {want} was awaited",
-                reply.pass, reply.epoch
-            )));
+        match await_lone(link, split, want, "closing pass", control) {
+            Ok(None) => {}
+            Ok(Some(refusal)) => return Err(ModelError::StageLost(refusal)),
+            Err(_) if control.stop.load(Ordering::Relaxed) => return Ok(()),
+            Err(e) => return Err(e),
         }
     }
     split.unsettled = false;
@@ -441,22 +427,41 @@ fn read_prefix(
         width: first.config().hidden as u32,
         hidden: StagePass::hidden_bytes(&hidden),
     })?;
+    match await_lone(link, split, want, "prefix's pass", control)? {
+        None => Ok((id, cache)),
+        Some(refusal) => {
+            split.prefix_refused = true;
+            Err(ModelError::StageLost(format!(
+                "the shared prefix was refused ({refusal}); prompts are read whole from now on"
+            )))
+        }
+    }
+}
+
+/// Waits for the answer to pass `want` (`what`, sent with nothing else in
+/// flight), which samples nothing; replies of older epochs are skipped.
+/// `Some` holds a stage's refusal of it; an error is a lost link or a
+/// reply out of turn.
+fn await_lone(
+    link: &mut dyn StageLink,
+    split: &Split,
+    want: u64,
+    what: &str,
+    control: &GenControl,
+) -> Result<Option<String>, ModelError> {
     loop {
         let reply = link.recv(&control.stop)?;
         if reply.epoch < split.epoch {
             continue;
         }
-        if let Some(e) = reply.error {
-            split.prefix_refused = true;
-            return Err(ModelError::StageLost(format!(
-                "the shared prefix was refused ({e}); prompts are read whole from now on"
-            )));
+        if reply.error.is_some() {
+            return Ok(reply.error);
         }
         if reply.epoch == split.epoch && reply.pass == want && reply.tokens.is_empty() {
-            return Ok((id, cache));
+            return Ok(None);
         }
         return Err(ModelError::StageLost(format!(
-            "a reply to pass {} of epoch {} came where the prefix's pass {want} was awaited",
+            "a reply to pass {} of epoch {} came where the {what} {want} was awaited",
             reply.pass, reply.epoch
         )));
     }

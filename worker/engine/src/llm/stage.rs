@@ -129,7 +129,10 @@ impl StageServer {
             ));
         }
         match self.seqs.get(&prefix) {
-            Some(q) if start > 0 && q.cache.len() >= start as usize => Ok(()),
+            _ if start == 0 => Err(format!(
+                "sequence {seq} opens on sequence {prefix} but copies none of it (it starts at 0)"
+            )),
+            Some(q) if q.cache.len() >= start as usize => Ok(()),
             Some(q) => Err(format!(
                 "sequence {seq} opens on {start} positions of sequence {prefix}, whose cache here \
                  holds {}",

@@ -733,10 +733,10 @@ impl Whisper {
 fn with_host_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
     {
         let (storage, layout) = t.storage_and_layout();
-        if let (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((from, to))) =
-            (&*storage, layout.contiguous_offsets())
+        if let candle_core::Storage::Cpu(s) = &*storage
+            && let Ok(v) = crate::kernels::contiguous_f32("encoder attention", s, layout)
         {
-            return Ok(f(&v[from..to]));
+            return Ok(f(v));
         }
     }
     Ok(f(&t.flatten_all()?.to_vec1::<f32>()?))
