@@ -6,25 +6,40 @@
 //! one `(batch, heads, len, len)` score tensor, and gathers the result back:
 //! several copies and large fresh allocations per layer, whose page faults
 //! cost more than the arithmetic. Here one task per text reads its rows of
-//! the packed `(tokens, 3·hidden)` product directly, head by head, through
-//! scratch buffers of its own size, and writes its rows of the
-//! `(tokens, hidden)` result. A text's output then depends on its tokens
-//! alone, not on the other texts of its batch.
+//! the packed `(tokens, 3·hidden)` product directly and writes its rows of
+//! the `(tokens, hidden)` result.
+//!
+//! A tile of [`ROWS`] queries keeps one register lane per query, so only
+//! the queries are copied into a layout of their own (column by column,
+//! the tile's rows side by side): keys and values are read in place, a key
+//! value broadcast to every lane and a value row loaded as it is. Scores
+//! come out key by key with the tile's rows side by side, which is the
+//! layout the softmax runs across and the context's products read. Every
+//! sum is taken in the order the row-by-row form takes it (a dot product
+//! over the head's columns in order, the softmax's sum in eight lanes by
+//! key, the context over keys in order), so the bits are that form's. A
+//! text's output depends on its tokens alone, not on the other texts of its
+//! batch.
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 use super::contiguous_f32;
 use super::lanes::{Lanes, Plain};
-use super::softmax::softmax_in_place;
+use super::softmax::softmax_lanes;
 
 /// The op's name in errors.
 const OP: &str = "packed attention";
-/// Rows per micro-tile.
-const ROWS: usize = 4;
-/// Columns per micro-tile: two eight-lane registers.
+/// Query rows per tile: one register's lanes.
+const ROWS: usize = 8;
+/// Keys scored side by side: enough independent sums to cover the
+/// multiply-add's latency.
+const KEYS: usize = 8;
+/// Query rows per pass of the context's products.
+const CROWS: usize = 4;
+/// Columns per pass of the context's products: two registers.
 const COLS: usize = 16;
-/// A micro-tile's row of columns.
+/// A value row's columns of one pass.
 type Block = [f32; COLS];
 
 /// The shape every task shares.
@@ -36,170 +51,138 @@ struct Dims {
     heads: usize,
 }
 
-/// One text's queries, keys and values, copied out of the packed product
-/// in one pass into the layouts the micro-tiles read in order, head after
-/// head, and one row tile's probabilities. Padding (rows past the text,
-/// columns past the head) is zero: the load writes real rows and columns
-/// only.
-struct Scratch {
+/// One text's rows of the packed product and what its tiles need beside
+/// them.
+struct Text<'a> {
+    /// The text's rows, `(n, 3·hidden)`.
+    qkv: &'a [f32],
     /// Query tiles: head `h`, tile `t`, column `c` at `(h·tiles + t)·hd +
-    /// c`, holding that column for the tile's [`ROWS`] rows.
+    /// c`, holding that column for the tile's [`ROWS`] rows; zero for rows
+    /// past the text.
     q: Vec<[f32; ROWS]>,
-    /// Key blocks: head `h`, block `b`, column `c` at `(h·blocks + b)·hd +
-    /// c`, holding that column for the block's [`COLS`] keys.
-    k: Vec<Block>,
-    /// Value blocks: head `h`, column block `b`, token `j` at
-    /// `(h·vblocks + b)·n + j`.
-    v: Vec<Block>,
-    /// One row tile's scores, then probabilities: [`ROWS`] rows of `nc`.
-    p: Vec<f32>,
-    /// The same probabilities by token: token `j` at `j`, one per row.
-    pt: Vec<[f32; ROWS]>,
+    /// One tile's scores, then probabilities: key `j` at `j`, the tile's
+    /// rows side by side.
+    p: Vec<[f32; ROWS]>,
     /// Tokens.
     n: usize,
-    /// Tokens rounded up to whole key blocks.
-    nc: usize,
     /// Columns per head.
     hd: usize,
+    /// Hidden size.
+    hidden: usize,
     /// Query tiles per head.
     tiles: usize,
-    /// Key blocks per head.
-    blocks: usize,
-    /// Value column blocks per head.
-    vblocks: usize,
 }
 
-impl Scratch {
-    fn new(n: usize, hd: usize, heads: usize) -> Self {
-        let nc = n.next_multiple_of(COLS);
-        let (tiles, blocks, vblocks) = (n.div_ceil(ROWS), nc / COLS, hd.div_ceil(COLS));
-        Self {
-            q: vec![[0.0; ROWS]; heads * tiles * hd],
-            k: vec![[0.0; COLS]; heads * blocks * hd],
-            v: vec![[0.0; COLS]; heads * vblocks * n],
-            p: vec![0.0; ROWS * nc],
-            pt: vec![[0.0; ROWS]; n],
-            n,
-            nc,
-            hd,
-            tiles,
-            blocks,
-            vblocks,
-        }
-    }
-
-    /// Where query tile `t` of head `h` starts in `q`.
-    fn q_at(&self, h: usize, t: usize) -> usize {
-        (h * self.tiles + t) * self.hd
-    }
-
-    /// Where key block `b` of head `h` starts in `k`.
-    fn k_at(&self, h: usize, b: usize) -> usize {
-        (h * self.blocks + b) * self.hd
-    }
-
-    /// Where value column block `b` of head `h` starts in `v`.
-    fn v_at(&self, h: usize, b: usize) -> usize {
-        (h * self.vblocks + b) * self.n
-    }
-
-    /// Copies the text's rows `qkv` (`(n, 3·hidden)`) in, row by row.
+impl<'a> Text<'a> {
+    /// Copies the queries of `qkv` (`(n, 3·hidden)`) into their tiles.
     #[inline(always)]
-    fn load(&mut self, d: &Dims, qkv: &[f32]) {
-        let hd = self.hd;
-        for (i, row) in qkv.chunks_exact(3 * d.hidden).enumerate() {
-            let (qs, rest) = row.split_at(d.hidden);
-            let (ks, vs) = rest.split_at(d.hidden);
-            let (t, r) = (i / ROWS, i % ROWS);
-            let (b, l) = (i / COLS, i % COLS);
-            for (h, ((q, k), v)) in qs
-                .chunks_exact(hd)
-                .zip(ks.chunks_exact(hd))
-                .zip(vs.chunks_exact(hd))
-                .enumerate()
-            {
-                let at = self.q_at(h, t);
-                for (cell, &q) in self.q[at..at + hd].iter_mut().zip(q) {
-                    cell[r] = q;
-                }
-                let at = self.k_at(h, b);
-                for (cell, &k) in self.k[at..at + hd].iter_mut().zip(k) {
-                    cell[l] = k;
-                }
-                for (vb, v) in v.chunks(COLS).enumerate() {
-                    let at = self.v_at(h, vb) + i;
-                    let cell = &mut self.v[at];
-                    match <&Block>::try_from(v) {
-                        Ok(v) => *cell = *v,
-                        Err(_) => cell[..v.len()].copy_from_slice(v),
+    fn new(d: &Dims, qkv: &'a [f32]) -> Self {
+        let (hidden, hd) = (d.hidden, d.head_dim);
+        let n = qkv.len() / (3 * hidden);
+        let tiles = n.div_ceil(ROWS);
+        let mut q = vec![[0.0; ROWS]; d.heads * tiles * hd];
+        for (t, rows) in qkv.chunks(ROWS * 3 * hidden).enumerate() {
+            for (r, row) in rows.chunks_exact(3 * hidden).enumerate() {
+                for (h, qs) in row[..hidden].chunks_exact(hd).enumerate() {
+                    let at = (h * tiles + t) * hd;
+                    for (cell, &x) in q[at..at + hd].iter_mut().zip(qs) {
+                        cell[r] = x;
                     }
                 }
             }
         }
+        Self {
+            qkv,
+            q,
+            p: vec![[0.0; ROWS]; n],
+            n,
+            hd,
+            hidden,
+            tiles,
+        }
     }
 
-    /// Probabilities of head `h`, row tile `t`: scores `q · kᵀ` (the scale
-    /// is in the query), softmax per row, then transposed into `pt`.
+    /// Token `j`'s key for head `h`.
+    #[inline(always)]
+    fn key(&self, h: usize, j: usize) -> &[f32] {
+        let at = j * 3 * self.hidden + self.hidden + h * self.hd;
+        &self.qkv[at..at + self.hd]
+    }
+
+    /// Token `j`'s value for head `h`.
+    #[inline(always)]
+    fn value(&self, h: usize, j: usize) -> &[f32] {
+        let at = j * 3 * self.hidden + 2 * self.hidden + h * self.hd;
+        &self.qkv[at..at + self.hd]
+    }
+
+    /// Probabilities of head `h`, tile `t`, into `p`: scores `q · kᵀ`
+    /// (the scale is in the query), then the softmax over keys.
     #[inline(always)]
     fn probabilities<S: Lanes>(&mut self, s: S, h: usize, t: usize) {
-        let (n, nc, hd) = (self.n, self.nc, self.hd);
-        let q = &self.q[self.q_at(h, t)..self.q_at(h, t + 1)];
-        for (b, k) in self.k[self.k_at(h, 0)..self.k_at(h + 1, 0)]
-            .chunks_exact(hd)
-            .enumerate()
-        {
-            let mut acc = [[s.zero(); 2]; ROWS];
-            for (k, q) in k.iter().zip(q) {
-                let k = split(s, k);
-                for (acc, &q) in acc.iter_mut().zip(q) {
-                    let q = s.splat(q);
-                    acc[0] = s.mul_add(q, k[0], acc[0]);
-                    acc[1] = s.mul_add(q, k[1], acc[1]);
+        let at = (h * self.tiles + t) * self.hd;
+        let q = &self.q[at..at + self.hd];
+        let mut p = std::mem::take(&mut self.p);
+        let (groups, tail) = p.as_chunks_mut::<KEYS>();
+        for (g, out) in groups.iter_mut().enumerate() {
+            // Each key cut to the query's length, so the loop's indexing
+            // needs no checks.
+            let keys: [&[f32]; KEYS] =
+                std::array::from_fn(|i| &self.key(h, g * KEYS + i)[..q.len()]);
+            let mut acc = [s.zero(); KEYS];
+            for (c, q) in q.iter().enumerate() {
+                let q = s.load(*q);
+                for (acc, k) in acc.iter_mut().zip(&keys) {
+                    *acc = s.mul_add(q, s.splat(k[c]), *acc);
                 }
             }
-            for (row, acc) in self.p.chunks_exact_mut(nc).zip(&acc) {
-                // Rows are whole blocks long.
-                row.as_chunks_mut::<COLS>().0[b] = join(s, acc);
+            for (o, acc) in out.iter_mut().zip(acc) {
+                *o = s.store(acc);
             }
         }
-        let rows = ROWS.min(n - t * ROWS);
-        for row in self.p.chunks_exact_mut(nc).take(rows) {
-            softmax_in_place(&mut row[..n]);
-        }
-        for (r, row) in self.p.chunks_exact(nc).enumerate() {
-            for (cell, &p) in self.pt.iter_mut().zip(row) {
-                cell[r] = p;
+        let first = groups.len() * KEYS;
+        for (i, o) in tail.iter_mut().enumerate() {
+            let mut acc = s.zero();
+            for (q, &k) in q.iter().zip(self.key(h, first + i)) {
+                acc = s.mul_add(s.load(*q), s.splat(k), acc);
             }
+            *o = s.store(acc);
         }
+        softmax_lanes(&mut p);
+        self.p = p;
     }
 
-    /// `p · v` for row tile `t` of head `h`, into the text's rows `out`
+    /// `p · v` for tile `t` of head `h`, into the text's rows `out`
     /// (`(n, hidden)`).
     #[inline(always)]
-    fn context<S: Lanes>(&self, s: S, d: &Dims, t: usize, h: usize, out: &mut [f32]) {
+    fn context<S: Lanes>(&self, s: S, t: usize, h: usize, out: &mut [f32]) {
         let (n, hd) = (self.n, self.hd);
         let rows = ROWS.min(n - t * ROWS);
-        for (b, v) in self.v[self.v_at(h, 0)..self.v_at(h + 1, 0)]
-            .chunks_exact(n)
-            .enumerate()
-        {
-            let mut acc = [[s.zero(); 2]; ROWS];
-            for (v, p) in v.iter().zip(&self.pt) {
-                let v = split(s, v);
-                for (acc, &p) in acc.iter_mut().zip(p) {
-                    let p = s.splat(p);
-                    acc[0] = s.mul_add(p, v[0], acc[0]);
-                    acc[1] = s.mul_add(p, v[1], acc[1]);
+        for half in 0..rows.div_ceil(CROWS) {
+            let lanes = half * CROWS..(half + 1) * CROWS;
+            for c0 in (0..hd).step_by(COLS) {
+                let cols = COLS.min(hd - c0);
+                let mut acc = [[s.zero(); 2]; CROWS];
+                for (j, p) in self.p.iter().enumerate() {
+                    let v = self.value(h, j);
+                    let v = match <&Block>::try_from(&v[c0..c0 + cols]) {
+                        Ok(v) => split(s, v),
+                        Err(_) => {
+                            let mut b = [0.0; COLS];
+                            b[..cols].copy_from_slice(&v[c0..]);
+                            split(s, &b)
+                        }
+                    };
+                    for (acc, &p) in acc.iter_mut().zip(&p[lanes.clone()]) {
+                        let p = s.splat(p);
+                        acc[0] = s.mul_add(p, v[0], acc[0]);
+                        acc[1] = s.mul_add(p, v[1], acc[1]);
+                    }
                 }
-            }
-            let c0 = b * COLS;
-            let cols = COLS.min(hd - c0);
-            for (r, acc) in acc.iter().enumerate().take(rows) {
-                let at = (t * ROWS + r) * d.hidden + h * hd + c0;
-                let block = join(s, acc);
-                match <&mut Block>::try_from(&mut out[at..at + cols]) {
-                    Ok(o) => *o = block,
-                    Err(_) => out[at..at + cols].copy_from_slice(&block[..cols]),
+                for (r, acc) in acc.iter().enumerate().take(rows - half * CROWS) {
+                    let at = (t * ROWS + half * CROWS + r) * self.hidden + h * hd + c0;
+                    let block = join(s, acc);
+                    out[at..at + cols].copy_from_slice(&block[..cols]);
                 }
             }
         }
@@ -223,16 +206,14 @@ fn join<S: Lanes>(s: S, v: &[S::V; 2]) -> Block {
 /// of the result.
 #[inline(always)]
 fn text<S: Lanes>(s: S, d: &Dims, qkv: &[f32], out: &mut [f32]) {
-    let n = qkv.len() / (3 * d.hidden);
-    if n == 0 || d.head_dim == 0 {
+    if qkv.is_empty() || d.head_dim == 0 {
         return;
     }
-    let mut scratch = Scratch::new(n, d.head_dim, d.heads);
-    scratch.load(d, qkv);
+    let mut text = Text::new(d, qkv);
     for h in 0..d.heads {
-        for t in 0..scratch.tiles {
-            scratch.probabilities(s, h, t);
-            scratch.context(s, d, t, h, out);
+        for t in 0..text.tiles {
+            text.probabilities(s, h, t);
+            text.context(s, t, h, out);
         }
     }
 }
@@ -391,6 +372,68 @@ mod tests {
             let plain = Tensor::from_vec(plain, theirs.shape(), &dev)?;
             let diff = (plain - &theirs)?.abs()?.max_all()?.to_scalar::<f32>()?;
             assert!(diff < 1e-5, "plain, lens {lens:?}: max diff {diff}");
+        }
+        Ok(())
+    }
+
+    /// Row by row, in the order the tiles sum: each score a fused
+    /// multiply-add over the head's columns in order, the softmax of one
+    /// row, each context value over keys in order.
+    fn row_by_row(qkv: &[f32], lens: &[usize], heads: usize, hd: usize) -> Vec<f32> {
+        let hidden = heads * hd;
+        let mut out = Vec::new();
+        let mut first = 0;
+        for &n in lens {
+            let row = |i: usize| &qkv[(first + i) * 3 * hidden..(first + i + 1) * 3 * hidden];
+            for i in 0..n {
+                for h in 0..heads {
+                    let q = &row(i)[h * hd..(h + 1) * hd];
+                    let mut p: Vec<f32> = (0..n)
+                        .map(|j| {
+                            let k = &row(j)[hidden + h * hd..hidden + (h + 1) * hd];
+                            q.iter().zip(k).fold(0.0, |a, (&q, &k)| q.mul_add(k, a))
+                        })
+                        .collect();
+                    super::super::softmax::softmax_in_place(&mut p);
+                    for c in 0..hd {
+                        out.push((0..n).fold(0.0f32, |a, j| {
+                            p[j].mul_add(row(j)[2 * hidden + h * hd + c], a)
+                        }));
+                    }
+                }
+            }
+            first += n;
+        }
+        out
+    }
+
+    /// Where the CPU has FMA, the tiles give the row-by-row form's bits:
+    /// a text's vector does not depend on how attention is laid out.
+    #[test]
+    fn tiles_give_the_row_by_row_bits() -> candle_core::Result<()> {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(simd) = pulp::x86::V3::try_new() {
+            for (lens, heads, hd) in [
+                (vec![1usize, 5, 13, 8, 33], 3usize, 12usize),
+                (vec![17, 2, 40], 2, 32),
+            ] {
+                let tokens: usize = lens.iter().sum();
+                let qkv = Tensor::randn(0f32, 1.0, (tokens, 3 * heads * hd), &Device::Cpu)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                let d = Dims {
+                    hidden: heads * hd,
+                    head_dim: hd,
+                    heads,
+                };
+                let ours = all_texts(simd, &d, &qkv, &lens);
+                let want = row_by_row(&qkv, &lens, heads, hd);
+                let same = ours
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "lens {lens:?}, {heads} heads of {hd}");
+            }
         }
         Ok(())
     }

@@ -57,6 +57,39 @@ pub(super) fn softmax_in_place(v: &mut [f32]) {
     }
 }
 
+/// Softmax over keys for rows side by side: `p` holds key `j`'s score
+/// for each of eight rows at `j`, and gets their probabilities. Each row
+/// takes [`softmax_in_place`]'s operations in its order (its sum in eight
+/// lanes by key, as [`sum8`] adds), so the same bits.
+#[inline(always)]
+pub(super) fn softmax_lanes(p: &mut [[f32; 8]]) {
+    let mut top = [f32::NEG_INFINITY; 8];
+    for key in p.iter() {
+        for (t, &x) in top.iter_mut().zip(key) {
+            *t = t.max(x);
+        }
+    }
+    // `sums[i][r]`: row `r`'s sum of keys `j` with `j % 8 == i`.
+    let mut sums = [[0f32; 8]; 8];
+    for keys in p.chunks_mut(8) {
+        for (sum, key) in sums.iter_mut().zip(keys) {
+            for ((s, x), &t) in sum.iter_mut().zip(key.iter_mut()).zip(&top) {
+                *x = exp(*x - t);
+                *s += *x;
+            }
+        }
+    }
+    let [a, b, c, d, e, f, g, h] = sums;
+    let inv: [f32; 8] = std::array::from_fn(|r| {
+        1.0 / (((a[r] + b[r]) + (c[r] + d[r])) + ((e[r] + f[r]) + (g[r] + h[r])))
+    });
+    for key in p.iter_mut() {
+        for (x, &inv) in key.iter_mut().zip(&inv) {
+            *x *= inv;
+        }
+    }
+}
+
 /// `out = softmax(x + mask)` for one row.
 #[inline(always)]
 fn row(x: &[f32], mask: &[f32], out: &mut [f32]) {
