@@ -402,13 +402,19 @@ fn task<const MR: usize, const NR: usize, T: Tile<MR, NR>>(
             let sums = tile.tile(packed, panel);
             for (i, s) in sums.iter().take(m - r0).enumerate() {
                 let r = r0 + i;
-                let v = epilogue(s, offset * rows.sum[r], rows.scale[r], sw, b, act);
+                let e = Epilogue {
+                    corr: offset * rows.sum[r],
+                    sx: rows.scale[r],
+                    sw,
+                    b,
+                };
                 let at = r * w.n + c0;
-                store(
-                    &v,
-                    residual.map(|res| &res[at..at + width]),
-                    &mut out[at..at + width],
-                );
+                let res = residual.map(|res| &res[at..at + width]);
+                let o = &mut out[at..at + width];
+                match act {
+                    Activation::None => e.store(s, |v| v, res, o),
+                    Activation::Gelu => e.store(s, gelu, res, o),
+                }
             }
         }
     }
@@ -426,58 +432,57 @@ fn task<const MR: usize, const NR: usize, T: Tile<MR, NR>>(
     }
 }
 
-/// `act((s[j] - corr) · sx · sw[j] + b[j])` for one row of a tile: whole
-/// arrays, so that it compiles to straight SIMD code.
-#[inline(always)]
-fn epilogue<const NR: usize>(
-    s: &[i32; NR],
+/// A tile row's scaling back: `(s[j] - corr) · (sx · sw[j]) + b[j]`.
+struct Epilogue<'a, const NR: usize> {
+    /// The row's VNNI correction (zero on the other layouts).
     corr: i32,
+    /// The row's scale.
     sx: f32,
-    sw: &[f32; NR],
-    b: &[f32; NR],
-    act: Activation,
-) -> [f32; NR] {
-    let mut v = [0f32; NR];
-    for (((v, &s), &sw), &b) in v.iter_mut().zip(s).zip(sw).zip(b) {
-        *v = (s - corr) as f32 * (sx * sw) + b;
-    }
-    if act == Activation::Gelu {
-        for v in &mut v {
-            *v = gelu(*v);
-        }
-    }
-    v
+    /// The panel's columns' scales.
+    sw: &'a [f32; NR],
+    /// The panel's columns' biases.
+    b: &'a [f32; NR],
 }
 
-/// `o = v (+ res)`, `o` the row's columns of this panel (all of them, or
-/// fewer in the last panel), written whole: the output starts
-/// uninitialised.
-#[inline(always)]
-fn store<const NR: usize>(v: &[f32; NR], res: Option<&[f32]>, o: &mut [MaybeUninit<f32>]) {
-    if let Ok(o) = <&mut [MaybeUninit<f32>; NR]>::try_from(&mut *o) {
-        match res.map(<&[f32; NR]>::try_from) {
-            Some(Ok(res)) => {
-                for ((o, &v), &r) in o.iter_mut().zip(v).zip(res) {
-                    o.write(v + r);
+impl<const NR: usize> Epilogue<'_, NR> {
+    /// `o[j] = act(value j) (+ res[j])` for the row's columns of this
+    /// panel (all of them, or fewer in the last panel), each written once,
+    /// in one loop: the output starts uninitialised, and no row is built
+    /// on the stack first (its copy out was a call to `memcpy` per row).
+    #[inline(always)]
+    fn store(
+        &self,
+        s: &[i32; NR],
+        act: impl Fn(f32) -> f32,
+        res: Option<&[f32]>,
+        o: &mut [MaybeUninit<f32>],
+    ) {
+        let value = |j: usize, s: i32| (s - self.corr) as f32 * (self.sx * self.sw[j]) + self.b[j];
+        if let Ok(o) = <&mut [MaybeUninit<f32>; NR]>::try_from(&mut *o) {
+            match res.map(<&[f32; NR]>::try_from) {
+                Some(Ok(res)) => {
+                    for (j, ((o, &s), &r)) in o.iter_mut().zip(s).zip(res).enumerate() {
+                        o.write(act(value(j, s)) + r);
+                    }
+                }
+                _ => {
+                    for (j, (o, &s)) in o.iter_mut().zip(s).enumerate() {
+                        o.write(act(value(j, s)));
+                    }
                 }
             }
-            _ => {
-                for (o, &v) in o.iter_mut().zip(v) {
-                    o.write(v);
+            return;
+        }
+        match res {
+            Some(res) => {
+                for (j, ((o, &s), &r)) in o.iter_mut().zip(s).zip(res).enumerate() {
+                    o.write(act(value(j, s)) + r);
                 }
             }
-        }
-        return;
-    }
-    match res {
-        Some(res) => {
-            for ((o, &v), &r) in o.iter_mut().zip(v).zip(res) {
-                o.write(v + r);
-            }
-        }
-        None => {
-            for (o, &v) in o.iter_mut().zip(v) {
-                o.write(v);
+            None => {
+                for (j, (o, &s)) in o.iter_mut().zip(s).enumerate() {
+                    o.write(act(value(j, s)));
+                }
             }
         }
     }
@@ -635,7 +640,7 @@ mod simd {
                         ._mm256_add_epi32(acc[1], v3.avx2._mm256_madd_epi16(a, w1));
                 }
             }
-            acc.map(cast)
+            std::array::from_fn(|r| cast(acc[r]))
         }
     }
 
@@ -676,7 +681,7 @@ mod simd {
                 acc[1] = _mm256_dpbusd_avx_epi32(acc[1], w1, a);
             }
         }
-        acc.map(cast)
+        std::array::from_fn(|r| cast(acc[r]))
     }
 
     /// `vpdpbusd` on 512-bit registers; constructed only inside
@@ -715,7 +720,8 @@ mod simd {
                 }
             }
         }
-        acc.map(cast)
+        // Register by register: `map` copied the sums through `memcpy`.
+        std::array::from_fn(|r| cast(acc[r]))
     }
 
     /// The AVX2 task, compiled for x86-64-v3.
