@@ -43,7 +43,7 @@ use candle_nn::VarBuilder;
 
 use super::kernels::{
     Activation, DenseWeight, Int8Weight, NormParams, bias_gelu, dense_linear, int8_available,
-    int8_linear, layer_norm, masked_softmax, packed_attention,
+    int8_ffn, int8_linear, layer_norm, masked_softmax, packed_attention,
 };
 use minions_schemas::messages::Precision;
 
@@ -242,6 +242,9 @@ impl Layer {
         let x = self
             .attn_out
             .apply(&ctx, Activation::None, Some(x), Some(&self.attn_norm))?;
+        if let (Weight::Int8Cpu(up), Weight::Int8Cpu(down)) = (&self.up.w, &self.down.w) {
+            return int8_ffn(up, down, &x, &self.out_norm.params);
+        }
         let up = self.up.apply(&x, Activation::Gelu, None, None)?;
         self.down
             .apply(&up, Activation::None, Some(&x), Some(&self.out_norm))

@@ -557,6 +557,74 @@ fn run(
     Ok(out)
 }
 
+/// The feed-forward block on rows of `x`: `norm(x + down(gelu(up(x))))`.
+/// Each task runs both products on its rows back to back, so its
+/// intermediate rows (`rows × up.n`, a few hundred KB) stay in the core's
+/// cache; as two layers they went out to memory, tens of MB per pass, and
+/// were read back. The same tasks and the same operations, so the same
+/// bits. Sizes checked by the caller: `up` is `k → m`, `down` `m → k`, on
+/// one kernel.
+pub(super) fn run_ffn(
+    up: &Int8Weight,
+    down: &Int8Weight,
+    x: &[f32],
+    norm: Option<&NormParams>,
+) -> Vec<f32> {
+    let m = x.len() / up.k;
+    let rows_per_task = TILES_PER_TASK * tile_rows(up.kernel);
+    let len = m * down.n;
+    let mut out = Vec::with_capacity(len);
+    out.spare_capacity_mut()[..len]
+        .par_chunks_mut(rows_per_task * down.n)
+        .zip(x.par_chunks(rows_per_task * up.k))
+        .for_each_init(Vec::new, |mid: &mut Vec<f32>, (out, x)| {
+            let mid_len = x.len() / up.k * up.n;
+            mid.clear();
+            mid.reserve(mid_len);
+            run_task(TaskArgs {
+                w: up,
+                x,
+                residual: None,
+                act: Activation::Gelu,
+                norm: None,
+                out: &mut mid.spare_capacity_mut()[..mid_len],
+            });
+            // SAFETY: the task wrote every value of its first `mid_len`
+            // (`task`: every row, every panel's columns).
+            #[allow(unsafe_code)]
+            unsafe {
+                mid.set_len(mid_len);
+            }
+            super::fault::apply(mid, up.n);
+            run_task(TaskArgs {
+                w: down,
+                x: mid,
+                residual: Some(x),
+                act: Activation::None,
+                norm,
+                out,
+            });
+        });
+    // SAFETY: the chunks cover the first `len` values, and each task wrote
+    // every value of its chunk.
+    #[allow(unsafe_code)]
+    unsafe {
+        out.set_len(len);
+    }
+    out
+}
+
+/// Whether `up` then `down` make a feed-forward block [`run_ffn`] runs:
+/// `k → m → k`, packed for one kernel.
+pub(super) fn ffn_fits(up: &Int8Weight, down: &Int8Weight) -> bool {
+    up.n == down.k && down.n == up.k && up.kernel == down.kernel
+}
+
+/// Inner (input) size of `w`.
+pub(super) fn inner(w: &Int8Weight) -> usize {
+    w.k
+}
+
 impl super::linear_op::LinearKernel for Int8Weight {
     const OP: &'static str = OP;
 
@@ -896,6 +964,44 @@ mod tests {
 
     fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+    }
+
+    /// The feed-forward block as one op gives the two layers' bits, on
+    /// every path, at rows off the tile and task; sizes that do not chain
+    /// are refused.
+    #[test]
+    fn the_fused_feed_forward_block_gives_the_two_layers_bits() -> candle_core::Result<()> {
+        let dev = Device::Cpu;
+        let (k, mid) = (45, 103);
+        let up_w = Tensor::from_vec(values(mid * k, 7), (mid, k), &dev)?;
+        let up_b = Tensor::from_vec(values(mid, 8), mid, &dev)?;
+        let down_w = Tensor::from_vec(values(k * mid, 9), (k, mid), &dev)?;
+        let down_b = Tensor::from_vec(values(k, 10), k, &dev)?;
+        let p = NormParams::new(values(k, 5), values(k, 6), 1e-12)?;
+        for path in paths() {
+            let up = Int8Weight::new_on(path, &up_w, &up_b)?;
+            let down = Int8Weight::new_on(path, &down_w, &down_b)?;
+            for m in [1, 7, 61, 113] {
+                let x = Tensor::from_vec(values(m * k, 3), (m, k), &dev)?;
+                let h = linear(&up, &x, Activation::Gelu, None, None)?;
+                let want = linear(&down, &h, Activation::None, Some(&x), Some(&p))?;
+                let ours = super::super::int8_ffn(&up, &down, &x, &p)?;
+                let (ours, want) = (
+                    ours.flatten_all()?.to_vec1()?,
+                    want.flatten_all()?.to_vec1()?,
+                );
+                assert_eq!(max_diff(&ours, &want), 0.0, "{path:?}, {m} rows");
+            }
+            let x = Tensor::from_vec(values(3 * k, 3), (3, k), &dev)?;
+            let err = super::super::int8_ffn(&up, &up, &x, &p)
+                .err()
+                .map(|e| e.to_string());
+            assert!(
+                err.as_deref().is_some_and(|e| e.contains("do not chain")),
+                "{err:?}"
+            );
+        }
+        Ok(())
     }
 
     /// Odd sizes (rows off the tile, columns off the panel, an inner size
