@@ -26,6 +26,8 @@ pub struct BertEmbedder {
     max_len: usize,
     dim: usize,
     pad_id: u32,
+    /// Multiply-adds of the linear layers per token, all layers.
+    macs_per_token: u64,
 }
 
 fn invalid(reason: impl Into<String>) -> ModelError {
@@ -96,6 +98,10 @@ impl BertEmbedder {
             max_len,
             dim: config.hidden_size,
             pad_id,
+            macs_per_token: {
+                let (h, i) = (config.hidden_size as u64, config.intermediate_size as u64);
+                config.num_hidden_layers as u64 * (4 * h * h + 2 * h * i)
+            },
         })
     }
 
@@ -107,6 +113,21 @@ impl BertEmbedder {
     /// The longest token sequence a text is cut to.
     pub fn max_len(&self) -> usize {
         self.max_len
+    }
+
+    /// The multiply-adds of the linear layers (query, key, value, the
+    /// attention's output, the feed-forward block) that embedding `texts`
+    /// takes, counted over their tokens after truncation; attention's
+    /// products, which grow with the square of a text's length, are left
+    /// out. What a benchmark divides by its time to set a run against the
+    /// CPU's peak.
+    pub fn product_macs(&self, texts: &[String]) -> Result<u64, ModelError> {
+        let encodings = self
+            .tokenizer
+            .encode_batch(texts.to_vec(), true)
+            .map_err(|e| ModelError::BadInput(format!("tokenizer: {e}")))?;
+        let tokens: u64 = encodings.iter().map(|e| e.get_ids().len() as u64).sum();
+        Ok(tokens * self.macs_per_token)
     }
 
     /// Embeds `texts`, returning `texts.len() × dim` floats in input order.

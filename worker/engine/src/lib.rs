@@ -40,7 +40,9 @@ pub use bert_config::BertConfig;
 pub use device::{DeviceChoice, describe_device, select_device};
 pub use engine_path::{ENGINE_PATH_ENV, EnginePath};
 pub use error::ModelError;
-pub use kernels::{CPU_PATH_ENV, CpuPath, KERNEL_FAULT_ENV, kernel_fault};
+pub use kernels::{
+    CPU_PATH_ENV, CpuPath, KERNEL_FAULT_ENV, Peak, PeakRate, kernel_fault, measure_peak,
+};
 pub use minions_schemas::messages::Precision;
 
 /// How a shard's texts are cut into forward passes: sorted by length, then

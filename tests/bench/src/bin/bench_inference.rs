@@ -30,7 +30,7 @@ use minions_tests::{Result, out, real_model_dir, workspace_root};
 use minions_worker::model::{
     Batching, BertEmbedder, DeviceChoice, Precision, describe_device, select_device,
 };
-use minions_worker::model::{CPU_PATH_ENV, CpuPath};
+use minions_worker::model::{CPU_PATH_ENV, CpuPath, PeakRate, measure_peak};
 
 /// One throughput measurement and the vectors it produced.
 struct Run {
@@ -222,6 +222,19 @@ fn ours_only(
         let model = BertEmbedder::load(model_dir, device, precision)?;
         let r = ours(precision.as_str(), &model, texts, batch)?;
         out!("{}: {:.1} texts/s", r.name, r.texts_per_s);
+        if device.is_cpu() {
+            let peak = measure_peak(CpuPath::get());
+            let peak = match precision {
+                Precision::Int8 => peak.int8,
+                _ => peak.f32,
+            };
+            let s = share(model.product_macs(texts)?, texts.len(), r.texts_per_s, peak);
+            out!(
+                "{} on the {} path: {s} of the measured peak",
+                r.name,
+                CpuPath::get().name()
+            );
+        }
         if let Some(f) = &mut fleet {
             let rate = f.run(texts_path, texts.len(), precision)?;
             out!(
@@ -283,9 +296,30 @@ Usage: bench_inference [--python PATH] [--onnx-python PATH] [--write] [FLAGS]
   --write            put the Markdown into BENCHMARKS.md between its markers
 ";
 
+/// `rate` texts/s as a share of `peak`: the linear layers' multiply-adds
+/// (`macs` for all `texts`) per second against the instruction's measured
+/// rate; `"—"` without one.
+fn share(macs: u64, texts: usize, rate: f64, peak: Option<PeakRate>) -> String {
+    match peak {
+        Some(p) => {
+            let achieved = macs as f64 * rate / texts.max(1) as f64;
+            format!(
+                "{:.0}% ({:.1} of {:.1} GMAC/s, `{}`)",
+                100.0 * achieved / p.macs_per_s,
+                achieved / 1e9,
+                p.macs_per_s / 1e9,
+                p.instruction
+            )
+        }
+        None => "—".to_owned(),
+    }
+}
+
 /// `--paths`: this binary again with `--ours-only` under each CPU path's
-/// cap (the path is fixed per process), its texts/s per precision.
-fn per_path(texts: u64) -> Result<Vec<(CpuPath, f64, f64)>> {
+/// cap (the path is fixed per process), its texts/s per precision and
+/// their shares of the path's measured peak (`macs` for all `texts`): one
+/// Markdown row per path.
+fn per_path(texts: u64, macs: u64) -> Result<Vec<String>> {
     let exe = std::env::current_exe()?;
     let mut rows = Vec::new();
     for path in CpuPath::ALL.into_iter().filter(|p| *p <= CpuPath::best()) {
@@ -312,11 +346,19 @@ fn per_path(texts: u64) -> Result<Vec<(CpuPath, f64, f64)>> {
                 .ok_or_else(|| format!("{} path: no {p} figure in {text:?}", path.name()))
         };
         let (f, q) = (rate("f32")?, rate("int8")?);
+        let peak = measure_peak(path);
+        let (fs, qs) = (
+            share(macs, texts as usize, f, peak.f32),
+            share(macs, texts as usize, q, peak.int8),
+        );
         out!(
-            "path {}: f32 {f:.1} texts/s, int8 {q:.1} texts/s",
+            "path {}: f32 {f:.1} texts/s, {fs} of peak; int8 {q:.1} texts/s, {qs} of peak",
             path.name()
         );
-        rows.push((path, f, q));
+        rows.push(format!(
+            "| `{}` | {f:.1} | {fs} | {q:.1} | {qs} |",
+            path.name()
+        ));
     }
     Ok(rows)
 }
@@ -721,16 +763,44 @@ fn main() -> Result<()> {
             each.join(", ")
         ));
     }
+    // The share of this CPU's measured peak each engine's linear layers
+    // reach: the products' multiply-adds over the run's time (attention's
+    // and the rest of the run's work counted as time, not as products).
+    let macs = models[0].product_macs(&texts)?;
+    let peak = measure_peak(CpuPath::get());
+    let best = measure_peak(CpuPath::best());
+    let mut shares = Vec::new();
+    for (i, p) in ["f32", "int8"].into_iter().enumerate() {
+        let [ours_peak, best_peak] = match i {
+            0 => [peak.f32, best.f32],
+            _ => [peak.int8, best.int8],
+        };
+        let o = share(macs, texts.len(), ours_runs[i].mean(), ours_peak);
+        out!("ours {p}: {o} of the measured peak");
+        let mut line = format!("ours {p} {o}");
+        if let Some(r) = &ort[i] {
+            let t = share(macs, texts.len(), r.mean(), best_peak);
+            out!("ONNX Runtime {p}: {t} of the measured peak");
+            line.push_str(&format!(", ONNX Runtime {p} {t}"));
+        }
+        shares.push(line);
+    }
+    let shares = format!(
+        "\n\nShare of this CPU's measured peak (the linear layers' {:.3} × 10¹² multiply-adds \
+         over each mean's time, against the instruction's rate on every core, measured after \
+         the rounds; ONNX Runtime against the best path's): {}.",
+        macs as f64 / 1e12,
+        shares.join("; ")
+    );
     let paths = if flag("--paths") && device.is_cpu() {
-        let rows: Vec<String> = per_path(n)?
-            .into_iter()
-            .map(|(p, f, q)| format!("| `{}` | {f:.1} | {q:.1} |", p.name()))
-            .collect();
+        let rows = per_path(n, macs)?;
         format!(
             "\n\nEach CPU kernel path this CPU has, forced in turn (`{CPU_PATH_ENV}`, one process \
              each, ours alone; the f32 products are gemm's, which picks its own instructions, so \
-             the f32 column moves with our other kernels only):\n\n\
-             | path | f32 texts/s | int8 texts/s |\n|---|---:|---:|\n{}",
+             the f32 column moves with our other kernels only; each share is of the path's own \
+             instruction, measured after the run):\n\n\
+             | path | f32 texts/s | f32 share of peak | int8 texts/s | int8 share of peak |\n\
+             |---|---:|---:|---:|---:|\n{}",
             rows.join("\n")
         )
     } else {
@@ -752,7 +822,7 @@ fn main() -> Result<()> {
          is of means, against {against}. Max abs diff is against \
          sentence-transformers' vectors; cosine against the same engine's f32 vectors, row by \
          row.\n\n\
-         | what | texts/s | ratio | max abs diff | cosine to f32 |\n|---|---:|---:|---:|---:|\n{}{paths}\n",
+         | what | texts/s | ratio | max abs diff | cosine to f32 |\n|---|---:|---:|---:|---:|\n{}{shares}{paths}\n",
         flags_shown(),
         utc_now(),
         machine(),

@@ -29,6 +29,7 @@ pub(crate) use gelu::bias_gelu;
 pub(crate) use ggml_math::{Math, RmsWeight, rms_norm, swiglu};
 pub(crate) use int8::{Activation, Int8Weight, available as int8_available, linear as int8_linear};
 pub(crate) use layer_norm::{NormParams, layer_norm};
+pub use peak::{Peak, PeakRate, measure_peak};
 pub(crate) use pool::in_pool;
 pub(crate) use quant::{QuantWeight, quant_linear};
 pub(crate) use softmax::masked_softmax;
