@@ -528,33 +528,41 @@ fn run(
     // Sizes checked by `linear_op::linear`.
     let m = x.len() / w.k;
     let rows_per_task = TILES_PER_TASK * tile_rows(w.kernel);
-    // Every value is written by its task, so none is zeroed first (a pass
-    // over tens of megabytes).
-    let len = m * w.n;
-    let mut out = Vec::with_capacity(len);
-    out.spare_capacity_mut()[..len]
-        .par_chunks_mut(rows_per_task * w.n)
-        .zip(x.par_chunks(rows_per_task * w.k))
-        .enumerate()
-        .for_each(|(t, (out, x))| {
-            let at = t * rows_per_task * w.n;
-            let residual = residual.map(|r| &r[at..at + out.len()]);
-            run_task(TaskArgs {
-                w,
-                x,
-                residual,
-                act,
-                norm,
-                out,
+    let mut out = Vec::new();
+    written(&mut out, m * w.n, |out| {
+        out.par_chunks_mut(rows_per_task * w.n)
+            .zip(x.par_chunks(rows_per_task * w.k))
+            .enumerate()
+            .for_each(|(t, (out, x))| {
+                let at = t * rows_per_task * w.n;
+                let residual = residual.map(|r| &r[at..at + out.len()]);
+                run_task(TaskArgs {
+                    w,
+                    x,
+                    residual,
+                    act,
+                    norm,
+                    out,
+                });
             });
-        });
-    // SAFETY: the chunks cover the first `len` values, and each task wrote
-    // every value of its chunk (`task`: every row, every panel's columns).
+    });
+    Ok(out)
+}
+
+/// Fills `v` with `len` values written by `tasks` into its spare
+/// capacity, none zeroed first (a pass over tens of megabytes). Only for
+/// `tasks` that hand every value to [`run_task`]s, which write each value
+/// of their output (`task`: every row, every panel's columns).
+fn written(v: &mut Vec<f32>, len: usize, tasks: impl FnOnce(&mut [MaybeUninit<f32>])) {
+    v.clear();
+    v.reserve(len);
+    tasks(&mut v.spare_capacity_mut()[..len]);
+    // SAFETY: `tasks` wrote every one of the first `len` values (the
+    // contract above; every caller splits them among run_task calls).
     #[allow(unsafe_code)]
     unsafe {
-        out.set_len(len);
+        v.set_len(len);
     }
-    Ok(out)
 }
 
 /// The feed-forward block on rows of `x`: `norm(x + down(gelu(up(x))))`.
@@ -572,45 +580,32 @@ pub(super) fn run_ffn(
 ) -> Vec<f32> {
     let m = x.len() / up.k;
     let rows_per_task = TILES_PER_TASK * tile_rows(up.kernel);
-    let len = m * down.n;
-    let mut out = Vec::with_capacity(len);
-    out.spare_capacity_mut()[..len]
-        .par_chunks_mut(rows_per_task * down.n)
-        .zip(x.par_chunks(rows_per_task * up.k))
-        .for_each_init(Vec::new, |mid: &mut Vec<f32>, (out, x)| {
-            let mid_len = x.len() / up.k * up.n;
-            mid.clear();
-            mid.reserve(mid_len);
-            run_task(TaskArgs {
-                w: up,
-                x,
-                residual: None,
-                act: Activation::Gelu,
-                norm: None,
-                out: &mut mid.spare_capacity_mut()[..mid_len],
+    let mut out = Vec::new();
+    written(&mut out, m * down.n, |out| {
+        out.par_chunks_mut(rows_per_task * down.n)
+            .zip(x.par_chunks(rows_per_task * up.k))
+            .for_each_init(Vec::new, |mid: &mut Vec<f32>, (out, x)| {
+                written(mid, x.len() / up.k * up.n, |mid| {
+                    run_task(TaskArgs {
+                        w: up,
+                        x,
+                        residual: None,
+                        act: Activation::Gelu,
+                        norm: None,
+                        out: mid,
+                    });
+                });
+                super::fault::apply(mid, up.n);
+                run_task(TaskArgs {
+                    w: down,
+                    x: mid,
+                    residual: Some(x),
+                    act: Activation::None,
+                    norm,
+                    out,
+                });
             });
-            // SAFETY: the task wrote every value of its first `mid_len`
-            // (`task`: every row, every panel's columns).
-            #[allow(unsafe_code)]
-            unsafe {
-                mid.set_len(mid_len);
-            }
-            super::fault::apply(mid, up.n);
-            run_task(TaskArgs {
-                w: down,
-                x: mid,
-                residual: Some(x),
-                act: Activation::None,
-                norm,
-                out,
-            });
-        });
-    // SAFETY: the chunks cover the first `len` values, and each task wrote
-    // every value of its chunk.
-    #[allow(unsafe_code)]
-    unsafe {
-        out.set_len(len);
-    }
+    });
     out
 }
 

@@ -151,40 +151,33 @@ mod x86 {
         lanes.iter().flatten().map(|&v| i64::from(v)).sum()
     }
 
+    /// `instruction`'s rate, `macs` products each, run by `f`.
+    fn measured(instruction: &'static str, macs: u32, f: fn(u64) -> i64) -> PeakRate {
+        PeakRate {
+            instruction,
+            macs_per_s: rate(macs, f),
+        }
+    }
+
     pub(super) fn measure(path: CpuPath) -> Peak {
         let v3 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
         // SAFETY (each call below): the CPU reported every feature the
         // function is compiled for, checked on the line that picks it.
         #[allow(unsafe_code)]
         let f32 = if is_x86_feature_detected!("avx512f") {
-            Some(PeakRate {
-                instruction: "vfmadd231ps zmm",
-                macs_per_s: rate(16, |n| unsafe { fma512(n) }),
-            })
+            Some(measured("vfmadd231ps zmm", 16, |n| unsafe { fma512(n) }))
         } else if v3 {
-            Some(PeakRate {
-                instruction: "vfmadd231ps ymm",
-                macs_per_s: rate(8, |n| unsafe { fma256(n) }),
-            })
+            Some(measured("vfmadd231ps ymm", 8, |n| unsafe { fma256(n) }))
         } else {
             None
         };
         #[allow(unsafe_code)]
         let int8 = if path >= CpuPath::Avx512 && v3 && CpuPath::has_avx512() {
-            Some(PeakRate {
-                instruction: "vpdpbusd zmm",
-                macs_per_s: rate(64, |n| unsafe { dpbusd512(n) }),
-            })
+            Some(measured("vpdpbusd zmm", 64, |n| unsafe { dpbusd512(n) }))
         } else if path >= CpuPath::Vnni && v3 && CpuPath::has_avx_vnni() {
-            Some(PeakRate {
-                instruction: "vpdpbusd ymm",
-                macs_per_s: rate(32, |n| unsafe { dpbusd256(n) }),
-            })
+            Some(measured("vpdpbusd ymm", 32, |n| unsafe { dpbusd256(n) }))
         } else if path >= CpuPath::Avx2 && v3 {
-            Some(PeakRate {
-                instruction: "vpmaddwd ymm",
-                macs_per_s: rate(16, |n| unsafe { maddwd256(n) }),
-            })
+            Some(measured("vpmaddwd ymm", 16, |n| unsafe { maddwd256(n) }))
         } else {
             None
         };
